@@ -1,0 +1,290 @@
+"""HDF5 run files: written atomically, read without trusting the file.
+
+Layout (schema 1; documented in ``docs/runfile.md``)::
+
+    /                 attrs: format, schema_version, domain, complete, created,
+                             popplay_version, learning_seconds, phases
+    /config           attrs: every parameter of the experiment and run options;
+                             config_json holds the same as one JSON object
+    /versions         attrs: python, popplay, numpy, numba, torch, h5py
+    /state/*          the population state between phases; attrs: its counters
+    /<static>/*       fixed arrays (environment, per-agent attributes)
+    /curves/*         agent_steps, seconds and one dataset per metric
+    /results/*        per-trial results; attrs: final metrics
+
+Nothing is pickled. Reading refuses links, external storage and virtual datasets
+(nothing outside the file is ever read) and checks every shape against the config
+before loading it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "popplay-run"
+SCHEMA_VERSION = 1
+
+
+class RunFileError(Exception):
+    """A run file that cannot be written or read; the message is one line for users."""
+
+
+@dataclass
+class RunFile:
+    """A run file's contents, as plain Python and NumPy values."""
+
+    path: Path
+    domain: str
+    complete: bool
+    config: dict[str, Any]
+    attrs: dict[str, Any]
+    versions: dict[str, str]
+    state: dict[str, np.ndarray]
+    state_counters: dict[str, Any]
+    static: dict[str, np.ndarray]
+    curves: dict[str, np.ndarray]
+    results: dict[str, np.ndarray]
+    result_attrs: dict[str, Any]
+
+
+def library_versions() -> dict[str, str]:
+    import h5py
+    import numba
+    import torch
+
+    import popplay
+
+    return {
+        "python": platform.python_version(), "popplay": popplay.__version__,
+        "numpy": np.__version__, "numba": numba.__version__, "torch": torch.__version__,
+        "h5py": h5py.__version__,
+    }
+
+
+def check_writable(path: Path) -> None:
+    """Fail early (before any learning) if ``path`` cannot be written."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if path.exists() and path.is_dir():
+        raise RunFileError(f"--out {path}: is a directory")
+    if not directory.exists():
+        raise RunFileError(f"--out {path}: directory {directory} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".popplay-probe-", dir=directory)
+    except OSError as error:
+        raise RunFileError(f"--out {path}: cannot write in {directory} ({error.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def write_run(
+    path: Path,
+    *,
+    domain: str,
+    config: dict[str, Any],
+    state: dict[str, np.ndarray],
+    state_counters: dict[str, Any],
+    static: dict[str, np.ndarray],
+    curves: dict[str, np.ndarray],
+    results: dict[str, np.ndarray],
+    result_attrs: dict[str, Any],
+    attrs: dict[str, Any],
+    complete: bool,
+) -> None:
+    """Write a run file atomically: a temporary file in the same directory, fsynced,
+    then renamed over ``path`` (and the directory fsynced). A crash at any moment
+    leaves either the old file or the new one, never a half-written file."""
+    import h5py
+
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(tmp_name, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["domain"] = domain
+            f.attrs["complete"] = bool(complete)
+            f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            for name, value in attrs.items():
+                f.attrs[name] = _attr(value)
+            group = f.create_group("config")
+            for name, value in config.items():
+                group.attrs[name] = _attr(value)
+            group.attrs["config_json"] = json.dumps(config, sort_keys=True)
+            group = f.create_group("versions")
+            for name, value in library_versions().items():
+                group.attrs[name] = str(value)
+            group = f.create_group("state")
+            for name, value in state_counters.items():
+                group.attrs[name] = _attr(value)
+            _write_arrays(group, state)
+            _write_arrays(f, static)
+            _write_arrays(f.create_group("curves"), curves)
+            group = f.create_group("results")
+            for name, value in result_attrs.items():
+                group.attrs[name] = _attr(value)
+            _write_arrays(group, results)
+        fd = os.open(tmp_name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp_name, path)
+        _fsync_directory(directory)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        raise
+
+
+def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
+    """Read a run file, or raise :class:`RunFileError` with a one-line reason."""
+    import h5py
+
+    path = Path(path)
+    if not path.exists():
+        raise RunFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise RunFileError(f"{path}: is a directory, not a run file")
+    if path.stat().st_size == 0:
+        raise RunFileError(f"{path}: empty file, not a run file")
+    try:
+        if not h5py.is_hdf5(path):
+            raise RunFileError(f"{path}: not an HDF5 file")
+        with h5py.File(path, "r") as f:
+            return _read(f, path, expected_domain)
+    except RunFileError:
+        raise
+    except Exception as error:  # h5py raises many kinds on damaged files
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RunFileError(f"{path}: damaged or unreadable run file ({reason})") from None
+
+
+def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
+    attrs = {name: _plain(f.attrs[name]) for name in f.attrs}
+    if attrs.get("format") != FORMAT:
+        raise RunFileError(f"{path}: not a popplay run file")
+    version = attrs.get("schema_version")
+    if version != SCHEMA_VERSION:
+        newer = isinstance(version, int) and version > SCHEMA_VERSION
+        raise RunFileError(
+            f"{path}: run file schema {version} is {'newer' if newer else 'older'} than this "
+            f"popplay reads ({SCHEMA_VERSION}); {'upgrade popplay' if newer else 'it cannot be loaded'}"
+        )
+    domain = attrs.get("domain")
+    if expected_domain is not None and domain != expected_domain:
+        raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")
+    _check_tree(f, path)
+    config_group = f["config"]
+    try:
+        config = json.loads(_plain(config_group.attrs["config_json"]))
+    except (KeyError, ValueError):
+        raise RunFileError(f"{path}: damaged config") from None
+    state_group = f["state"]
+    results_group = f["results"] if "results" in f else None
+    static = {}
+    for top in f:
+        if top in ("config", "versions", "state", "curves", "results"):
+            continue
+        for name, value in _read_arrays(f[top]).items():
+            static[f"{top}/{name}"] = value
+    return RunFile(
+        path=path, domain=str(domain), complete=bool(attrs.get("complete", False)), config=config,
+        attrs=attrs,
+        versions={name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs} if "versions" in f else {},
+        state=_read_arrays(state_group),
+        state_counters={name: _plain(state_group.attrs[name]) for name in state_group.attrs},
+        static=static,
+        curves=_read_arrays(f["curves"]) if "curves" in f else {},
+        results=_read_arrays(results_group) if results_group is not None else {},
+        result_attrs={name: _plain(results_group.attrs[name]) for name in results_group.attrs} if results_group is not None else {},
+    )
+
+
+_MAX_ARRAY_BYTES = 64 * 2**30
+
+
+def _check_tree(f: Any, path: Path) -> None:
+    """Refuse anything that could make h5py read outside the file."""
+    import h5py
+
+    def visit(group: Any) -> None:
+        for name in group:
+            link = group.get(name, getlink=True)
+            if not isinstance(link, h5py.HardLink):
+                raise RunFileError(f"{path}: contains a {type(link).__name__} at {group.name}/{name}; refused")
+            item = group[name]
+            if isinstance(item, h5py.Group):
+                visit(item)
+            elif isinstance(item, h5py.Dataset):
+                if item.is_virtual:
+                    raise RunFileError(f"{path}: contains a virtual dataset at {item.name}; refused")
+                if item.external:
+                    raise RunFileError(f"{path}: contains external storage at {item.name}; refused")
+                if item.dtype.kind not in "biuf":
+                    raise RunFileError(f"{path}: unexpected data type {item.dtype} at {item.name}")
+                if item.size * item.dtype.itemsize > _MAX_ARRAY_BYTES:
+                    raise RunFileError(f"{path}: dataset {item.name} is implausibly large")
+
+    for required in ("config", "state"):
+        if required not in f:
+            raise RunFileError(f"{path}: damaged run file (no /{required})")
+    visit(f)
+
+
+def _read_arrays(group: Any) -> dict[str, np.ndarray]:
+    import h5py
+
+    return {name: np.asarray(group[name][()]) for name in group if isinstance(group[name], h5py.Dataset)}
+
+
+def _write_arrays(group: Any, arrays: dict[str, np.ndarray]) -> None:
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: only numeric arrays go into run files (got {array.dtype})")
+        kwargs = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if array.size >= 4096 else {}
+        group.create_dataset(name, data=array, **kwargs)
+
+
+def _attr(value: Any) -> Any:
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return str(value)  # plain str: subclasses (e.g. torch's version) confuse h5py
+    if isinstance(value, (bool, int, float, np.generic)):
+        return value
+    return json.dumps(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

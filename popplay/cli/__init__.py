@@ -1,0 +1,69 @@
+"""The ``popplay`` command line (typer). One module per command; see :func:`main`."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+app = typer.Typer(
+    name="popplay",
+    help="Evolutionary population reinforcement learning: train, evaluate and compare populations.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+COMMANDS = ("train", "evaluate", "play", "tournament", "lineage", "inspect", "reproduce", "plot")
+
+
+def _register() -> None:
+    """Import every command module (each registers itself on ``app``)."""
+    from importlib import import_module
+
+    for name in COMMANDS:
+        module = f"popplay.cli.{name}"
+        try:
+            import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # a real import failure inside the module
+                raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
+    from popplay.cli.common import CommandError
+
+    _register()
+    try:
+        result = app(args=argv, prog_name="popplay", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except click.exceptions.UsageError as error:
+        _error(error.format_message())
+        return 2
+    except CommandError as error:
+        _error(str(error))
+        return error.exit_code
+    except click.exceptions.Exit as error:
+        return error.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _error("interrupted")
+        return 130
+    except click.exceptions.ClickException as error:
+        _error(error.format_message())
+        return error.exit_code
+    except Exception as error:  # the last line of defence: no tracebacks for users
+        if os.environ.get("POPPLAY_DEBUG"):
+            raise
+        _error(f"internal error: {type(error).__name__}: {error} (set POPPLAY_DEBUG=1 for a traceback)")
+        return 1
+
+
+def _error(message: str) -> None:
+    print(f"Error: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Pieces every command shares: option types, errors, JSON output, stop requests."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from contextlib import contextmanager
+
+
+class CommandError(Exception):
+    """A failure to report as one line; exit code 2 (bad input) unless given."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BackendName(str, Enum):
+    auto = "auto"
+    numba = "numba"
+    torch = "torch"
+
+
+class DeviceName(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+BACKEND_HELP = "numba (fused CPU loops) or torch (batched, CPU or CUDA); auto picks torch on a GPU, numba otherwise."
+DEVICE_HELP = "Where torch runs; auto picks cuda when a GPU is present."
+OUT_HELP = "Run file to write (HDF5). Default: runs/<domain>-<timestamp>.h5."
+JSON_HELP = "Print one JSON object with the results on the last line of stdout (no live console)."
+TIME_BUDGET_HELP = "Learn for this many seconds of learning time instead of a fixed step budget."
+
+
+def default_out(domain: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    directory = Path("runs")
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{domain}-{stamp}.h5"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = directory / f"{domain}-{stamp}-{suffix}.h5"
+    return path
+
+
+def print_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[Callable[[], bool]]:
+    """First Ctrl-C (or SIGTERM) asks the run to stop after the current phase and
+    save; the run file is then written before the process exits."""
+    requested = {"stop": False}
+    previous = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested["stop"]:
+            return  # a second request must not interrupt the save
+        requested["stop"] = True
+        print("\nStopping after the current phase and saving the run file...", file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. inside some test runners)
+            pass
+    try:
+        yield lambda: requested["stop"]
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,63 @@
+"""``popplay train bandit``: Bell's N-armed bandit populations (section 1)."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from popplay.cli.common import (BACKEND_HELP, DEVICE_HELP, JSON_HELP, OUT_HELP, TIME_BUDGET_HELP,
+                                BackendName, CommandError, DeviceName)
+from popplay.cli.train import run_training, train_app
+
+
+class Differentiation(str, Enum):
+    none = "none"
+    partition = "partition"
+    bias = "bias"
+    explorers = "explorers"
+    top2 = "top2"
+    top4 = "top4"
+
+
+@train_app.command("bandit")
+def train_bandit(
+    arms: Annotated[int, typer.Option(min=2, help="Arms per bandit.")] = 100,
+    agents: Annotated[int, typer.Option(min=1, help="Agents per trial (they share with each other).")] = 256,
+    trials: Annotated[int, typer.Option(min=1, help="Independent trials (each with its own bandit).")] = 1024,
+    agent_steps: Annotated[int, typer.Option(
+        min=1, help="Agent-time steps per trial, split evenly over the agents (Bell's x-axis).")] = 131072,
+    share_every: Annotated[int, typer.Option(min=1, help="Steps per agent between sharing points.")] = 16,
+    epsilon: Annotated[float, typer.Option(min=0.0, max=1.0, help="Exploration probability.")] = 0.1,
+    differentiation: Annotated[Differentiation, typer.Option(
+        help="partition: each agent explores only its own arms; bias: a random per-agent bias on greedy "
+             "values; explorers: some agents explore at --explorer-epsilon; top2/top4: some agents pick "
+             "at random among their best 2 or 4 arms.")] = Differentiation.none,
+    bias_scale: Annotated[float, typer.Option(min=0.0, help="Largest bias for --differentiation bias.")] = 0.1,
+    explorer_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction of explorer agents.")] = 0.125,
+    explorer_epsilon: Annotated[float, typer.Option(min=0.0, max=1.0, help="Epsilon of explorer agents.")] = 0.5,
+    topk_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction of top2/top4 agents.")] = 0.5,
+    time_budget: Annotated[Optional[float], typer.Option(help=TIME_BUDGET_HELP)] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
+    backend: Annotated[BackendName, typer.Option(help=BACKEND_HELP)] = BackendName.auto,
+    device: Annotated[DeviceName, typer.Option(help=DEVICE_HELP)] = DeviceName.auto,
+    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
+    equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
+    from popplay.games.bandit import BanditParams
+
+    if agent_steps < agents:
+        raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
+                           "every agent needs at least one step")
+    params = BanditParams(
+        arms=arms, agents=agents, trials=trials, steps_per_agent=agent_steps // agents,
+        share_every=share_every, epsilon=epsilon, differentiation=differentiation.value,
+        bias_scale=bias_scale, explorer_fraction=explorer_fraction, explorer_epsilon=explorer_epsilon,
+        topk_fraction=topk_fraction, seed=seed,
+    )
+    run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
+                 out=out, overwrite=overwrite, json_output=json_output)

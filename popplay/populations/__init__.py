@@ -1,0 +1,1 @@
+"""Population experiments: a domain's state, engines and operators behind one interface."""

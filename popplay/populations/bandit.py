@@ -1,0 +1,160 @@
+"""A bandit population experiment on either backend (what the runner drives)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from popplay.games import bandit as game
+from popplay.games.bandit import BanditParams, BanditState
+from popplay.populations.base import Backend, PhasePlan
+
+
+class BanditExperiment:
+    """Learning phases of ``share_every`` steps per agent, each ending with a share.
+
+    The state between phases is :class:`BanditState` (NumPy arrays): the shared
+    tables that every agent of a trial holds after a share.
+    """
+
+    domain = "bandit"
+
+    def __init__(self, params: BanditParams, backend: Backend) -> None:
+        params.validate()
+        self.params = params
+        self.backend = backend
+        p = params
+        trials, agents = np.arange(p.trials), np.arange(p.agents)
+        self.means = game.arm_means(p.seed, p.trials, p.arms)
+        self.best_arm = np.argmax(self.means, axis=1)
+        keys = game.agent_keys(p.seed, trials, agents)
+        static_keys = game.agent_static_keys(p.seed, trials, agents)
+        self.epsilons = game.agent_epsilons(p)
+        self.topk = game.agent_topk(p)
+        self.groups, self.n_groups = game.explore_groups(p)
+        self.use_bias = p.differentiation == "bias"
+        self.plan = PhasePlan(p.steps_per_agent, p.share_every)
+        if backend.name == "torch":
+            from popplay.games._bandit_torch import TorchBanditEngine
+
+            self._torch = TorchBanditEngine(
+                means=self.means, keys=keys, static_keys=static_keys, epsilons=self.epsilons,
+                topk=self.topk, groups=self.groups, n_groups=self.n_groups,
+                bias_scale=p.bias_scale, use_bias=self.use_bias, device=backend.device,
+            )
+        else:
+            self._keys = keys
+            self._static_keys = static_keys
+            self._scratch: dict[int, tuple[np.ndarray, ...]] = {}
+
+    # -- the runner's interface -------------------------------------------------
+
+    def initial_state(self) -> BanditState:
+        return game.initial_state(self.params)
+
+    def warmup(self) -> None:
+        """Compile (or load from numba's cache) the kernels on a tiny population."""
+        if self.backend.name != "numba":
+            return
+        tiny = BanditParams(arms=3, agents=2, trials=1, steps_per_agent=2, share_every=2,
+                            differentiation=self.params.differentiation)
+        small = BanditExperiment(tiny, self.backend)
+        small.phase(small.initial_state(), time_left=None)
+
+    def finished(self, state: BanditState, *, time_mode: bool) -> bool:
+        return not time_mode and state.step >= self.params.steps_per_agent
+
+    def phase(self, state: BanditState, *, time_left: float | None) -> BanditState:
+        """One learning phase followed by a share (the timed unit of work)."""
+        n_steps = self.plan.next_length(state.step, unbounded=time_left is not None)
+        if self.backend.name == "torch":
+            import torch
+
+            q, n = self._torch.phase(torch.as_tensor(state.q, device=self._torch.device),
+                                     torch.as_tensor(state.n, device=self._torch.device),
+                                     state.step, n_steps)
+            self.backend.synchronize()
+            q, n = q.cpu().numpy(), n.cpu().numpy()
+        else:
+            q, n = self._numba_phase(state, n_steps)
+        return BanditState(q, n, state.step + n_steps, state.shares + 1)
+
+    def measure(self, state: BanditState) -> dict[str, float]:
+        """Quality: the fraction of trials whose block estimate picks the best arm."""
+        return {"quality": float(self.correctness(state).mean())}
+
+    def correctness(self, state: BanditState) -> np.ndarray:
+        return game.block_correctness(state.q, self.means)
+
+    def results(self, state: BanditState) -> dict[str, np.ndarray]:
+        """Per trial: did the block estimate pick the best arm (1/c for a c-way tie)."""
+        return {"correct": self.correctness(state)}
+
+    def agent_steps(self, state: BanditState) -> int:
+        """Agent-time steps per trial so far (Bell's x-axis)."""
+        return state.step * self.params.agents
+
+    def total_agent_steps(self, state: BanditState) -> int:
+        return state.step * self.params.agents * self.params.trials
+
+    def budget_agent_steps(self) -> int:
+        return self.params.steps_per_agent * self.params.agents
+
+    # -- numba path -------------------------------------------------------------
+
+    def _numba_phase(self, state: BanditState, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        from popplay.games import _bandit_numba as kernels
+
+        p = self.params
+        q = state.q.copy()
+        n = state.n.copy()
+        base_n = n / p.agents
+        top_arm = np.empty(p.trials, dtype=np.int64)
+        top_val = np.empty(p.trials)
+        second_val = np.empty(p.trials)
+        kernels._top2_rows(q, top_arm, top_val, second_val)
+        out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(min(p.arms, n_steps))
+        counters = kernels._mixed_counters(state.step, n_steps, game.WORDS_PER_STEP)
+        kernels._learn_phase(
+            q, base_n, top_arm, top_val, second_val, self.means, self._keys, self._static_keys,
+            self.epsilons, self.topk, self.groups, self.n_groups, p.bias_scale, self.use_bias,
+            state.step * game.WORDS_PER_STEP, counters, n_steps, self.backend.chunks(p.trials * p.agents),
+            out_arm, out_pulls, out_rewards, out_used,
+        )
+        kernels._share(q, n, out_arm, out_pulls, out_rewards, out_used)
+        return q, n
+
+    def _touched_buffers(self, capacity: int) -> tuple[np.ndarray, ...]:
+        if capacity not in self._scratch:
+            shape = (self.params.trials, self.params.agents, capacity)
+            self._scratch = {capacity: (
+                np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64),
+                np.empty(shape, dtype=np.int64),
+                np.empty(shape[:2], dtype=np.int64),
+            )}
+        return self._scratch[capacity]
+
+    # -- run files --------------------------------------------------------------
+
+    def state_arrays(self, state: BanditState) -> dict[str, Any]:
+        return {"q": state.q, "n": state.n}
+
+    def state_counters(self, state: BanditState) -> dict[str, int]:
+        return {"step": state.step, "shares": state.shares}
+
+    def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, int]) -> BanditState:
+        shape = (self.params.trials, self.params.arms)
+        q = np.asarray(arrays["q"], dtype=np.float64)
+        n = np.asarray(arrays["n"], dtype=np.float64)
+        if q.shape != shape or n.shape != shape:
+            raise ValueError(f"state arrays have shape {q.shape}/{n.shape}, expected {shape}")
+        return BanditState(q, n, int(counters["step"]), int(counters["shares"]))
+
+    def static_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "environment/means": self.means,
+            "environment/best_arm": self.best_arm,
+            "population/epsilon": self.epsilons,
+            "population/topk": self.topk,
+            "population/explore_group": self.groups,
+        }

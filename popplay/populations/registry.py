@@ -1,0 +1,48 @@
+"""The domains popplay knows: their parameter dataclass and experiment class."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+from popplay.populations.base import Backend
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    name: str
+    params_path: str  # "module:Class" of the frozen parameter dataclass
+    experiment_path: str  # "module:Class" of the experiment
+
+    def params_type(self) -> type:
+        return _load(self.params_path)
+
+    def experiment_type(self) -> type:
+        return _load(self.experiment_path)
+
+
+DOMAINS: dict[str, DomainSpec] = {
+    "bandit": DomainSpec("bandit", "popplay.games.bandit:BanditParams",
+                         "popplay.populations.bandit:BanditExperiment"),
+    "cartpole": DomainSpec("cartpole", "popplay.games.cartpole:CartPoleParams",
+                           "popplay.populations.cartpole:CartPoleExperiment"),
+    "knights": DomainSpec("knights", "popplay.games.knights:KnightsParams",
+                          "popplay.populations.knights:KnightsExperiment"),
+}
+
+
+def build(domain: str, params: Any, backend: Backend) -> Any:
+    return DOMAINS[domain].experiment_type()(params, backend)
+
+
+def params_from_config(domain: str, config: dict[str, Any]) -> Any:
+    """Rebuild a domain's parameters from a run file's config (unknown keys ignored)."""
+    params_type = DOMAINS[domain].params_type()
+    names = {f.name for f in dataclasses.fields(params_type)}
+    return params_type(**{k: v for k, v in config.items() if k in names})
+
+
+def _load(path: str) -> type:
+    module, name = path.split(":")
+    return getattr(import_module(module), name)

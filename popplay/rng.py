@@ -1,0 +1,365 @@
+"""Counter-based random streams.
+
+Every random number popplay draws is a pure function of ``(seed, trial, agent,
+counter)``: an agent's stream never depends on how the population is batched, how
+many threads run it, or (later) how many processes share it, and restoring a
+checkpoint only needs the counter. The generator is a keyed hash — SplitMix64's
+output mix applied twice, once to the counter and once to ``key + mix(counter)`` —
+written once in :mod:`popplay.xp` form so numba, torch and plain Python produce
+the same 64-bit words.
+
+Normal deviates come from a 256-layer ziggurat (Marsaglia & Tsang 2000) whose rare
+wedge and tail tests use popplay's own ``exp`` and ``log``, built from IEEE
+``+ - * /`` and ``ldexp`` only: library ``exp``/``log`` (and even torch's CPU
+``sqrt``) differ in the last bit between numba, torch and CUDA, and the draws
+must not.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+# Purposes: separate key families so that, e.g., the environment of a trial and its
+# first agent never share a stream.
+TAG_ENVIRONMENT = 1
+TAG_AGENT = 2
+TAG_AGENT_STATIC = 3
+TAG_EVALUATION = 4
+
+
+def signed64(x: int) -> int:
+    """The signed 64-bit integer with the same bits as ``x`` (numba/torch constants)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
+_TWO_M32 = 2.0**-32
+_TWO_M53 = 2.0**-53
+_SQRT_HALF = 0.70710678118654752440
+_LN2_HI = 6.93147180369123816490e-01  # few mantissa bits: e * _LN2_HI is exact
+_LN2_LO = 1.90821492927058770002e-10
+
+_INV_LN2 = 1.44269504088896338700
+_ZIG_R = 3.6541528853610088  # start of the tail of the 256-layer ziggurat
+_ZIG_V = 4.92867323399e-3  # area of each layer
+_ZIG_MAX_ATTEMPTS = 64  # words per draw at most; 0.012**30 makes the cap unreachable
+
+
+class _TorchTable:
+    """A float64 table copied once to each device that asks for it."""
+
+    def __init__(self, values: Any) -> None:
+        self._values = values
+        self._by_device: dict[Any, Any] = {}
+
+    def on(self, device: Any) -> Any:
+        import torch
+
+        if device not in self._by_device:
+            self._by_device[device] = torch.as_tensor(self._values, dtype=torch.float64, device=device)
+        return self._by_device[device]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.on(index.device)[index]
+
+
+def make_elementary(xp: Any) -> SimpleNamespace:
+    """``log`` and ``exp`` that give the same bits on every backend (see module doc)."""
+
+    @xp.fn
+    def log(x):
+        """Natural log of a positive normal float, from + - * / and frexp only."""
+        m, e = xp.frexp(x)
+        low = xp.where(m < _SQRT_HALF, 1.0, 0.0)
+        m = m * (1.0 + low)
+        ef = xp.to_float(e) - low
+        f = m - 1.0
+        s = f / (2.0 + f)
+        z = s * s
+        p = 1.0 / 23.0
+        p = p * z + 1.0 / 21.0
+        p = p * z + 1.0 / 19.0
+        p = p * z + 1.0 / 17.0
+        p = p * z + 1.0 / 15.0
+        p = p * z + 1.0 / 13.0
+        p = p * z + 1.0 / 11.0
+        p = p * z + 1.0 / 9.0
+        p = p * z + 1.0 / 7.0
+        p = p * z + 1.0 / 5.0
+        p = p * z + 1.0 / 3.0
+        log_m = 2.0 * s + 2.0 * s * (z * p)
+        return ef * _LN2_HI + (ef * _LN2_LO + log_m)
+
+    @xp.fn
+    def exp(x):
+        """e**x for |x| < 700, from + - * / and ldexp only."""
+        k = xp.floor(x * _INV_LN2 + 0.5)
+        f = (x - k * _LN2_HI) - k * _LN2_LO
+        p = 1.0 / 6227020800.0
+        p = p * f + 1.0 / 479001600.0
+        p = p * f + 1.0 / 39916800.0
+        p = p * f + 1.0 / 3628800.0
+        p = p * f + 1.0 / 362880.0
+        p = p * f + 1.0 / 40320.0
+        p = p * f + 1.0 / 5040.0
+        p = p * f + 1.0 / 720.0
+        p = p * f + 1.0 / 120.0
+        p = p * f + 1.0 / 24.0
+        p = p * f + 1.0 / 6.0
+        p = p * f + 0.5
+        p = p * f + 1.0
+        p = p * f + 1.0
+        return xp.ldexp(p, xp.to_int(k))
+
+    return SimpleNamespace(log=log, exp=exp)
+
+
+def make_rng(xp: Any) -> SimpleNamespace:
+    """Build the random-stream functions for array namespace ``xp``.
+
+    Returns a namespace with ``mix64``, ``combine``, ``draw``, ``uniform53``,
+    ``uniform_hi32``, ``uniform_lo32``, ``normal``, ``log`` and ``sqrt_tail``.
+    """
+    elementary = make_elementary(xp)
+    log = elementary.log
+    exp = elementary.exp
+    mix1 = signed64(_MIX1)
+    mix2 = signed64(_MIX2)
+    golden = signed64(GOLDEN)
+
+    @xp.fn
+    def srl(x, s):
+        """Logical right shift of a signed 64-bit value."""
+        return (x >> s) & ((1 << (64 - s)) - 1)
+
+    @xp.fn
+    def mix64(x):
+        x = xp.mul64(x ^ srl(x, 30), mix1)
+        x = xp.mul64(x ^ srl(x, 27), mix2)
+        return x ^ srl(x, 31)
+
+    @xp.fn
+    def mix_counter(counter):
+        """The counter half of :func:`draw`; shared by every agent at a step."""
+        return mix64(xp.add64(counter, golden))
+
+    @xp.fn
+    def draw(key, mixed_counter):
+        """The 64-bit word at ``counter`` of stream ``key``."""
+        return mix64(xp.add64(key, mixed_counter))
+
+    @xp.fn
+    def combine(key, x):
+        """Derive a child key (a trial, an agent, a purpose) from a parent key."""
+        return draw(key, mix_counter(x))
+
+    @xp.fn
+    def uniform53(word):
+        """Uniform on [0, 1) with 53 random bits."""
+        return xp.to_float(srl(word, 11)) * _TWO_M53
+
+    @xp.fn
+    def uniform_hi32(word):
+        return xp.to_float(srl(word, 32)) * _TWO_M32
+
+    @xp.fn
+    def uniform_lo32(word):
+        return xp.to_float(word & 0xFFFFFFFF) * _TWO_M32
+
+    @xp.fn
+    def open53(word):
+        """Uniform on (0, 1), never 0 or 1 (for logs)."""
+        return (xp.to_float(srl(word, 11)) + 0.5) * _TWO_M53
+
+    @xp.fn
+    def retry_word(key, counter, attempt):
+        """Word ``attempt`` (>= 1) of a draw that needed more than one word.
+
+        Retry counters are negative, so they never meet the non-negative counters
+        that callers use for first words.
+        """
+        return draw(key, mix_counter(xp.add64(xp.mul64(counter, -_ZIG_MAX_ATTEMPTS), -attempt)))
+
+    @xp.fn
+    def wedge_accepts(layer, x, word):
+        y = ZF[layer] + uniform53(word) * (ZF[layer + 1] - ZF[layer])
+        return y < exp(-0.5 * x * x)
+
+    @xp.fn
+    def tail_point(word1, word2):
+        """Marsaglia's tail beyond R: (candidate, accepted)."""
+        xt = -log(open53(word1)) / _ZIG_R
+        yt = -log(open53(word2))
+        return _ZIG_R + xt, yt + yt > xt * xt
+
+    # A 256-layer ziggurat: one word, a table look-up and a compare for 98.8 % of
+    # draws; the rest take retry words. Scalar backends loop, tensor backends run
+    # the same state machine over the pending lanes.
+    if not xp.vectorized:
+        ZX = _ZIG_X
+        ZF = _ZIG_F
+
+        @xp.fn
+        def normal_slow(key, counter, word):
+            """The ziggurat's retry loop: wedge tests, the tail, fresh words."""
+            in_tail = False
+            attempt = 0
+            negative = 0
+            x = 0.0
+            while True:
+                if in_tail:
+                    x, accepted = tail_point(retry_word(key, counter, attempt + 1),
+                                             retry_word(key, counter, attempt + 2))
+                    attempt += 2
+                    if accepted:
+                        break
+                else:
+                    layer = word & 255
+                    negative = srl(word, 8) & 1
+                    x = uniform53(word) * ZX[layer]
+                    if x < ZX[layer + 1]:
+                        break
+                    if layer == 0:
+                        in_tail = True
+                        continue
+                    attempt += 1
+                    if wedge_accepts(layer, x, retry_word(key, counter, attempt)):
+                        break
+                    attempt += 1
+                    word = retry_word(key, counter, attempt)
+                if attempt >= _ZIG_MAX_ATTEMPTS - 2:
+                    break
+            return -x if negative else x
+
+        @xp.fn
+        def normal(key, counter, word):
+            """A standard normal deviate; ``word = draw(key, mix_counter(counter))``."""
+            layer = word & 255
+            x = uniform53(word) * ZX[layer]
+            if x < ZX[layer + 1]:
+                return -x if srl(word, 8) & 1 else x
+            return normal_slow(key, counter, word)
+
+    else:
+        import torch
+
+        ZX = _TorchTable(_ZIG_X)
+        ZF = _TorchTable(_ZIG_F)
+
+        def normal(key, counter, word):
+            """A standard normal deviate; ``word = draw(key, mix_counter(counter))``."""
+            key, counter, word = torch.broadcast_tensors(key, counter, word)
+            zx = ZX.on(word.device)
+            layer = word & 255
+            x = uniform53(word) * zx[layer]
+            x = torch.where(srl(word, 8) & 1 == 1, -x, x)
+            pending = (x.abs() >= zx[layer + 1]).nonzero(as_tuple=True)
+            if pending[0].numel():
+                x = x.clone()
+                x[pending] = _pending_normals(key[pending], counter[pending], word[pending])
+            return x
+
+        def _pending_normals(key, counter, word):
+            zx = ZX.on(word.device)
+            lanes = torch.arange(word.numel(), device=word.device)
+            out = torch.empty(word.shape, dtype=torch.float64, device=word.device)
+            in_tail = torch.zeros_like(word, dtype=torch.bool)
+            attempt = torch.zeros_like(word)
+            negative = torch.zeros_like(word)
+            while lanes.numel():
+                layer = word & 255
+                zig_x = uniform53(word) * zx[layer]
+                zig = ~in_tail
+                negative = torch.where(zig, srl(word, 8) & 1, negative)
+                fast = zig & (zig_x < zx[layer + 1])
+                to_tail = zig & ~fast & (layer == 0)
+                wedge = zig & ~fast & (layer != 0)
+                wedge_ok = wedge & wedge_accepts(layer, zig_x, retry_word(key, counter, attempt + 1))
+                tail_x, tail_ok = tail_point(retry_word(key, counter, attempt + 1),
+                                             retry_word(key, counter, attempt + 2))
+                tail_ok = in_tail & tail_ok
+                attempt = torch.where(wedge | in_tail, attempt + 2, attempt)
+                word = torch.where(wedge & ~wedge_ok, retry_word(key, counter, attempt), word)
+                candidate = torch.where(in_tail, tail_x, zig_x)
+                finished = fast | wedge_ok | tail_ok | (~to_tail & (attempt >= _ZIG_MAX_ATTEMPTS - 2))
+                in_tail = in_tail | to_tail
+                done = finished.nonzero(as_tuple=True)
+                value = candidate[done]
+                out[lanes[done]] = torch.where(negative[done] == 1, -value, value)
+                keep = (~finished).nonzero(as_tuple=True)
+                lanes, key, counter, word = lanes[keep], key[keep], counter[keep], word[keep]
+                in_tail, attempt, negative = in_tail[keep], attempt[keep], negative[keep]
+            return out
+
+    return SimpleNamespace(
+        srl=srl, mix64=mix64, mix_counter=mix_counter, draw=draw, combine=combine,
+        uniform53=uniform53, uniform_hi32=uniform_hi32, uniform_lo32=uniform_lo32,
+        open53=open53, log=log, exp=exp, retry_word=retry_word, normal=normal,
+        normal_slow=normal_slow if not xp.vectorized else None,
+    )
+
+
+def _ziggurat_tables() -> tuple[Any, Any]:
+    """Layer edges x_i and f(x_i) = exp(-x_i**2 / 2), with popplay's own exp/log so
+    the tables are the same on every platform (sqrt is correctly rounded by IEEE)."""
+    import math
+
+    import numpy as np
+
+    from popplay.xp import py
+
+    r = make_elementary(py)
+    x = np.zeros(257)
+    x[0] = _ZIG_V / r.exp(-0.5 * _ZIG_R * _ZIG_R)
+    x[1] = _ZIG_R
+    for i in range(1, 255):
+        x[i + 1] = math.sqrt(-2.0 * r.log(_ZIG_V / x[i] + r.exp(-0.5 * x[i] * x[i])))
+    f = np.array([r.exp(-0.5 * v * v) for v in x])
+    f[256] = 1.0
+    return x, f
+
+
+def root_key(seed: int) -> int:
+    """The key of a run's seed (any Python int; reduced to 64 bits)."""
+    from popplay.xp import py
+
+    rng = make_rng(py)
+    return rng.combine(signed64(GOLDEN), signed64(seed))
+
+
+def stream_keys(seed: int, tag: int, *axes: Any) -> Any:
+    """Keys of a family of streams, one per combination of indices (outer product).
+
+    ``stream_keys(seed, TAG_AGENT, trials, agents)`` is shaped (len(trials),
+    len(agents)); the key at (t, a) depends only on (seed, tag, t, a), so any slice of
+    a population (a shard of agents, one trial) gets the same keys as the whole.
+    """
+    import numpy as np
+    import torch
+
+    from popplay.xp import th
+
+    r = make_rng(th)
+    keys = torch.tensor([key_path(seed, tag)], dtype=torch.int64)
+    for axis in axes:
+        index = torch.as_tensor(np.ascontiguousarray(axis, dtype=np.int64)).reshape(-1)
+        keys = r.combine(keys[..., None], index)
+    return keys.reshape(keys.shape[1:] if axes else keys.shape).numpy()
+
+
+def key_path(seed: int, *path: int) -> int:
+    """The key reached from ``seed`` through ``path`` (e.g. tag, trial, agent)."""
+    from popplay.xp import py
+
+    rng = make_rng(py)
+    key = root_key(seed)
+    for part in path:
+        key = rng.combine(key, signed64(int(part)))
+    return key
+
+
+_ZIG_X, _ZIG_F = _ziggurat_tables()

@@ -1,0 +1,273 @@
+"""The one place that wires an experiment's phases to timing, metrics and output.
+
+An experiment (see :class:`Experiment`) knows its domain; the runner knows nothing
+of domains. It alternates timed learning phases (each ending with the domain's
+population operators) and untimed measurements, records the learning curves
+against agent-time steps and against learning time, feeds the console, and stops on
+the step budget, the time budget or a stop request.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+class Experiment(Protocol):
+    """What a population experiment offers the runner (one class per domain).
+
+    ``params`` is the domain's frozen parameter dataclass (with ``validate()`` and
+    ``to_dict()``); states are NamedTuples of arrays with the population axes leading.
+    """
+
+    domain: str
+    params: Any
+
+    def initial_state(self) -> Any:
+        """The state before any learning."""
+
+    def warmup(self) -> None:
+        """Compile or load JIT kernels (excluded from learning time)."""
+
+    def finished(self, state: Any, *, time_mode: bool) -> bool:
+        """True once the step/episode budget is spent (never in time mode)."""
+
+    def phase(self, state: Any, *, time_left: float | None) -> Any:
+        """One timed unit of work: learning plus the population operators after it."""
+
+    def measure(self, state: Any) -> dict[str, float]:
+        """Untimed quality metrics at a phase boundary; must include ``quality``."""
+
+    def agent_steps(self, state: Any) -> int:
+        """The x-axis of the learning curve (agent-time steps per trial)."""
+
+    def total_agent_steps(self, state: Any) -> int:
+        """Every agent-step of every trial so far (throughput numerator)."""
+
+    def budget_agent_steps(self) -> int:
+        """``agent_steps`` at the end of the step budget (for progress and ETA)."""
+
+    def state_arrays(self, state: Any) -> dict[str, Any]:
+        """The arrays of ``state`` to store under /state (NumPy)."""
+
+    def state_counters(self, state: Any) -> dict[str, Any]:
+        """The scalar counters of ``state`` (stored as /state attributes)."""
+
+    def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> Any:
+        """Rebuild a state from ``state_arrays``/``state_counters``; check shapes."""
+
+    def static_arrays(self) -> dict[str, Any]:
+        """Fixed arrays to store, keyed by "group/name" (environment, attributes)."""
+
+    def results(self, state: Any) -> dict[str, Any]:
+        """Per-trial (or per-agent) results to store under /results."""
+
+
+@dataclass
+class Curve:
+    """Learning curves: one entry per measurement point."""
+
+    agent_steps: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def append(self, agent_steps: int, seconds: float, metrics: dict[str, float]) -> None:
+        self.agent_steps.append(agent_steps)
+        self.seconds.append(seconds)
+        for name, value in metrics.items():
+            self.metrics.setdefault(name, [float("nan")] * (len(self.agent_steps) - 1)).append(value)
+        for name, values in self.metrics.items():
+            if len(values) < len(self.agent_steps):
+                values.append(float("nan"))
+
+    def __len__(self) -> int:
+        return len(self.agent_steps)
+
+
+@dataclass
+class Progress:
+    """A snapshot for the console: everything :func:`popplay.console.render` shows."""
+
+    domain: str
+    phase: int
+    agent_steps: int
+    budget_agent_steps: int | None
+    learning_seconds: float
+    time_budget: float | None
+    agent_steps_per_second: float
+    metrics: dict[str, float]
+    done: bool = False
+
+    @property
+    def fraction(self) -> float:
+        if self.time_budget:
+            return min(1.0, self.learning_seconds / self.time_budget)
+        if self.budget_agent_steps:
+            return min(1.0, self.agent_steps / self.budget_agent_steps)
+        return 0.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Learning time still to go (measurement time not included)."""
+        if self.done:
+            return 0.0
+        if self.time_budget:
+            return max(0.0, self.time_budget - self.learning_seconds)
+        if self.fraction <= 0.0:
+            return None
+        return self.learning_seconds * (1.0 - self.fraction) / self.fraction
+
+
+class Reporter(Protocol):
+    def update(self, progress: Progress) -> None: ...
+
+
+@dataclass
+class RunResult:
+    state: Any
+    curve: Curve
+    learning_seconds: float
+    phases: int
+    stopped: bool  # a stop request ended the run early
+
+
+def run(
+    experiment: Experiment,
+    *,
+    time_budget: float | None = None,
+    reporter: Reporter | None = None,
+    state: Any = None,
+    curve: Curve | None = None,
+    learning_seconds: float = 0.0,
+    should_stop: Callable[[], bool] | None = None,
+    after_phase: Callable[[Any, Curve, float], None] | None = None,
+) -> RunResult:
+    """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
+
+    Learning time counts only the phases (learning and sharing); warm-up (JIT
+    compilation) and measurements are excluded. ``state``, ``curve`` and
+    ``learning_seconds`` continue an earlier run. ``after_phase`` sees every new
+    point (checkpoints hook in there).
+    """
+    experiment.warmup()
+    if state is None:
+        state = experiment.initial_state()
+    curve = curve if curve is not None else Curve()
+    time_mode = time_budget is not None
+    phases = 0
+    stopped = False
+
+    def progress(done: bool) -> Progress:
+        steps = experiment.total_agent_steps(state)
+        return Progress(
+            domain=experiment.domain, phase=len(curve), agent_steps=experiment.agent_steps(state),
+            budget_agent_steps=None if time_mode else experiment.budget_agent_steps(),
+            learning_seconds=learning_seconds, time_budget=time_budget,
+            agent_steps_per_second=steps / learning_seconds if learning_seconds > 0 else 0.0,
+            metrics={name: values[-1] for name, values in curve.metrics.items()}, done=done,
+        )
+
+    while True:
+        if time_mode:
+            if learning_seconds >= time_budget:
+                break
+        elif experiment.finished(state, time_mode=False):
+            break
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        time_left = time_budget - learning_seconds if time_mode else None
+        started = time.perf_counter()
+        state = experiment.phase(state, time_left=time_left)
+        learning_seconds += time.perf_counter() - started
+        phases += 1
+        curve.append(experiment.agent_steps(state), learning_seconds, experiment.measure(state))
+        if after_phase is not None:
+            after_phase(state, curve, learning_seconds)
+        if reporter is not None:
+            reporter.update(progress(done=False))
+    if reporter is not None:
+        reporter.update(progress(done=True))
+    return RunResult(state, curve, learning_seconds, phases, stopped)
+
+
+# ---------------------------------------------------------------------------
+# A whole training run: backend, experiment, loop, console, run file.
+
+
+class UsageProblem(ValueError):
+    """Bad user input, reported as one line with exit code 2."""
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to run (as opposed to what to learn, which is the domain's parameters)."""
+
+    backend: str = "auto"
+    device: str = "auto"
+    time_budget: float | None = None
+    out: Any = None  # pathlib.Path
+    overwrite: bool = False
+
+
+@dataclass
+class TrainOutcome:
+    summary: dict[str, Any]
+    result: RunResult
+    experiment: Any
+
+
+def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | None = None,
+          should_stop: Callable[[], bool] | None = None) -> TrainOutcome:
+    """Run one experiment and write its run file; return the summary users see."""
+    from pathlib import Path
+
+    from popplay.checkpoints import runfile
+    from popplay.populations import registry
+    from popplay.populations.base import BackendError, resolve_backend
+
+    try:
+        params.validate()
+        backend = resolve_backend(options.backend, options.device)
+    except (ValueError, BackendError) as error:
+        raise UsageProblem(str(error)) from None
+    if options.time_budget is not None and not options.time_budget > 0:
+        raise UsageProblem(f"--time-budget must be positive (got {options.time_budget})")
+    out = Path(options.out)
+    if out.exists() and not options.overwrite:
+        raise UsageProblem(f"--out {out}: file exists (pass --overwrite to replace it)")
+    try:
+        runfile.check_writable(out)
+    except runfile.RunFileError as error:
+        raise UsageProblem(str(error)) from None
+    experiment = registry.build(domain, params, backend)
+    result = run(experiment, time_budget=options.time_budget, reporter=reporter, should_stop=should_stop)
+    metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
+    total_steps = experiment.total_agent_steps(result.state)
+    seconds = result.learning_seconds
+    summary: dict[str, Any] = {
+        "domain": domain,
+        **metrics,
+        "agent_steps": total_steps,
+        "agent_steps_per_trial": experiment.agent_steps(result.state),
+        "seconds": seconds,
+        "agent_steps_per_second": total_steps / seconds if seconds > 0 else 0.0,
+        "phases": len(result.curve),
+        "backend": backend.name,
+        "device": backend.device,
+        "complete": not result.stopped,
+        "out": str(out),
+    }
+    config = {**params.to_dict(), "backend": backend.name, "device": backend.device,
+              "time_budget": options.time_budget}
+    runfile.write_run(
+        out, domain=domain, config=config,
+        state=experiment.state_arrays(result.state), state_counters=experiment.state_counters(result.state),
+        static=experiment.static_arrays(),
+        curves={"agent_steps": result.curve.agent_steps, "seconds": result.curve.seconds,
+                **result.curve.metrics},
+        results=experiment.results(result.state), result_attrs=metrics,
+        attrs={"learning_seconds": seconds, "phases": len(result.curve)},
+        complete=not result.stopped,
+    )
+    return TrainOutcome(summary, result, experiment)
