@@ -32,6 +32,27 @@ def _register() -> None:
                 raise
 
 
+def _click_exceptions(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` from click and from the copy of click that newer typer releases vendor."""
+    found = [getattr(click.exceptions, name)]
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:
+        vendored = None
+    if vendored is not None and hasattr(vendored, name):
+        found.append(getattr(vendored, name))
+    for module in (typer, getattr(typer, "exceptions", None)):
+        if module is not None and hasattr(module, name):
+            found.append(getattr(module, name))
+    return tuple(dict.fromkeys(found))
+
+
+_USAGE = _click_exceptions("UsageError")
+_EXIT = _click_exceptions("Exit")
+_ABORT = _click_exceptions("Abort")
+_CLICK = _click_exceptions("ClickException")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
     from popplay.cli.common import CommandError
@@ -40,20 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="popplay", standalone_mode=False)
         return result if isinstance(result, int) else 0
-    except click.exceptions.UsageError as error:
+    except _USAGE as error:
         _error(error.format_message())
         return 2
     except CommandError as error:
         _error(str(error))
         return error.exit_code
-    except click.exceptions.Exit as error:
-        return error.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except _EXIT as error:
+        return int(getattr(error, "exit_code", 0) or 0)
+    except (*_ABORT, KeyboardInterrupt):
         _error("interrupted")
         return 130
-    except click.exceptions.ClickException as error:
+    except _CLICK as error:
         _error(error.format_message())
-        return error.exit_code
+        return int(getattr(error, "exit_code", 1))
     except Exception as error:  # the last line of defence: no tracebacks for users
         if os.environ.get("POPPLAY_DEBUG"):
             raise

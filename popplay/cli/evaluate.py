@@ -12,7 +12,7 @@ from popplay.cli.common import CommandError, print_json
 
 @app.command("evaluate")
 def evaluate(
-    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", dir_okay=False)],
+    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", metavar="RUN.h5", dir_okay=False)],
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
 ) -> None:
     """Re-measure the population stored in a run file (bandit: block-estimate quality)."""

@@ -40,13 +40,19 @@ def _mixed_counters(first_step, n_steps, words_per_step):
 
 
 @numba.njit(cache=True)
-def _top2(values, bias, arms):
-    """(best arm, best value, runner-up value) of values + bias; ties give equal values."""
+def _value(a, shared_row, own, pulls, bias):
+    """An agent's greedy value of arm a: its own estimate once it pulled a, else the share."""
+    return (own[a] if pulls[a] > 0 else shared_row[a]) + bias[a]
+
+
+@numba.njit(cache=True)
+def _top2(shared_row, own, pulls, bias, arms):
+    """(best arm, best value, runner-up value); ties give equal values."""
     best_arm = 0
-    best = values[0] + bias[0]
+    best = _value(0, shared_row, own, pulls, bias)
     second = -np.inf
     for a in range(1, arms):
-        v = values[a] + bias[a]
+        v = _value(a, shared_row, own, pulls, bias)
         if v > best:
             second = best
             best = v
@@ -57,12 +63,12 @@ def _top2(values, bias, arms):
 
 
 @numba.njit(cache=True)
-def _random_argmax(values, bias, arms, u):
-    """The floor(u * c)-th of the c arms holding the maximum of values + bias."""
-    best = values[0] + bias[0]
+def _random_argmax(shared_row, own, pulls, bias, arms, u):
+    """The floor(u * c)-th (in index order) of the c arms holding the maximum value."""
+    best = _value(0, shared_row, own, pulls, bias)
     ties = 1
     for a in range(1, arms):
-        v = values[a] + bias[a]
+        v = _value(a, shared_row, own, pulls, bias)
         if v > best:
             best = v
             ties = 1
@@ -70,7 +76,7 @@ def _random_argmax(values, bias, arms, u):
             ties += 1
     pick = np.int64(np.floor(u * ties))
     for a in range(arms):
-        if values[a] + bias[a] == best:
+        if _value(a, shared_row, own, pulls, bias) == best:
             if pick == 0:
                 return a
             pick -= 1
@@ -78,19 +84,18 @@ def _random_argmax(values, bias, arms, u):
 
 
 @numba.njit(cache=True)
-def _topk_arm(values, bias, arms, k, u):
+def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
     """The floor(u * k)-th best arm, ranking by value then lower index."""
     top_arm = np.empty(4, dtype=np.int64)
     top_val = np.empty(4, dtype=np.float64)
     filled = 0
     for a in range(arms):
-        v = values[a] + bias[a]
+        v = _value(a, shared_row, own, pulls, bias)
         if filled < k or v > top_val[filled - 1]:
             pos = filled if filled < k else k - 1
             while pos > 0 and v > top_val[pos - 1]:
-                if pos < k:
-                    top_val[pos] = top_val[pos - 1]
-                    top_arm[pos] = top_arm[pos - 1]
+                top_val[pos] = top_val[pos - 1]
+                top_arm[pos] = top_arm[pos - 1]
                 pos -= 1
             top_val[pos] = v
             top_arm[pos] = a
@@ -101,31 +106,30 @@ def _topk_arm(values, bias, arms, k, u):
 
 @numba.njit(cache=True, parallel=True)
 def _learn_phase(
-    q_shared, base_n, top_arm, top_val, second_val, means, keys, static_keys,
+    q_shared, n_shared, top_arm, top_val, second_val, means, keys, static_keys,
     epsilons, topk, groups, n_groups, bias_scale, use_bias, first_counter, mixed_counters, n_steps,
-    n_chunks,
-    out_arm, out_pulls, out_rewards, out_used,
+    n_chunks, out_arm, out_pulls, out_rewards, out_used,
 ):
-    """One learning phase of every agent; writes each agent's touched arms."""
+    """One learning phase of every agent; writes each agent's touched arms.
+
+    Agents read the shared table directly and keep their own estimates only for the
+    arms they pull, so a phase costs O(steps) per agent whatever the number of arms.
+    """
     trials, arms = q_shared.shape
     agents = keys.shape[1]
     total = trials * agents
-    capacity = out_arm.shape[2]
     for chunk in prange(n_chunks):
         lo = chunk * total // n_chunks
         hi = (chunk + 1) * total // n_chunks
-        q = np.empty(arms)
+        own = np.zeros(arms)
         pulls = np.zeros(arms, dtype=np.int64)
         rewards = np.zeros(arms, dtype=np.int64)
         bias = np.zeros(arms)
-        touched = np.empty(capacity, dtype=np.int64)
-        current_trial = -1
+        touched = np.empty(out_arm.shape[2], dtype=np.int64)
         for index in range(lo, hi):
             t = index // agents
             p = index - t * agents
-            if t != current_trial:
-                q[:] = q_shared[t]
-                current_trial = t
+            shared_row = q_shared[t]
             key = keys[t, p]
             eps = epsilons[p]
             k_top = topk[p]
@@ -133,7 +137,7 @@ def _learn_phase(
             if use_bias:
                 for a in range(arms):
                     bias[a] = _arm_bias(_draw(static_keys[t, p], _mix_counter(a)), bias_scale)
-                best_arm, best, second = _top2(q, bias, arms)
+                best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
             else:
                 best_arm = top_arm[t]
                 best = top_val[t]
@@ -146,23 +150,23 @@ def _learn_phase(
                 if _uniform_hi32(w0) < eps:
                     arm = _explore_arm(u_choice, group, n_groups, arms)
                 elif k_top > 1:
-                    arm = _topk_arm(q, bias, arms, k_top, u_choice)
+                    arm = _topk_arm(shared_row, own, pulls, bias, arms, k_top, u_choice)
                 elif best > second:
                     arm = best_arm
                 else:
-                    arm = _random_argmax(q, bias, arms, u_choice)
+                    arm = _random_argmax(shared_row, own, pulls, bias, arms, u_choice)
                 reward = _reward_fixed(means[t, arm], _normal(key, first_counter + 2 * s + 1, w1))
                 if pulls[arm] == 0:
                     touched[used] = arm
                     used += 1
                 pulls[arm] += 1
                 rewards[arm] += reward
-                q[arm] = _estimate(q_shared[t, arm], base_n[t, arm], pulls[arm], rewards[arm])
-                v = q[arm] + bias[arm]
+                own[arm] = _estimate(shared_row[arm], n_shared[t, arm] / agents, pulls[arm], rewards[arm])
+                v = own[arm] + bias[arm]
                 if arm == best_arm:
                     best = v
                     if v < second:
-                        best_arm, best, second = _top2(q, bias, arms)
+                        best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
                 elif v > best:
                     second = best
                     best = v
@@ -174,35 +178,57 @@ def _learn_phase(
                 out_arm[t, p, i] = a
                 out_pulls[t, p, i] = pulls[a]
                 out_rewards[t, p, i] = rewards[a]
-                q[a] = q_shared[t, a]
                 pulls[a] = 0
                 rewards[a] = 0
             out_used[t, p] = used
 
 
 @numba.njit(cache=True, parallel=True)
-def _top2_rows(q, top_arm, top_val, second_val):
-    """The greedy cache of every trial's shared table (agents start phases from it)."""
-    trials, arms = q.shape
-    no_bias = np.zeros(arms)
-    for t in prange(trials):
-        top_arm[t], top_val[t], second_val[t] = _top2(q[t], no_bias, arms)
-
-
-@numba.njit(cache=True, parallel=True)
-def _share(q_shared, n_shared, out_arm, out_pulls, out_rewards, out_used):
-    """Equations (1)-(4) from the agents' touched arms, in place, per trial."""
+def _share(q_shared, n_shared, top_arm, top_val, second_val, n_chunks,
+           out_arm, out_pulls, out_rewards, out_used):
+    """Equations (1)-(4) in place, from the agents' touched arms only, per trial; keeps
+    each trial's greedy cache up to date."""
     trials, arms = q_shared.shape
     agents = out_used.shape[1]
-    for t in prange(trials):
+    for chunk in prange(n_chunks):
         pull_total = np.zeros(arms, dtype=np.int64)
         reward_total = np.zeros(arms, dtype=np.int64)
-        for p in range(agents):
-            for i in range(out_used[t, p]):
-                a = out_arm[t, p, i]
-                pull_total[a] += out_pulls[t, p, i]
-                reward_total[a] += out_rewards[t, p, i]
-        for a in range(arms):
-            n_new = n_shared[t, a] + pull_total[a]
-            q_shared[t, a] = _shared_estimate(q_shared[t, a], n_shared[t, a], n_new, reward_total[a])
-            n_shared[t, a] = n_new
+        changed = np.empty(arms, dtype=np.int64)
+        no_pulls = np.zeros(arms, dtype=np.int64)
+        no_bias = np.zeros(arms)
+        for t in range(chunk * trials // n_chunks, (chunk + 1) * trials // n_chunks):
+            n_changed = 0
+            for p in range(agents):
+                for i in range(out_used[t, p]):
+                    a = out_arm[t, p, i]
+                    if pull_total[a] == 0:
+                        changed[n_changed] = a
+                        n_changed += 1
+                    pull_total[a] += out_pulls[t, p, i]
+                    reward_total[a] += out_rewards[t, p, i]
+            best_arm = top_arm[t]
+            best = top_val[t]
+            second = second_val[t]
+            rescan = False
+            for i in range(n_changed):
+                a = changed[i]
+                n_new = n_shared[t, a] + pull_total[a]
+                v = _shared_estimate(q_shared[t, a], n_shared[t, a], n_new, reward_total[a])
+                q_shared[t, a] = v
+                n_shared[t, a] = n_new
+                pull_total[a] = 0
+                reward_total[a] = 0
+                if a == best_arm:
+                    best = v
+                    rescan = rescan or v < second
+                elif v > best:
+                    second = best
+                    best = v
+                    best_arm = a
+                elif v > second:
+                    second = v
+            if rescan:
+                best_arm, best, second = _top2(q_shared[t], no_bias, no_pulls, no_bias, arms)
+            top_arm[t] = best_arm
+            top_val[t] = best
+            second_val[t] = second

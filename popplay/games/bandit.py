@@ -71,12 +71,19 @@ class BanditParams:
 
 
 class BanditState(NamedTuple):
-    """Changing state between phases: the shared tables of every trial."""
+    """Changing state between phases: the shared tables of every trial.
+
+    ``top_arm``/``top_value``/``second_value`` cache each trial's greedy choice on
+    ``q`` (derived data, rebuilt by :func:`greedy_cache`, never stored in run files).
+    """
 
     q: np.ndarray  # (trials, arms) float64: Q_total, the block estimate
     n: np.ndarray  # (trials, arms) float64: n_total, total pulls (integer valued)
     step: int  # steps per agent done so far
     shares: int  # sharing points passed
+    top_arm: np.ndarray  # (trials,) int64: an arm holding the maximum of q
+    top_value: np.ndarray  # (trials,) float64: that maximum
+    second_value: np.ndarray  # (trials,) float64: >= the maximum over the other arms
 
 
 def make_rules(xp: Any) -> SimpleNamespace:
@@ -194,6 +201,21 @@ def block_correctness(q: np.ndarray, means: np.ndarray) -> np.ndarray:
     return np.where(hit, 1.0 / ties, 0.0)
 
 
+def greedy_cache(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(top arm, top value, runner-up value) of every row of ``q``; ties give equal values."""
+    top_arm = np.argmax(q, axis=1)
+    top_value = q[np.arange(len(q)), top_arm]
+    others = q.copy()
+    others[np.arange(len(q)), top_arm] = -np.inf
+    return top_arm.astype(np.int64), top_value, others.max(axis=1)
+
+
+def state_from_tables(q: np.ndarray, n: np.ndarray, step: int, shares: int) -> BanditState:
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    n = np.ascontiguousarray(n, dtype=np.float64)
+    return BanditState(q, n, step, shares, *greedy_cache(q))
+
+
 def initial_state(params: BanditParams) -> BanditState:
     shape = (params.trials, params.arms)
-    return BanditState(np.zeros(shape), np.zeros(shape), 0, 0)
+    return state_from_tables(np.zeros(shape), np.zeros(shape), 0, 0)

@@ -65,7 +65,12 @@ class BanditExperiment:
         return not time_mode and state.step >= self.params.steps_per_agent
 
     def phase(self, state: BanditState, *, time_left: float | None) -> BanditState:
-        """One learning phase followed by a share (the timed unit of work)."""
+        """One learning phase followed by a share (the timed unit of work).
+
+        The numba path updates the state's arrays in place (only the arms agents
+        pulled change), so a phase costs O(steps), not O(trials x arms); keep a copy
+        if you need the state before it.
+        """
         n_steps = self.plan.next_length(state.step, unbounded=time_left is not None)
         if self.backend.name == "torch":
             import torch
@@ -74,10 +79,10 @@ class BanditExperiment:
                                      torch.as_tensor(state.n, device=self._torch.device),
                                      state.step, n_steps)
             self.backend.synchronize()
-            q, n = q.cpu().numpy(), n.cpu().numpy()
-        else:
-            q, n = self._numba_phase(state, n_steps)
-        return BanditState(q, n, state.step + n_steps, state.shares + 1)
+            return game.state_from_tables(q.cpu().numpy(), n.cpu().numpy(), state.step + n_steps,
+                                          state.shares + 1)
+        self._numba_phase(state, n_steps)
+        return state._replace(step=state.step + n_steps, shares=state.shares + 1)
 
     def measure(self, state: BanditState) -> dict[str, float]:
         """Quality: the fraction of trials whose block estimate picks the best arm."""
@@ -102,27 +107,20 @@ class BanditExperiment:
 
     # -- numba path -------------------------------------------------------------
 
-    def _numba_phase(self, state: BanditState, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def _numba_phase(self, state: BanditState, n_steps: int) -> None:
         from popplay.games import _bandit_numba as kernels
 
         p = self.params
-        q = state.q.copy()
-        n = state.n.copy()
-        base_n = n / p.agents
-        top_arm = np.empty(p.trials, dtype=np.int64)
-        top_val = np.empty(p.trials)
-        second_val = np.empty(p.trials)
-        kernels._top2_rows(q, top_arm, top_val, second_val)
         out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(min(p.arms, n_steps))
         counters = kernels._mixed_counters(state.step, n_steps, game.WORDS_PER_STEP)
         kernels._learn_phase(
-            q, base_n, top_arm, top_val, second_val, self.means, self._keys, self._static_keys,
-            self.epsilons, self.topk, self.groups, self.n_groups, p.bias_scale, self.use_bias,
-            state.step * game.WORDS_PER_STEP, counters, n_steps, self.backend.chunks(p.trials * p.agents),
-            out_arm, out_pulls, out_rewards, out_used,
+            state.q, state.n, state.top_arm, state.top_value, state.second_value, self.means, self._keys,
+            self._static_keys, self.epsilons, self.topk, self.groups, self.n_groups, p.bias_scale,
+            self.use_bias, state.step * game.WORDS_PER_STEP, counters, n_steps,
+            self.backend.chunks(p.trials * p.agents), out_arm, out_pulls, out_rewards, out_used,
         )
-        kernels._share(q, n, out_arm, out_pulls, out_rewards, out_used)
-        return q, n
+        kernels._share(state.q, state.n, state.top_arm, state.top_value, state.second_value,
+                       self.backend.chunks(p.trials), out_arm, out_pulls, out_rewards, out_used)
 
     def _touched_buffers(self, capacity: int) -> tuple[np.ndarray, ...]:
         if capacity not in self._scratch:
@@ -148,7 +146,7 @@ class BanditExperiment:
         n = np.asarray(arrays["n"], dtype=np.float64)
         if q.shape != shape or n.shape != shape:
             raise ValueError(f"state arrays have shape {q.shape}/{n.shape}, expected {shape}")
-        return BanditState(q, n, int(counters["step"]), int(counters["shares"]))
+        return game.state_from_tables(q, n, int(counters["step"]), int(counters["shares"]))
 
     def static_arrays(self) -> dict[str, np.ndarray]:
         return {

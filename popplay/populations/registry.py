@@ -25,7 +25,7 @@ class DomainSpec:
 DOMAINS: dict[str, DomainSpec] = {
     "bandit": DomainSpec("bandit", "popplay.games.bandit:BanditParams",
                          "popplay.populations.bandit:BanditExperiment"),
-    "cartpole": DomainSpec("cartpole", "popplay.games.cartpole:CartPoleParams",
+    "cartpole": DomainSpec("cartpole", "popplay.games.cartpole:CartPolePopulationParams",
                            "popplay.populations.cartpole:CartPoleExperiment"),
     "knights": DomainSpec("knights", "popplay.games.knights:KnightsParams",
                           "popplay.populations.knights:KnightsExperiment"),

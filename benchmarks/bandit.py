@@ -1,0 +1,164 @@
+"""Bandit throughput and quality, measured in one run on this machine.
+
+    python benchmarks/bandit.py            # throughput table (+ JSON in benchmarks/results/)
+    python benchmarks/bandit.py --quality  # also Bell's Figure 2 curve at full size
+    python benchmarks/bandit.py --memory   # also peak RSS of 1000 arms x 8192 agents x 64 trials
+
+Peers: a straightforward NumPy population (vectorised over agents, sharing with
+equations (1)-(4)) and the report's single-agent CPU figure (131,072 steps in 37.7 ms).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from popplay.games.bandit import BanditParams
+from popplay.populations.bandit import BanditExperiment
+from popplay.populations.base import Backend, cuda_available
+from popplay.runner import run
+
+REPORT_SINGLE_AGENT_STEPS_PER_SECOND = 131072 / 0.0377
+
+
+def numpy_population(agents: int, arms: int, epsilon: float, steps: int, share_every: int, seed: int = 0) -> float:
+    """A straightforward NumPy population; returns agent-steps per second."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=arms)
+    q = np.zeros((agents, arms))
+    n = np.zeros((agents, arms))
+    rows = np.arange(agents)
+    started = time.perf_counter()
+    for step in range(steps):
+        explore = rng.random(agents) < epsilon
+        arm = np.where(explore, rng.integers(0, arms, agents), q.argmax(axis=1))
+        reward = means[arm] + rng.normal(size=agents)
+        n[rows, arm] += 1
+        q[rows, arm] += (reward - q[rows, arm]) / n[rows, arm]
+        if (step + 1) % share_every == 0:
+            n_total = n.sum(axis=0)
+            q_total = np.where(n_total > 0, (n * q).sum(axis=0) / np.maximum(n_total, 1), q.mean(axis=0))
+            q[:] = q_total
+            n[:] = n_total / agents
+    return agents * steps / (time.perf_counter() - started)
+
+
+def popplay_rate(agents: int, arms: int, trials: int, steps: int, share_every: int, backend: Backend,
+                 epsilon: float = 0.1, repeats: int = 3) -> float:
+    """Best of ``repeats`` runs: agent-steps per second of learning (sharing included)."""
+    params = BanditParams(arms=arms, agents=agents, trials=trials, steps_per_agent=steps,
+                          share_every=share_every, epsilon=epsilon)
+    best = 0.0
+    for _ in range(repeats):
+        result = run(BanditExperiment(params, backend))
+        best = max(best, agents * trials * steps / result.learning_seconds)
+    return best
+
+
+def throughput(table: list[dict]) -> None:
+    cpu = Backend("numba", "cpu")
+    numpy_rate = numpy_population(8192, 100, 0.1, steps=64, share_every=16)
+    ours = popplay_rate(8192, 100, trials=4, steps=256, share_every=16, backend=cpu)
+    table.append({"case": "100 arms, 8192 agents, eps 0.1, share every 16", "numpy": numpy_rate,
+                  "popplay numba": ours, "ratio": ours / numpy_rate, "goal ratio": 5.0})
+    single = popplay_rate(1, 100, trials=1, steps=131072, share_every=131072, backend=cpu, repeats=7)
+    table.append({"case": "1 agent, 100 arms, 131,072 steps", "report CPU": REPORT_SINGLE_AGENT_STEPS_PER_SECOND,
+                  "popplay numba": single, "ratio": single / REPORT_SINGLE_AGENT_STEPS_PER_SECOND, "goal ratio": 3.0})
+    for agents in (1, 256, 8192):
+        for arms in (10, 100, 1000):
+            trials = max(1, 8192 // agents)
+            steps = max(64, 131072 // agents // 4)
+            rate = popplay_rate(agents, arms, trials, steps, min(16, steps), cpu, repeats=2)
+            row = {"case": f"{arms} arms, {agents} agents x {trials} trials", "popplay numba": rate}
+            if agents == 8192:
+                row["numpy"] = numpy_population(agents, arms, 0.1, steps=32, share_every=16)
+                row["ratio"] = rate / row["numpy"]
+            table.append(row)
+    torch_cpu = popplay_rate(256, 100, trials=16, steps=64, share_every=16, backend=Backend("torch", "cpu"), repeats=1)
+    table.append({"case": "100 arms, 256 agents x 16 trials, torch CPU", "popplay torch": torch_cpu})
+    if cuda_available():
+        gpu = popplay_rate(8192, 100, trials=1024, steps=64, share_every=16, backend=Backend("torch", "cuda"),
+                           repeats=2)
+        table.append({"case": "100 arms, 8192 agents x 1024 trials, torch CUDA", "popplay torch": gpu,
+                      "goal": 1e9})
+
+
+def quality_curve(table: list[dict]) -> dict:
+    """Figure 2 at full size: quality after 131,072 agent-time steps, 1024 trials."""
+    curves = {}
+    cpu = Backend("numba", "cpu")
+    for agents, share_every in ((1, 131072), (16, 128), (64, 64), (256, 16), (1024, 8), (8192, 4)):
+        params = BanditParams(arms=100, agents=agents, trials=1024, steps_per_agent=131072 // agents,
+                              share_every=min(share_every, 131072 // agents), epsilon=0.1)
+        result = run(BanditExperiment(params, cpu))
+        curves[agents] = {"agent_steps": result.curve.agent_steps, "quality": result.curve.metrics["quality"],
+                          "seconds": result.curve.seconds}
+        table.append({"case": f"quality, {agents} agents (share every {params.share_every})",
+                      "quality": result.curve.metrics["quality"][-1], "seconds": result.learning_seconds})
+    return curves
+
+
+def peak_memory() -> dict:
+    """Peak RSS of the largest configuration, in a fresh process."""
+    code = (
+        "import resource, time\n"
+        "from popplay.games.bandit import BanditParams\n"
+        "from popplay.populations.bandit import BanditExperiment\n"
+        "from popplay.populations.base import Backend\n"
+        "from popplay.runner import run\n"
+        "p = BanditParams(arms=1000, agents=8192, trials=64, steps_per_agent={steps}, share_every=16)\n"
+        "r = run(BanditExperiment(p, Backend('numba', 'cpu')))\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r.learning_seconds)\n"
+    )
+    out = {}
+    for steps in (32, 128):
+        proc = subprocess.run([sys.executable, "-c", code.format(steps=steps)], capture_output=True, text=True,
+                              check=True)
+        rss_kib, seconds = proc.stdout.split()
+        out[steps] = {"peak_rss_mib": int(rss_kib) / 1024, "learning_seconds": float(seconds)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quality", action="store_true")
+    parser.add_argument("--memory", action="store_true")
+    args = parser.parse_args()
+    import numba
+
+    table: list[dict] = []
+    report: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+                                "platform": platform.platform(), "gpu": cuda_available()}}
+    throughput(table)
+    if args.quality:
+        report["figure2"] = quality_curve(table)
+    if args.memory:
+        report["memory"] = peak_memory()
+        for steps, row in report["memory"].items():
+            table.append({"case": f"1000 arms x 8192 agents x 64 trials, {steps} steps/agent",
+                          "peak RSS MiB": row["peak_rss_mib"]})
+    report["table"] = table
+    for row in table:
+        cells = []
+        for key, value in row.items():
+            if key == "case":
+                continue
+            if isinstance(value, float) and ("ratio" in key or key in ("quality", "seconds", "peak RSS MiB")):
+                cells.append(f"{key} {value:.3g}")
+            elif isinstance(value, float):
+                cells.append(f"{key} {value / 1e6:.1f}M/s")
+        print(f"{row['case']:<55} " + "  ".join(cells))
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "bandit.json").write_text(json.dumps(report, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()

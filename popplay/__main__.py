@@ -1,0 +1,3 @@
+from popplay.cli import entry_point
+
+entry_point()

@@ -1,0 +1,1 @@
+"""Run files and checkpoints (HDF5, no pickle)."""

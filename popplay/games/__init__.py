@@ -1,0 +1,1 @@
+"""Domains: the rules of each game or environment, written once for every backend."""

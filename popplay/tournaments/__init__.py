@@ -1,0 +1,1 @@
+"""Round-robin tournaments and ratings from win/draw matrices."""

@@ -1,0 +1,131 @@
+"""The bandit population: backends against the plain-Python reference, determinism,
+independence from layout and threads, learning quality (Bell's Figure 2)."""
+import numba
+import numpy as np
+import pytest
+
+from popplay.games import bandit as game
+from popplay.games.bandit import BanditParams
+from popplay.populations.bandit import BanditExperiment
+from popplay.populations.base import Backend
+from popplay.runner import run
+from tests.reference import bandit as reference
+
+NUMBA = Backend("numba", "cpu")
+TORCH = Backend("torch", "cpu")
+
+
+def _history(params: BanditParams, backend: Backend):
+    experiment = BanditExperiment(params, backend)
+    state = experiment.initial_state()
+    history = []
+    while not experiment.finished(state, time_mode=False):
+        state = experiment.phase(state, time_left=None)
+        history.append((state.q.copy(), state.n.copy()))
+    return history
+
+
+def _reference_history(params: BanditParams):
+    e = BanditExperiment(params, NUMBA)
+    trials, agents = np.arange(params.trials), np.arange(params.agents)
+    return reference.run(
+        params, e.means.tolist(), game.agent_keys(params.seed, trials, agents),
+        game.agent_static_keys(params.seed, trials, agents), e.epsilons.tolist(), e.topk.tolist(),
+        e.groups.tolist(), e.n_groups,
+    )
+
+
+@pytest.mark.parametrize("differentiation", game.DIFFERENTIATIONS)
+def test_backends_equal_reference_bit_for_bit(differentiation):
+    params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=6, epsilon=0.2,
+                          differentiation=differentiation, seed=11, explorer_fraction=0.4,
+                          topk_fraction=0.6, bias_scale=0.3)
+    expected = _reference_history(params)
+    for backend in (NUMBA, TORCH):
+        got = _history(params, backend)
+        assert len(got) == len(expected) == 4  # phases of 6, 6, 6 and 5 steps
+        for (q, n), (q_ref, n_ref) in zip(got, expected):
+            assert np.array_equal(q, np.array(q_ref)), backend
+            assert np.array_equal(n, np.array(n_ref)), backend
+
+
+def test_ties_at_the_start_are_broken_at_random():
+    # all estimates start equal: greedy first pulls must spread over the arms
+    params = BanditParams(arms=10, agents=200, trials=1, steps_per_agent=1, share_every=1, epsilon=0.0)
+    (q, n), = _history(params, NUMBA)
+    assert n.sum() == 200
+    assert (n[0] > 0).sum() == 10
+
+
+def test_sharing_preserves_total_pulls_and_counts_every_step():
+    params = BanditParams(arms=13, agents=9, trials=4, steps_per_agent=40, share_every=7, seed=3)
+    for step, (q, n) in zip([7, 14, 21, 28, 35, 40], _history(params, NUMBA)):
+        assert np.array_equal(n.sum(axis=1), np.full(4, 9.0 * step))
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    params = BanditParams(arms=20, agents=16, trials=8, steps_per_agent=64, share_every=8, seed=5)
+    a, b = _history(params, NUMBA), _history(params, NUMBA)
+    assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b))
+    c = _history(BanditParams(**{**params.to_dict(), "seed": 6}), NUMBA)
+    assert not np.array_equal(a[-1][0], c[-1][0])
+
+
+def test_results_do_not_depend_on_thread_count_or_trial_batch():
+    params = BanditParams(arms=30, agents=33, trials=6, steps_per_agent=50, share_every=10, seed=2)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = _history(params, NUMBA)[-1]
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(_history(params, NUMBA)[-1][0], single[0])
+    # a trial's streams depend only on (seed, trial, agent): fewer trials, same tables
+    fewer = _history(BanditParams(**{**params.to_dict(), "trials": 2}), NUMBA)[-1]
+    assert np.array_equal(fewer[0], single[0][:2]) and np.array_equal(fewer[1], single[1][:2])
+
+
+def test_time_budget_learns_for_the_given_learning_time():
+    params = BanditParams(arms=10, agents=8, trials=16, steps_per_agent=8, share_every=4)
+    experiment = BanditExperiment(params, NUMBA)
+    result = run(experiment, time_budget=0.05)
+    assert result.learning_seconds >= 0.05
+    assert result.state.step > params.steps_per_agent  # the step budget is ignored
+    assert np.all(np.diff(result.curve.seconds) > 0)
+    assert result.curve.agent_steps[-1] == result.state.step * params.agents
+
+
+def test_block_correctness_counts_ties_as_the_chance_of_picking_best():
+    means = np.array([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0], [0.0, 1.0, 0.5]])
+    q = np.array([[0.2, 0.9, 0.1], [0.3, 0.3, 0.3], [0.9, 0.2, 0.1]])
+    assert game.block_correctness(q, means).tolist() == [1.0, 1 / 3, 0.0]
+
+
+def test_parameters_are_validated():
+    with pytest.raises(ValueError, match="epsilon"):
+        BanditParams(epsilon=1.5).validate()
+    with pytest.raises(ValueError, match="arms"):
+        BanditParams(arms=1).validate()
+    with pytest.raises(ValueError, match="differentiation"):
+        BanditParams(differentiation="sideways").validate()
+
+
+def test_differentiated_agents_are_spread_evenly():
+    assert game.differentiated(8, 0.25).sum() == 2
+    assert game.differentiated(8, 0.0).sum() == 0 and game.differentiated(8, 1.0).sum() == 8
+    groups, n_groups = game.explore_groups(BanditParams(arms=4, agents=6, differentiation="partition"))
+    assert n_groups == 4 and groups.tolist() == [0, 1, 2, 3, 0, 1]
+
+
+@pytest.mark.slow
+def test_figure2_sharing_population_beats_single_agent():
+    # Bell's Figure 2 setting at full size: 100 arms, 131,072 agent-time steps, 1024 trials
+    def quality(agents: int, share_every: int) -> float:
+        params = BanditParams(arms=100, agents=agents, trials=1024, steps_per_agent=131072 // agents,
+                              share_every=share_every, epsilon=0.1, seed=0)
+        return run(BanditExperiment(params, NUMBA)).curve.metrics["quality"][-1]
+
+    population = quality(256, 16)
+    single = quality(1, 1024)
+    assert population >= 0.97
+    assert population >= single + 0.02
