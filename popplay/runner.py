@@ -62,6 +62,14 @@ class Experiment(Protocol):
     def results(self, state: Any) -> dict[str, Any]:
         """Per-trial (or per-agent) results to store under /results."""
 
+    def progress(self, state: Any) -> int:
+        """Progress in the unit of ``--checkpoint-every`` counts and of the budget
+        (agent-time steps per trial; episodes for knights)."""
+
+    def check_finite(self, state: Any, *, phase: int) -> list[str]:
+        """Reset or quarantine agents whose values became non-finite (in place);
+        return one message per event. Called after every phase, before checkpoints."""
+
 
 @dataclass
 class Curve:
@@ -192,11 +200,38 @@ def run(
 
 
 # ---------------------------------------------------------------------------
-# A whole training run: backend, experiment, loop, console, run file.
+# A whole training run: backend, experiment, loop, console, checkpoints, run file.
 
 
 class UsageProblem(ValueError):
     """Bad user input, reported as one line with exit code 2."""
+
+
+@dataclass(frozen=True)
+class CheckpointEvery:
+    """How often to checkpoint: every ``amount`` seconds of wall time, or every
+    ``amount`` units of the domain's progress (agent-time steps per trial, episodes)."""
+
+    amount: float
+    unit: str  # "seconds" or "progress"
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointEvery":
+        """``"30s"``, ``"5m"``, ``"2h"`` (wall time) or ``"100000"`` (progress units)."""
+        raw = text.strip().lower()
+        scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:]) if raw else None
+        number = raw[:-1] if scale else raw
+        try:
+            amount = float(number)
+        except ValueError:
+            raise UsageProblem(f"--checkpoint-every: expected a count or a time such as 30s, 5m, 2h (got {text!r})") from None
+        if not amount > 0:
+            raise UsageProblem(f"--checkpoint-every must be positive (got {text!r})")
+        if scale:
+            return cls(amount * scale, "seconds")
+        if amount != int(amount):
+            raise UsageProblem(f"--checkpoint-every: a count must be a whole number (got {text!r})")
+        return cls(amount, "progress")
 
 
 @dataclass(frozen=True)
@@ -208,6 +243,7 @@ class TrainOptions:
     time_budget: float | None = None
     out: Any = None  # pathlib.Path
     overwrite: bool = False
+    checkpoint_every: CheckpointEvery | None = None
 
 
 @dataclass
@@ -215,11 +251,89 @@ class TrainOutcome:
     summary: dict[str, Any]
     result: RunResult
     experiment: Any
+    warnings: list[str]
+
+
+class RunLock:
+    """Refuses a second writer of the same run file (an advisory lock beside it)."""
+
+    def __init__(self, path: Any) -> None:
+        from pathlib import Path
+
+        path = Path(path)
+        self.lock_path = path.with_name(f".{path.name}.lock")
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+        import os
+
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UsageProblem(f"{self.lock_path.name[1:-5]}: another popplay process is writing this run file") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import os
+
+        if self._fd is not None:
+            try:
+                os.unlink(self.lock_path)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+
+
+class RunWriter:
+    """Writes the complete run (state, curves, results) into one file, atomically."""
+
+    def __init__(self, out: Any, domain: str, params: Any, backend: Any, options: TrainOptions,
+                 experiment: Any) -> None:
+        self.out = out
+        self.domain = domain
+        self.config = {**params.to_dict(), "backend": backend.name, "device": backend.device,
+                       "time_budget": options.time_budget}
+        self.experiment = experiment
+        self.events: list[str] = []
+
+    def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
+        from popplay.checkpoints import runfile
+
+        metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
+        runfile.write_run(
+            self.out, domain=self.domain, config=self.config,
+            state=self.experiment.state_arrays(state), state_counters=self.experiment.state_counters(state),
+            static=self.experiment.static_arrays(),
+            curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
+            results=self.experiment.results(state), result_attrs={**metrics, "events_json": self.events},
+            attrs={"learning_seconds": learning_seconds, "phases": len(curve)}, complete=complete,
+        )
+
+
+def curve_from_file(curves: dict[str, Any]) -> Curve:
+    curve = Curve()
+    curve.agent_steps = [int(x) for x in curves.get("agent_steps", [])]
+    curve.seconds = [float(x) for x in curves.get("seconds", [])]
+    curve.metrics = {name: [float(x) for x in values] for name, values in curves.items()
+                     if name not in ("agent_steps", "seconds")}
+    return curve
 
 
 def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | None = None,
-          should_stop: Callable[[], bool] | None = None) -> TrainOutcome:
-    """Run one experiment and write its run file; return the summary users see."""
+          should_stop: Callable[[], bool] | None = None, resume: Any = None) -> TrainOutcome:
+    """Run one experiment and write its run file; return the summary users see.
+
+    ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
+    state, curves and learning time), written back to ``options.out``.
+    """
+    import time as _time
     from pathlib import Path
 
     from popplay.checkpoints import runfile
@@ -234,14 +348,53 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
     if options.time_budget is not None and not options.time_budget > 0:
         raise UsageProblem(f"--time-budget must be positive (got {options.time_budget})")
     out = Path(options.out)
-    if out.exists() and not options.overwrite:
+    if resume is None and out.exists() and not options.overwrite:
         raise UsageProblem(f"--out {out}: file exists (pass --overwrite to replace it)")
     try:
         runfile.check_writable(out)
     except runfile.RunFileError as error:
         raise UsageProblem(str(error)) from None
-    experiment = registry.build(domain, params, backend)
-    result = run(experiment, time_budget=options.time_budget, reporter=reporter, should_stop=should_stop)
+    with RunLock(out):
+        experiment = registry.build(domain, params, backend)
+        state, curve, learning_seconds = None, None, 0.0
+        if resume is not None:
+            try:
+                state = experiment.restore(resume.state, resume.state_counters)
+            except (KeyError, ValueError, TypeError) as error:
+                raise UsageProblem(f"{out}: cannot resume from this run file ({error})") from None
+            curve = curve_from_file(resume.curves)
+            learning_seconds = float(resume.attrs.get("learning_seconds", 0.0))
+        writer = RunWriter(out, domain, params, backend, options, experiment)
+        if resume is not None:
+            writer.events = list(_json_list(resume.result_attrs.get("events_json")))
+        every = options.checkpoint_every
+        last = {"wall": _time.monotonic(), "mark": None}
+
+        def after_phase(state: Any, curve: Curve, seconds: float) -> None:
+            check = getattr(experiment, "check_finite", None)
+            if check is not None:
+                for event in check(state, phase=len(curve)):
+                    writer.events.append(event)
+                    if reporter is not None and hasattr(reporter, "warn"):
+                        reporter.warn(event)
+            if every is None:
+                return
+            if every.unit == "seconds":
+                due = _time.monotonic() - last["wall"] >= every.amount
+            else:
+                mark = int(experiment.progress(state) // every.amount)
+                due = last["mark"] is not None and mark > last["mark"]
+                last["mark"] = mark if last["mark"] is None or due else last["mark"]
+            if due:
+                writer.write(state, curve, seconds, complete=False)
+                last["wall"] = _time.monotonic()
+
+        if every is not None and every.unit == "progress":
+            last["mark"] = int(experiment.progress(state if state is not None else experiment.initial_state())
+                               // every.amount)
+        result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
+                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase)
+        writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)
     seconds = result.learning_seconds
@@ -258,16 +411,16 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "complete": not result.stopped,
         "out": str(out),
     }
-    config = {**params.to_dict(), "backend": backend.name, "device": backend.device,
-              "time_budget": options.time_budget}
-    runfile.write_run(
-        out, domain=domain, config=config,
-        state=experiment.state_arrays(result.state), state_counters=experiment.state_counters(result.state),
-        static=experiment.static_arrays(),
-        curves={"agent_steps": result.curve.agent_steps, "seconds": result.curve.seconds,
-                **result.curve.metrics},
-        results=experiment.results(result.state), result_attrs=metrics,
-        attrs={"learning_seconds": seconds, "phases": len(result.curve)},
-        complete=not result.stopped,
-    )
-    return TrainOutcome(summary, result, experiment)
+    return TrainOutcome(summary, result, experiment, writer.events)
+
+
+def _json_list(value: Any) -> list[Any]:
+    import json
+
+    if not value or value == "none":
+        return []
+    try:
+        loaded = json.loads(value) if isinstance(value, str) else list(value)
+    except ValueError:
+        return []
+    return loaded if isinstance(loaded, list) else []

@@ -31,6 +31,7 @@ import numpy as np
 
 FORMAT = "popplay-run"
 SCHEMA_VERSION = 1
+DIGEST = "content_sha256"
 
 
 class RunFileError(Exception):
@@ -109,21 +110,23 @@ def write_run(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-        with h5py.File(tmp_name, "w") as f:
-            f.attrs["format"] = FORMAT
+        # libver v110: checksummed superblock and object headers; fletcher32 on every
+        # dataset: a flipped bit anywhere that matters is detected when read.
+        with h5py.File(tmp_name, "w", libver=("v110", "latest")) as f:
+            f.attrs["format"] = _attr(FORMAT)
             f.attrs["schema_version"] = SCHEMA_VERSION
-            f.attrs["domain"] = domain
+            f.attrs["domain"] = _attr(domain)
             f.attrs["complete"] = bool(complete)
-            f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            f.attrs["created"] = _attr(datetime.now(timezone.utc).isoformat(timespec="seconds"))
             for name, value in attrs.items():
                 f.attrs[name] = _attr(value)
             group = f.create_group("config")
             for name, value in config.items():
                 group.attrs[name] = _attr(value)
-            group.attrs["config_json"] = json.dumps(config, sort_keys=True)
+            group.attrs["config_json"] = _attr(json.dumps(config, sort_keys=True))
             group = f.create_group("versions")
             for name, value in library_versions().items():
-                group.attrs[name] = str(value)
+                group.attrs[name] = _attr(str(value))
             group = f.create_group("state")
             for name, value in state_counters.items():
                 group.attrs[name] = _attr(value)
@@ -134,6 +137,8 @@ def write_run(
             for name, value in result_attrs.items():
                 group.attrs[name] = _attr(value)
             _write_arrays(group, results)
+        with h5py.File(tmp_name, "r+") as f:
+            f.attrs[DIGEST] = _attr(content_digest(f))
         fd = os.open(tmp_name, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -154,6 +159,52 @@ def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
     import h5py
 
     path = Path(path)
+    _check_file(path)
+    try:
+        with h5py.File(path, "r") as f:
+            return _read(f, path, expected_domain)
+    except RunFileError:
+        raise
+    except Exception as error:  # h5py raises many kinds on damaged files
+        raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
+
+
+def summarize_run(path: Path) -> dict[str, Any]:
+    """What ``popplay inspect`` shows, read from attributes and curve tails only."""
+    import h5py
+
+    path = Path(path)
+    _check_file(path)
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = _header(f, path, None)
+            _check_tree(f, path)
+            config = json.loads(_plain(f["config"].attrs["config_json"]))
+            state = f["state"]
+            curves = f["curves"] if "curves" in f else {}
+            last = {name: float(curves[name][-1]) for name in curves
+                    if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
+            progress = {name: _plain(state.attrs[name]) for name in state.attrs}
+            if "agent_steps" in curves and curves["agent_steps"].shape[0]:
+                progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
+            population = {key: config[key] for key in ("trials", "agents", "arms", "games_per_agent") if key in config}
+            return {
+                "path": str(path), "domain": attrs.get("domain"), "complete": bool(attrs.get("complete")),
+                "written": attrs.get("created"), "schema_version": attrs.get("schema_version"),
+                "learning_seconds": attrs.get("learning_seconds"), "phases": attrs.get("phases"),
+                "population": population, "progress": progress, "last": last, "config": config,
+                "versions": {name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs}
+                if "versions" in f else {},
+            }
+    except RunFileError:
+        raise
+    except Exception as error:
+        raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
+
+
+def _check_file(path: Path) -> None:
+    import h5py
+
     if not path.exists():
         raise RunFileError(f"{path}: no such file")
     if path.is_dir():
@@ -161,18 +212,19 @@ def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
     if path.stat().st_size == 0:
         raise RunFileError(f"{path}: empty file, not a run file")
     try:
-        if not h5py.is_hdf5(path):
-            raise RunFileError(f"{path}: not an HDF5 file")
-        with h5py.File(path, "r") as f:
-            return _read(f, path, expected_domain)
-    except RunFileError:
-        raise
-    except Exception as error:  # h5py raises many kinds on damaged files
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RunFileError(f"{path}: damaged or unreadable run file ({reason})") from None
+        hdf5 = h5py.is_hdf5(path)
+    except Exception:
+        hdf5 = False
+    if not hdf5:
+        raise RunFileError(f"{path}: not an HDF5 file")
 
 
-def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
+def _reason(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text or type(error).__name__
+
+
+def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
     attrs = {name: _plain(f.attrs[name]) for name in f.attrs}
     if attrs.get("format") != FORMAT:
         raise RunFileError(f"{path}: not a popplay run file")
@@ -186,7 +238,46 @@ def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
     domain = attrs.get("domain")
     if expected_domain is not None and domain != expected_domain:
         raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")
+    return attrs
+
+
+def content_digest(f: Any) -> str:
+    """SHA-256 over every group, attribute and dataset of a file, in a fixed order.
+
+    HDF5 checksums metadata and (with fletcher32) chunks, but not everything, e.g.
+    variable-length strings; this digest makes any change to what popplay loads
+    detectable.
+    """
+    import hashlib
+
+    import h5py
+
+    digest = hashlib.sha256()
+
+    def visit(name: str, item: Any) -> None:
+        digest.update(f"\0{name}\0{type(item).__name__}".encode())
+        for key in sorted(item.attrs):
+            if item.name == "/" and key == DIGEST:
+                continue
+            digest.update(f"\0@{key}={_plain(item.attrs[key])!r}".encode())
+        if isinstance(item, h5py.Dataset):
+            data = np.ascontiguousarray(item[()])
+            digest.update(f"\0{data.dtype.str}{data.shape}".encode())
+            digest.update(data.tobytes())
+        else:
+            for key in sorted(item):
+                visit(f"{name}/{key}", item[key])
+
+    visit("", f)
+    return digest.hexdigest()
+
+
+def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
+    attrs = _header(f, path, expected_domain)
+    domain = attrs.get("domain")
     _check_tree(f, path)
+    if attrs.get(DIGEST) != content_digest(f):
+        raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
     config_group = f["config"]
     try:
         config = json.loads(_plain(config_group.attrs["config_json"]))
@@ -255,18 +346,26 @@ def _write_arrays(group: Any, arrays: dict[str, np.ndarray]) -> None:
         array = np.asarray(value)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{name}: only numeric arrays go into run files (got {array.dtype})")
-        kwargs = {"compression": "gzip", "compression_opts": 4, "shuffle": True} if array.size >= 4096 else {}
+        kwargs: dict[str, Any] = {}
+        if array.ndim and array.size:
+            kwargs["fletcher32"] = True
+            if array.size >= 4096:
+                kwargs.update(compression="gzip", compression_opts=4, shuffle=True)
         group.create_dataset(name, data=array, **kwargs)
 
 
 def _attr(value: Any) -> Any:
+    """An attribute value as stored. Strings become fixed-length UTF-8 bytes: they
+    live inside the checksummed object header, whereas variable-length strings live
+    in HDF5's global heap, which has no checksum and whose corruption can hang the
+    reader."""
     if value is None:
-        return "none"
+        value = "none"
+    elif not isinstance(value, (bool, int, float, str, np.generic)):
+        value = json.dumps(value)
     if isinstance(value, str):
-        return str(value)  # plain str: subclasses (e.g. torch's version) confuse h5py
-    if isinstance(value, (bool, int, float, np.generic)):
-        return value
-    return json.dumps(value)
+        return np.bytes_(value.encode("utf-8") or b"\0")
+    return value
 
 
 def _plain(value: Any) -> Any:

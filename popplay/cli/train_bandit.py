@@ -9,7 +9,7 @@ import typer
 
 from popplay.cli.common import (BACKEND_HELP, DEVICE_HELP, JSON_HELP, OUT_HELP, TIME_BUDGET_HELP,
                                 BackendName, CommandError, DeviceName)
-from popplay.cli.train import run_training, train_app
+from popplay.cli.train import CHECKPOINT_HELP, RESUME_HELP, load_resume, resumed_params, run_training, train_app
 
 
 class Differentiation(str, Enum):
@@ -23,6 +23,7 @@ class Differentiation(str, Enum):
 
 @train_app.command("bandit")
 def train_bandit(
+    ctx: typer.Context,
     arms: Annotated[int, typer.Option(min=2, help="Arms per bandit.")] = 100,
     agents: Annotated[int, typer.Option(min=1, help="Agents per trial (they share with each other).")] = 256,
     trials: Annotated[int, typer.Option(min=1, help="Independent trials (each with its own bandit).")] = 1024,
@@ -45,11 +46,27 @@ def train_bandit(
     out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    checkpoint_every: Annotated[Optional[str], typer.Option(help=CHECKPOINT_HELP)] = None,
+    resume: Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")] = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
     from popplay.games.bandit import BanditParams
 
+    if resume is not None:
+        stored = load_resume(ctx, "bandit", resume)
+        stored_agents = int(stored.config.get("agents", 1))
+        steps_per_agent = agent_steps // stored_agents if _given(ctx, "agent_steps") else None
+        params = resumed_params("bandit", stored, steps_per_agent=steps_per_agent)
+        done = int(stored.state_counters.get("step", 0))
+        if params.steps_per_agent < done:
+            raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
+                               f"({done * stored_agents} agent-steps per trial)")
+        run_training("bandit", params, backend=backend.value if _given(ctx, "backend") else stored.config["backend"],
+                     device=device.value if _given(ctx, "device") else stored.config["device"],
+                     time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
+                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
+        return
     if agent_steps < agents:
         raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
                            "every agent needs at least one step")
@@ -60,4 +77,9 @@ def train_bandit(
         topk_fraction=topk_fraction, seed=seed,
     )
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")

@@ -105,6 +105,22 @@ class BanditExperiment:
     def budget_agent_steps(self) -> int:
         return self.params.steps_per_agent * self.params.agents
 
+    def progress(self, state: BanditState) -> int:
+        return self.agent_steps(state)
+
+    def check_finite(self, state: BanditState, *, phase: int) -> list[str]:
+        """A trial whose shared table holds a non-finite value starts again from an
+        empty table (its agents all hold the shared table, so the trial is the unit)."""
+        bad = ~(np.isfinite(state.q).all(axis=1) & np.isfinite(state.n).all(axis=1))
+        if not bad.any():
+            return []
+        state.q[bad] = 0.0
+        state.n[bad] = 0.0
+        top_arm, top_value, second_value = game.greedy_cache(state.q[bad])
+        state.top_arm[bad], state.top_value[bad], state.second_value[bad] = top_arm, top_value, second_value
+        return [f"phase {phase}: trial {t} had non-finite estimates; its shared table was reset"
+                for t in np.flatnonzero(bad)]
+
     # -- numba path -------------------------------------------------------------
 
     def _numba_phase(self, state: BanditState, n_steps: int) -> None:

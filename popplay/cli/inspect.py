@@ -1,0 +1,50 @@
+"""``popplay inspect RUN.h5``: a quick look at a run file without loading its arrays."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from popplay.cli import app
+from popplay.cli.common import CommandError, print_json
+
+
+@app.command("inspect")
+def inspect(
+    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", metavar="RUN.h5",
+                                        dir_okay=False)],
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+) -> None:
+    """Domain, config, progress, population size, last quality, checkpoint time and library versions."""
+    from popplay.checkpoints.runfile import RunFileError, summarize_run
+
+    try:
+        info = summarize_run(run)
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+    if json_output:
+        print_json(info)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{run}", show_header=False, title_justify="left")
+    table.add_column(style="dim")
+    table.add_column()
+    for key in ("domain", "complete", "written", "population", "progress", "learning_seconds", "phases"):
+        table.add_row(key, _text(info.get(key)))
+    for name, value in info.get("last", {}).items():
+        table.add_row(f"last {name}", _text(value))
+    table.add_row("config", ", ".join(f"{k}={v}" for k, v in sorted(info["config"].items())))
+    table.add_row("versions", ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items())))
+    Console().print(table)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
