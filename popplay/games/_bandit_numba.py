@@ -28,6 +28,7 @@ _reward_fixed = _rules.reward_fixed
 _estimate = _rules.estimate
 _shared_estimate = _rules.shared_estimate
 _arm_bias = _rules.arm_bias
+_update_greedy = _rules.update_greedy
 
 
 @numba.njit(cache=True)
@@ -162,17 +163,9 @@ def _learn_phase(
                 pulls[arm] += 1
                 rewards[arm] += reward
                 own[arm] = _estimate(shared_row[arm], n_shared[t, arm] / agents, pulls[arm], rewards[arm])
-                v = own[arm] + bias[arm]
-                if arm == best_arm:
-                    best = v
-                    if v < second:
-                        best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
-                elif v > best:
-                    second = best
-                    best = v
-                    best_arm = arm
-                elif v > second:
-                    second = v
+                best_arm, best, second, rescan = _update_greedy(arm, own[arm] + bias[arm], best_arm, best, second)
+                if rescan:
+                    best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
             for i in range(used):
                 a = touched[i]
                 out_arm[t, p, i] = a
@@ -218,15 +211,8 @@ def _share(q_shared, n_shared, top_arm, top_val, second_val, n_chunks,
                 n_shared[t, a] = n_new
                 pull_total[a] = 0
                 reward_total[a] = 0
-                if a == best_arm:
-                    best = v
-                    rescan = rescan or v < second
-                elif v > best:
-                    second = best
-                    best = v
-                    best_arm = a
-                elif v > second:
-                    second = v
+                best_arm, best, second, lost_lead = _update_greedy(a, v, best_arm, best, second)
+                rescan = rescan or lost_lead
             if rescan:
                 best_arm, best, second = _top2(q_shared[t], no_bias, no_pulls, no_bias, arms)
             top_arm[t] = best_arm

@@ -6,8 +6,6 @@ so on the CPU both give bit-identical shared tables.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -43,14 +41,22 @@ class TorchBanditEngine:
             self.bias = _rules.arm_bias(_rng.draw(static, _rng.mix_counter(counters)), bias_scale)
 
     def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares."""
+        """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares.
+
+        Like the numba kernel, each agent keeps a greedy cache (best arm, best value,
+        runner-up bound), so a step needs a pass over all arms only for the agents
+        whose values tie or whose leader fell behind.
+        """
         trials, agents, arms = self.shape
-        base_q = q[:, None, :]
-        base_n = (n / agents)[:, None, :]
-        values = base_q.expand(self.shape).clone()
+        base_q = q[:, None, :].expand(self.shape)
+        base_n = (n / agents)[:, None, :].expand(self.shape)
+        means = self.means[:, None, :].expand(self.shape)
+        values = base_q.clone()
         biased = values + self.bias if self.bias is not None else values
         pulls = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
         rewards = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
+        best_arm, best, second = _top2(biased)
+        topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         for s in range(n_steps):
             counter = (first_step + s) * WORDS_PER_STEP
             w0 = _rng.draw(self.keys, _rng.mix_counter(torch.tensor(counter, device=self.device)))
@@ -58,35 +64,47 @@ class TorchBanditEngine:
             w1 = _rng.draw(self.keys, _rng.mix_counter(counter1))
             u_choice = _rng.uniform_lo32(w0)
             explore = _rng.uniform_hi32(w0) < self.epsilons
-            arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms),
-                              self._greedy(biased, u_choice))
-            arm = arm[..., None]
+            arm = best_arm.clone()
+            needs_scan = (best <= second) & ~explore
+            if topk_agent is not None:
+                needs_scan &= ~topk_agent
+                chosen = (topk_agent & ~explore).nonzero(as_tuple=True)
+                if chosen[0].numel():
+                    order = torch.sort(biased[chosen], dim=-1, descending=True, stable=True).indices
+                    rank = torch.floor(u_choice[chosen] * self.topk.expand(trials, agents)[chosen]).to(torch.int64)
+                    arm[chosen] = order.gather(-1, rank[:, None])[:, 0]
+            scanned = needs_scan.nonzero(as_tuple=True)
+            if scanned[0].numel():
+                arm[scanned] = _random_argmax(biased[scanned], u_choice[scanned])
+            arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
+            index = arm[..., None]
             noise = _rng.normal(self.keys, counter1, w1)
-            reward = _rules.reward_fixed(self.means[:, None, :].expand(self.shape).gather(-1, arm)[..., 0], noise)
-            pulls.scatter_add_(-1, arm, torch.ones_like(arm))
-            rewards.scatter_add_(-1, arm, reward[..., None])
-            new_value = _rules.estimate(base_q.expand(self.shape).gather(-1, arm),
-                                        base_n.expand(self.shape).gather(-1, arm),
-                                        pulls.gather(-1, arm), rewards.gather(-1, arm))
-            values.scatter_(-1, arm, new_value)
+            reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
+            pulls.scatter_add_(-1, index, torch.ones_like(index))
+            rewards.scatter_add_(-1, index, reward[..., None])
+            new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
+                                        pulls.gather(-1, index), rewards.gather(-1, index))
+            values.scatter_(-1, index, new_value)
             if self.bias is not None:
-                biased.scatter_(-1, arm, new_value + self.bias.gather(-1, arm))
+                new_value = new_value + self.bias.gather(-1, index)
+                biased.scatter_(-1, index, new_value)
+            best_arm, best, second, rescan = _rules.update_greedy(arm, new_value[..., 0], best_arm, best, second)
+            lost = rescan.nonzero(as_tuple=True)
+            if lost[0].numel():
+                best_arm[lost], best[lost], second[lost] = _top2(biased[lost])
         n_new = n + pulls.sum(dim=1)
         q_new = _rules.shared_estimate(q, n, n_new, rewards.sum(dim=1))
         return q_new, n_new
 
-    def _greedy(self, biased: torch.Tensor, u_choice: torch.Tensor) -> torch.Tensor:
-        """The random-tie argmax of every agent, or its top-k choice where k > 1."""
-        best = biased.max(dim=-1, keepdim=True).values
-        ties = biased == best
-        pick = torch.floor(u_choice * ties.sum(dim=-1)).to(torch.int64)
-        arm = (ties.cumsum(dim=-1) > pick[..., None]).to(torch.int8).argmax(dim=-1)
-        if self.any_topk:
-            order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
-            rank = torch.floor(u_choice * self.topk).to(torch.int64)
-            arm = torch.where(self.topk > 1, order.gather(-1, rank[..., None])[..., 0], arm)
-        return arm
+
+def _top2(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The greedy cache of every row: (an arm holding the maximum, it, the runner-up)."""
+    top = torch.topk(values, 2, dim=-1)
+    return top.indices[..., 0].clone(), top.values[..., 0].clone(), top.values[..., 1].clone()
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy()
+def _random_argmax(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the floor(u * c)-th (in index order) of the c arms holding the maximum."""
+    ties = rows == rows.max(dim=-1, keepdim=True).values
+    pick = torch.floor(u * ties.sum(dim=-1)).to(torch.int64)
+    return (ties.cumsum(dim=-1) > pick[..., None]).to(torch.int8).argmax(dim=-1)

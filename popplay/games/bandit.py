@@ -118,13 +118,29 @@ def make_rules(xp: Any) -> SimpleNamespace:
         return xp.where(n_new > 0.0, merged, q_old)
 
     @xp.fn
+    def update_greedy(arm, value, best_arm, best, second):
+        """Keep the greedy cache after ``arm``'s value became ``value``.
+
+        The cache is (an arm holding the maximum, the maximum, an upper bound on the
+        maximum over the other arms); the greedy arm is ``best_arm`` whenever
+        ``best > second``. Returns the new cache and whether a full rescan is needed
+        (the leader fell below the bound).
+        """
+        leader = arm == best_arm
+        overtakes = (value > best) & (arm != best_arm)
+        new_best_arm = xp.where(overtakes, arm, best_arm)
+        new_second = xp.where(leader, second, xp.where(overtakes, best, xp.where(value > second, value, second)))
+        new_best = xp.where(leader | overtakes, value, best)
+        return new_best_arm, new_best, new_second, leader & (value < second)
+
+    @xp.fn
     def arm_bias(word, scale):
         """An agent's fixed bias on an arm's greedy value (differentiation 'bias')."""
         return scale * (2.0 * uniform53(word) - 1.0)
 
     return SimpleNamespace(
         explore_arm=explore_arm, reward_fixed=reward_fixed, estimate=estimate,
-        shared_estimate=shared_estimate, arm_bias=arm_bias, rng=rng,
+        shared_estimate=shared_estimate, update_greedy=update_greedy, arm_bias=arm_bias, rng=rng,
     )
 
 
