@@ -35,7 +35,7 @@ def test_train_json_evaluate_round_trip(tmp_path, capsys):
     evaluated = json.loads(stdout.strip().splitlines()[-1])
     assert evaluated["quality"] == summary["quality"]
     with h5py.File(out) as f:
-        assert f.attrs["domain"] == "bandit" and f["config"].attrs["agents"] == 8
+        assert f.attrs["domain"].decode() == "bandit" and f["config"].attrs["agents"] == 8
         assert f["curves/quality"].shape == f["curves/seconds"].shape == (4,)
         assert f["results/correct"].shape == (32,)
         assert np.mean(f["results/correct"][()]) == summary["quality"]

@@ -7,8 +7,10 @@ import sys
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator
 from contextlib import contextmanager
+from typing import Annotated, Any, Callable, Iterator, Optional
+
+import typer
 
 
 class CommandError(Exception):
@@ -36,6 +38,29 @@ DEVICE_HELP = "Where torch runs; auto picks cuda when a GPU is present."
 OUT_HELP = "Run file to write (HDF5). Default: runs/<domain>-<timestamp>.h5."
 JSON_HELP = "Print one JSON object with the results on the last line of stdout (no live console)."
 TIME_BUDGET_HELP = "Learn for this many seconds of learning time instead of a fixed step budget."
+
+
+RESUME_HELP = ("Continue this run file in place up to the new budget; every other setting comes "
+               "from the file.")
+CHECKPOINT_HELP = ("Write the complete state into the run file every N units of progress (agent-time "
+                   "steps per trial, or episodes) or every 30s / 5m / 2h of wall time.")
+
+# The options every `train` command shares, as reusable annotated types.
+SeedOption = Annotated[int, typer.Option(help="Seed of every random stream.")]
+BackendOption = Annotated[BackendName, typer.Option(help=BACKEND_HELP)]
+DeviceOption = Annotated[DeviceName, typer.Option(help=DEVICE_HELP)]
+TimeBudgetOption = Annotated[Optional[float], typer.Option(help=TIME_BUDGET_HELP)]
+OutOption = Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)]
+OverwriteOption = Annotated[bool, typer.Option(help="Replace --out if it exists.")]
+JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+CheckpointOption = Annotated[Optional[str], typer.Option(help=CHECKPOINT_HELP)]
+ResumeOption = Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")]
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user set option ``name`` (as opposed to its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def default_out(domain: str) -> Path:

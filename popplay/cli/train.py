@@ -14,10 +14,7 @@ train_app = typer.Typer(help="Train a population on a domain and write a run fil
 app.add_typer(train_app, name="train")
 
 
-RESUME_HELP = ("Continue this run file in place up to the new budget; every other setting comes "
-               "from the file.")
-CHECKPOINT_HELP = ("Write the complete state into the run file every N units of progress (agent-time "
-                   "steps per trial, or episodes) or every 30s / 5m / 2h of wall time.")
+from popplay.cli.common import CHECKPOINT_HELP, RESUME_HELP, given  # noqa: E402,F401  (re-exported)
 # Options a resumed run may still be given: the new budget and how (not what) to run.
 RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
 
@@ -29,8 +26,7 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
     for param in ctx.command.params:
         if param.name in RESUME_ALLOWED:
             continue
-        source = ctx.get_parameter_source(param.name)
-        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+        if given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
                                "--checkpoint-every, --backend, --device and --json may be given")
     try:

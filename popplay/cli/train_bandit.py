@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BACKEND_HELP, DEVICE_HELP, JSON_HELP, OUT_HELP, TIME_BUDGET_HELP,
-                                BackendName, CommandError, DeviceName)
-from popplay.cli.train import CHECKPOINT_HELP, RESUME_HELP, load_resume, resumed_params, run_training, train_app
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
+                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                TimeBudgetOption, given)
+from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 
 
 class Differentiation(str, Enum):
@@ -39,15 +39,15 @@ def train_bandit(
     explorer_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction of explorer agents.")] = 0.125,
     explorer_epsilon: Annotated[float, typer.Option(min=0.0, max=1.0, help="Epsilon of explorer agents.")] = 0.5,
     topk_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction of top2/top4 agents.")] = 0.5,
-    time_budget: Annotated[Optional[float], typer.Option(help=TIME_BUDGET_HELP)] = None,
-    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
-    backend: Annotated[BackendName, typer.Option(help=BACKEND_HELP)] = BackendName.auto,
-    device: Annotated[DeviceName, typer.Option(help=DEVICE_HELP)] = DeviceName.auto,
-    out: Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    checkpoint_every: Annotated[Optional[str], typer.Option(help=CHECKPOINT_HELP)] = None,
-    resume: Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")] = None,
+    time_budget: TimeBudgetOption = None,
+    seed: SeedOption = 0,
+    backend: BackendOption = BackendName.auto,
+    device: DeviceOption = DeviceName.auto,
+    out: OutOption = None,
+    overwrite: OverwriteOption = False,
+    json_output: JsonOption = False,
+    checkpoint_every: CheckpointOption = None,
+    resume: ResumeOption = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
@@ -56,14 +56,14 @@ def train_bandit(
     if resume is not None:
         stored = load_resume(ctx, "bandit", resume)
         stored_agents = int(stored.config.get("agents", 1))
-        steps_per_agent = agent_steps // stored_agents if _given(ctx, "agent_steps") else None
+        steps_per_agent = agent_steps // stored_agents if given(ctx, "agent_steps") else None
         params = resumed_params("bandit", stored, steps_per_agent=steps_per_agent)
         done = int(stored.state_counters.get("step", 0))
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
-        run_training("bandit", params, backend=backend.value if _given(ctx, "backend") else stored.config["backend"],
-                     device=device.value if _given(ctx, "device") else stored.config["device"],
+        run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
+                     device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
         return
@@ -79,7 +79,3 @@ def train_bandit(
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
 
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
