@@ -176,10 +176,11 @@ def run(
         )
 
     while True:
-        if time_mode:
-            if learning_seconds >= time_budget:
-                break
-        elif experiment.finished(state, time_mode=False):
+        # In time mode a domain may still end earlier on its own budget (knights:
+        # whichever of episodes and time comes first); bandit and cart-pole never do.
+        if experiment.finished(state, time_mode=time_mode):
+            break
+        if time_mode and learning_seconds >= time_budget:
             break
         if should_stop is not None and should_stop():
             stopped = True

@@ -1,0 +1,174 @@
+"""Knights throughput against this machine's evaluation ceiling, and learning quality.
+
+    python benchmarks/knights.py              # throughput table (+ JSON in benchmarks/results/)
+    python benchmarks/knights.py --quality    # also: 16 agents, 240 s of learning, curves and final quality
+
+Ceiling: numpy's batched evaluation of a 70-4-1 sigmoid MLP (after-states per second),
+measured here in fresh processes with one and with all BLAS threads, float32 and
+float64, the best of all. An agent-turn evaluates every legal after-state (about 20
+on 5 x 7 with 5 knights), so ceiling / moves-per-ply is the turn rate of a player
+that only evaluated; the goal is 0.25 of it with learning included, measured on the
+default CPU backend at 64 agents x 64 games per agent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from popplay.games import knights as game
+from popplay.games.knights import KnightsParams
+from popplay.populations.base import Backend, cuda_available
+from popplay.populations.knights import KnightsExperiment
+from popplay.runner import run
+
+CEILING_CODE = """
+import time, numpy as np
+rng = np.random.default_rng(0)
+best = {}
+for dt in (np.float32, np.float64):
+    for n in (4096, 16384, 65536):
+        x = (rng.random((n, 70)) < 0.14).astype(dt)
+        w1 = rng.standard_normal((70, 4)).astype(dt); b1 = np.zeros(4, dt)
+        w2 = rng.standard_normal((4, 1)).astype(dt); b2 = np.zeros(1, dt)
+        reps = max(3, 1_500_000 // n)
+        rate = 0.0
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(reps):
+                h = x @ w1; h += b1; np.negative(h, out=h); np.exp(h, out=h); h += 1; np.reciprocal(h, out=h)
+                y = h @ w2; y += b2; np.negative(y, out=y); np.exp(y, out=y); y += 1; np.reciprocal(y, out=y)
+            rate = max(rate, n * reps / (time.perf_counter() - t))
+        best[f"{dt.__name__} batch {n}"] = rate
+print(max(best.values()))
+"""
+
+
+def ceiling() -> dict:
+    """numpy 70-4-1 MLP evaluations per second, best over BLAS thread counts."""
+    out = {}
+    for threads in ("1", str(os.cpu_count() or 1)):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        proc = subprocess.run([sys.executable, "-c", CEILING_CODE], capture_output=True, text=True, check=True, env=env)
+        out[f"blas threads {threads}"] = float(proc.stdout.split()[-1])
+    return out
+
+
+def moves_per_ply(state, params: KnightsParams, games: int = 40) -> float:
+    """Mean legal moves per ply in games between the population's agents (greedy play)."""
+    nets = state.networks
+    counts = []
+    for g in range(games):
+        board = game.random_board(params.rows, params.cols, params.pieces, seed=99, game=g)
+        players = {1: nets.agent(g % nets.count), -1: nets.agent((g + 1) % nets.count)}
+        player = 1
+        for _ in range(params.max_turns):
+            moves = game.legal_moves(board, player)
+            if moves:
+                counts.append(len(moves))
+                board = game.apply_move(board, game.best_move(players[player], board, player))
+                if game.winner(board):
+                    break
+            player = -player
+    return float(np.mean(counts))
+
+
+def learning_rate(params: KnightsParams, backend: Backend, episodes: int, warm_episodes: int = 200) -> dict:
+    """Agent-turns per second of learning (episodes incl. weight updates), after a warm-up
+    that also lets the agents learn to finish games (early games run to the turn limit)."""
+    experiment = KnightsExperiment(params, backend)
+    experiment.warmup()
+    state = experiment.initial_state()
+    for _ in range(warm_episodes):
+        state = experiment.phase(state, time_left=None)
+    turns0 = state.turns
+    started = time.perf_counter()
+    for _ in range(episodes):
+        state = experiment.phase(state, time_left=None)
+    seconds = time.perf_counter() - started
+    return {"turns_per_second": (state.turns - turns0) / seconds, "seconds": seconds,
+            "plies_per_game": (state.turns - turns0) / (episodes * params.agents * params.games_per_agent),
+            "state": state}
+
+
+def quality_run(seconds: float) -> dict:
+    """Default settings, 16 agents, ``seconds`` of learning; then 1000 games per agent."""
+    params = KnightsParams(agents=16, episodes=10**9)
+    experiment = KnightsExperiment(params, Backend("numba", "cpu"))
+    result = run(experiment, time_budget=seconds)
+    final = experiment.evaluate(result.state, 1000, ("random", "greedy", "search"))
+    curve = {name: values for name, values in result.curve.metrics.items()}
+    points = [i for i, e in enumerate(curve["eval_episode"]) if i == 0 or e != curve["eval_episode"][i - 1]]
+    return {
+        "learning_seconds": result.learning_seconds, "episodes": result.state.episode, "turns": result.state.turns,
+        "turns_per_second": result.state.turns / result.learning_seconds,
+        "curve": {"seconds": [result.curve.seconds[i] for i in points],
+                  "episode": [curve["eval_episode"][i] for i in points],
+                  **{f"{o}_{s}": [curve[f"{o}_{s}"][i] for i in points]
+                     for o in ("random", "greedy") for s in ("best", "mean", "worst")}},
+        "final_1000_games": {name: q.summary() for name, q in final.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quality", action="store_true", help="also run the 240 s learning-quality check")
+    parser.add_argument("--quality-seconds", type=float, default=240.0)
+    parser.add_argument("--episodes", type=int, default=100, help="timed episodes at 64 x 64")
+    args = parser.parse_args()
+    import numba
+
+    report: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+                                "platform": platform.platform(), "gpu": cuda_available()}}
+    rows = []
+    ceil = ceiling()
+    evals = max(ceil.values())
+    report["ceiling_evaluations_per_second"] = ceil
+    params = KnightsParams(agents=64, games_per_agent=64)
+    numba_rate = learning_rate(params, Backend("numba", "cpu"), args.episodes)
+    branching = moves_per_ply(numba_rate.pop("state"), params)
+    turn_ceiling = evals / branching
+    report["moves_per_ply"] = branching
+    rows.append({"case": "numpy 70-4-1 MLP, evaluations/s (ceiling)", "rate": evals})
+    rows.append({"case": f"turn ceiling = ceiling / {branching:.1f} moves per ply", "rate": turn_ceiling})
+    rows.append({"case": "64 agents x 64 games, numba, learning incl.", "rate": numba_rate["turns_per_second"],
+                 "of ceiling": numba_rate["turns_per_second"] / turn_ceiling,
+                 "of ceiling at 20 moves/ply": numba_rate["turns_per_second"] / (evals / 20), "goal": 0.25,
+                 "plies/game": numba_rate["plies_per_game"]})
+    torch_rate = learning_rate(params, Backend("torch", "cpu"), 3, warm_episodes=2)
+    torch_rate.pop("state")
+    rows.append({"case": "64 agents x 64 games, torch CPU, learning incl.", "rate": torch_rate["turns_per_second"],
+                 "of ceiling": torch_rate["turns_per_second"] / turn_ceiling})
+    if cuda_available():
+        big = KnightsParams(agents=1024, games_per_agent=256)
+        gpu = learning_rate(big, Backend("torch", "cuda"), 5, warm_episodes=2)
+        gpu.pop("state")
+        rows.append({"case": "1024 agents x 256 games, torch CUDA", "rate": gpu["turns_per_second"], "goal": 5e7})
+    if args.quality:
+        report["quality"] = quality_run(args.quality_seconds)
+        q = report["quality"]
+        for name, s in q["final_1000_games"].items():
+            rows.append({"case": f"16 agents, {q['learning_seconds']:.0f}s learning: vs {name} (1000 games)",
+                         "best": s["best"], "mean": s["mean"], "worst": s["worst"]})
+    report["table"] = rows
+    for row in rows:
+        cells = []
+        for key, value in row.items():
+            if key == "case":
+                continue
+            cells.append(f"{key} {value / 1e6:.2f}M/s" if key == "rate" else f"{key} {value:.3g}")
+        print(f"{row['case']:<62} " + "  ".join(cells))
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "knights.json").write_text(json.dumps(report, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""A knights self-play population on either backend (what the runner drives).
+
+One phase is one learning episode (Bell §3.3): every agent plays ``games_per_agent``
+games at once, one per copy of itself, each against a population member drawn at
+random for that episode (game slot g: the agent is X when g is even). Copies play
+with the agent's master weights and accumulate their TD(λ) changes; the master
+weights take the summed change, scaled by the agent's α, at the end of the episode.
+Opponents play with their own master weights (ε-greedy as in learning) and, unless
+``opponents_learn``, do not learn from the game.
+
+``measure`` records the learning scores of every episode and, every ``eval_every``
+episodes (and at the first), every agent's quality against the benchmark opponents;
+in between it repeats the last evaluation (``eval_episode`` says when it was made).
+Evaluations are untimed (they are not learning) and kept in the state.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from popplay import opponents as bots
+from popplay import rng as _rng
+from popplay.games import knights as game
+from popplay.games.knights import KIND_NET, GameBatch, KnightsParams, KnightsState, Snapshot
+from popplay.populations.base import Backend
+
+_SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id")
+_STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "score", "eval_record",
+                 "eval_episode")
+
+
+class KnightsExperiment:
+    """Learning episodes of a knights population; state between them: :class:`KnightsState`."""
+
+    domain = "knights"
+
+    def __init__(self, params: KnightsParams, backend: Backend) -> None:
+        params.validate()
+        self.params = params
+        self.backend = backend
+        p = params
+        agents, slots = np.arange(p.agents), np.arange(p.games_per_agent)
+        self.play_keys = _rng.stream_keys(p.seed, game.TAG_PLAY, agents, slots).reshape(-1)
+        self.opponent_keys = _rng.stream_keys(p.seed, game.TAG_OPPONENT, agents, slots)
+        self.words_per_game = game.words_per_game(p.pieces, p.max_turns)
+        self.home = np.repeat(agents, p.games_per_agent)
+        self.home_side = np.tile(slots % 2, p.agents)
+        self.eval_opponents = game.parse_opponents(p.eval_opponents)
+        self._turns_per_episode = p.agents * p.games_per_agent * min(p.max_turns, 60)
+        self._seen = (0, 0)  # (episode, turns) of the latest state, for the budget projection
+
+    # -- the runner's interface -------------------------------------------------
+
+    def initial_state(self) -> KnightsState:
+        return game.initial_state(self.params)
+
+    def warmup(self) -> None:
+        """Compile (or load from numba's cache) the kernels on a tiny population."""
+        tiny = KnightsParams(rows=self.params.rows, cols=self.params.cols, pieces=self.params.pieces,
+                             jumps=self.params.jumps, max_turns=min(self.params.max_turns, 8), agents=2,
+                             games_per_agent=2, hidden=self.params.hidden, eval_games=2, snapshot_every=0,
+                             eval_opponents=self.params.eval_opponents)
+        small = KnightsExperiment(tiny, self.backend)
+        state = small.phase(small.initial_state(), time_left=None)
+        small.measure(state)
+
+    def finished(self, state: KnightsState, *, time_mode: bool) -> bool:
+        return state.episode >= self.params.episodes
+
+    def phase(self, state: KnightsState, *, time_left: float | None) -> KnightsState:
+        """One learning episode: all games of all agents, then the weight update (an
+        episode is the unit of work, so ``time_left`` does not shorten it)."""
+        p = self.params
+        batch = self.episode_batch(state)
+        played = game.run_batch(state.networks, state.lam, batch, params=p,
+                                base=state.episode * self.words_per_game, backend=self.backend)
+        self.backend.synchronize()
+        change = state.alpha[:, None] * played.delta
+        flat = game.pack(state.networks) + change
+        nets = game.unpack(flat, p.inputs, p.hidden)
+        sign = np.where(self.home_side == 0, 1, -1)
+        points = np.where(played.result == 0, 0.5, np.where(played.result == sign, 1.0, 0.0))
+        score = points.reshape(p.agents, p.games_per_agent).mean(axis=1)
+        turns = int(played.plies.sum())
+        self._turns_per_episode = turns
+        self._seen = (state.episode + 1, state.turns + turns)
+        new = state._replace(w1=np.ascontiguousarray(nets.w1), b1=np.ascontiguousarray(nets.b1),
+                             w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), score=score,
+                             episode=state.episode + 1, turns=state.turns + turns,
+                             score_history=state.score_history + (score,))
+        if p.snapshot_every and new.episode % p.snapshot_every == 0:
+            new = new._replace(snapshots=state.snapshots + (new.snapshot(),))
+        return new
+
+    def episode_batch(self, state: KnightsState) -> GameBatch:
+        """Who plays whom in this episode's games (agent-major, game slot minor)."""
+        p = self.params
+        opponent = self.opponents(state.episode).reshape(-1)
+        home_x = self.home_side == 0
+        net = np.stack([np.where(home_x, self.home, opponent), np.where(home_x, opponent, self.home)], axis=1)
+        learn = np.stack([home_x, ~home_x], axis=1)
+        if p.opponents_learn:
+            learn = np.ones_like(learn)
+        kind = np.full(net.shape, KIND_NET, dtype=np.int64)
+        return GameBatch(kind, net.astype(np.int64), state.epsilon[net], learn, self.play_keys)
+
+    def opponents(self, episode: int) -> np.ndarray:
+        """(agents, games_per_agent): the population member each game slot meets."""
+        p = self.params
+        if p.agents == 1:
+            return np.zeros((1, p.games_per_agent), dtype=np.int64)
+        import torch
+
+        rules = _torch_rules()
+        keys = torch.from_numpy(self.opponent_keys)
+        u = rules.rng.uniform53(rules.rng.draw(keys, rules.rng.mix_counter(torch.tensor(episode))))
+        agents = torch.arange(p.agents)[:, None]
+        return rules.opponent(agents, u, torch.tensor(p.agents)).numpy().astype(np.int64)
+
+    def measure(self, state: KnightsState) -> dict[str, float]:
+        """Learning scores now; benchmark qualities every ``eval_every`` episodes.
+
+        Evaluations happen at episodes that are multiples of ``eval_every`` (and at the
+        first measurement) and are kept in the state (``eval_record``, ``eval_episode``),
+        so a resumed run measures exactly what an uninterrupted one does.
+        """
+        p = self.params
+        due = state.episode % p.eval_every == 0 or state.eval_episode[0] < 0
+        if due and state.eval_episode[0] != state.episode:
+            self.store_evaluation(state)
+        metrics: dict[str, float] = {}
+        top = bots.strongest(list(self.eval_opponents))
+        for name, q in self.stored_qualities(state).items():
+            if name == top:
+                metrics["quality"] = float(q.score.max())
+            for stat, v in q.summary().items():
+                metrics[f"{name}_{stat}"] = v
+        metrics["score_best"] = float(state.score.max())
+        metrics["score_worst"] = float(state.score.min())
+        metrics["eval_episode"] = float(state.eval_episode[0])
+        return {"quality": metrics.pop("quality"), **metrics}
+
+    def store_evaluation(self, state: KnightsState) -> None:
+        """Evaluate every agent now and keep the counts in ``state`` (in place)."""
+        for i, q in enumerate(self.evaluate(state, self.params.eval_games).values()):
+            state.eval_record[i] = np.stack([q.wins, q.draws, q.losses], axis=1)
+        state.eval_episode[0] = state.episode
+
+    def stored_qualities(self, state: KnightsState, record: np.ndarray | None = None) -> dict[str, bots.Quality]:
+        record = state.eval_record if record is None else record
+        out = {}
+        for i, name in enumerate(self.eval_opponents):
+            wins, draws, losses = (record[i, :, j] for j in range(3))
+            games = np.maximum(wins + draws + losses, 1)
+            out[name] = bots.Quality(name, wins, draws, losses, (wins + 0.5 * draws) / games)
+        return out
+
+    def evaluate(self, state: KnightsState, games: int, opponents: tuple[str, ...] | None = None,
+                 *, backend: Backend | None = None) -> dict[str, bots.Quality]:
+        """Every agent's quality against each benchmark opponent (greedy play, ε = 0)."""
+        names = opponents if opponents is not None else self.eval_opponents
+        games += games % 2
+        return {name: bots.quality(state.networks, name, games, params=self.params, seed=self.params.seed,
+                                   backend=backend) for name in names}
+
+    def progress(self, state: KnightsState) -> int:
+        """Episodes done (the unit of ``--episodes`` and ``--checkpoint-every``)."""
+        return state.episode
+
+    def check_finite(self, state: KnightsState, *, phase: int) -> list[str]:
+        """An agent whose weights or learning parameters became non-finite gets fresh
+        initial weights (of its slot's stream) and the run's α, λ, ε; in place."""
+        p = self.params
+        flat = game.pack(state.networks)
+        bad = ~(np.isfinite(flat).all(axis=1) & np.isfinite(state.alpha) & np.isfinite(state.lam)
+                & np.isfinite(state.epsilon))
+        if not bad.any():
+            return []
+        slots = np.flatnonzero(bad)
+        fresh = game.init_networks(p.seed, slots, p.inputs, p.hidden, p.init_scale)
+        state.w1[slots], state.b1[slots], state.w2[slots], state.b2[slots] = fresh
+        state.alpha[slots], state.lam[slots], state.epsilon[slots] = p.alpha, p.lam, p.epsilon
+        return [f"episode {state.episode}: agent {int(state.agent_id[a])} (slot {a}) had non-finite weights; "
+                "it was reset to fresh initial weights" for a in slots]
+
+    def agent_steps(self, state: KnightsState) -> int:
+        """Agent turns so far (every ply of every learning game: both sides are agents)."""
+        return state.turns
+
+    def total_agent_steps(self, state: KnightsState) -> int:
+        return state.turns
+
+    def budget_agent_steps(self) -> int:
+        """Turns at the episode budget: those done plus the remaining episodes at the
+        last episode's length (games get shorter as agents learn)."""
+        episode, turns = self._seen
+        return turns + max(0, self.params.episodes - episode) * self._turns_per_episode
+
+    # -- run files --------------------------------------------------------------
+
+    def state_arrays(self, state: KnightsState) -> dict[str, Any]:
+        arrays: dict[str, Any] = {name: getattr(state, name) for name in _STATE_FIELDS}
+        arrays["score_history"] = (np.stack(state.score_history) if state.score_history
+                                   else np.zeros((0, self.params.agents)))
+        snaps = state.snapshots
+        arrays["snapshot_episode"] = np.array([s.episode for s in snaps], dtype=np.int64)
+        for name in _SNAPSHOT_FIELDS:
+            template = getattr(state, name)
+            arrays[f"snapshot_{name}"] = (np.stack([getattr(s, name) for s in snaps]) if snaps
+                                          else np.zeros((0,) + template.shape, dtype=template.dtype))
+        return arrays
+
+    def state_counters(self, state: KnightsState) -> dict[str, int]:
+        return {"episode": state.episode, "turns": state.turns}
+
+    def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, int]) -> KnightsState:
+        """Rebuild a state from :meth:`state_arrays`; every shape is checked."""
+        p = self.params
+        a, inputs, hidden = p.agents, p.inputs, p.hidden
+        shapes = {"w1": (a, inputs, hidden), "b1": (a, hidden), "w2": (a, hidden), "b2": (a,), "alpha": (a,),
+                  "lam": (a,), "epsilon": (a,), "agent_id": (a,), "score": (a,),
+                  "eval_record": (len(self.eval_opponents), a, 3), "eval_episode": (1,)}
+        integer = ("agent_id", "eval_record", "eval_episode")
+        values = {}
+        for name, shape in shapes.items():
+            if name not in arrays:
+                raise ValueError(f"state has no {name}")
+            values[name] = np.array(arrays[name], dtype=np.int64 if name in integer else np.float64)
+            if values[name].shape != shape:
+                raise ValueError(f"state {name} has shape {values[name].shape}, expected {shape}")
+        episodes = np.asarray(arrays.get("snapshot_episode", np.zeros(0)), dtype=np.int64).reshape(-1)
+        snaps = []
+        for i, episode in enumerate(episodes.tolist()):
+            fields = {}
+            for name in _SNAPSHOT_FIELDS:
+                stack = np.asarray(arrays[f"snapshot_{name}"])
+                if stack.shape != (len(episodes),) + shapes[name]:
+                    raise ValueError(f"state snapshot_{name} has shape {stack.shape}")
+                fields[name] = stack[i].astype(np.int64 if name in integer else np.float64)
+            snaps.append(Snapshot(int(episode), **fields))
+        history = np.array(arrays.get("score_history", np.zeros((0, a))), dtype=np.float64)
+        if history.ndim != 2 or history.shape[1] != a:
+            raise ValueError(f"state score_history has shape {history.shape}, expected (episodes, {a})")
+        return KnightsState(**values, episode=int(counters["episode"]), turns=int(counters["turns"]),
+                            snapshots=tuple(snaps), score_history=tuple(history))
+
+    def static_arrays(self) -> dict[str, np.ndarray]:
+        geo = self.params.geometry
+        return {"game/offsets": np.array(geo.offsets, dtype=np.int64), "game/jump_table": geo.table[:-1]}
+
+    def results(self, state: KnightsState) -> dict[str, np.ndarray]:
+        """Per agent: quality, wins, draws and losses against each benchmark opponent
+        (evaluated at the final state) and the learning score of the last episode."""
+        record = state.eval_record
+        if state.eval_episode[0] != state.episode:  # evaluated for the file, not stored in the state
+            record = np.stack([np.stack([q.wins, q.draws, q.losses], axis=1)
+                               for q in self.evaluate(state, self.params.eval_games).values()])
+        out: dict[str, np.ndarray] = {"score": state.score}
+        for name, q in self.stored_qualities(state, record).items():
+            out[f"quality_{name}"] = q.score
+            out[f"wins_{name}"] = q.wins
+            out[f"draws_{name}"] = q.draws
+            out[f"losses_{name}"] = q.losses
+        return out
+
+
+_RULES: list[Any] = []
+
+
+def _torch_rules() -> Any:
+    """The game's rules on torch tensors (built once)."""
+    if not _RULES:
+        from popplay.xp import th
+
+        _RULES.append(game.make_rules(th))
+    return _RULES[0]

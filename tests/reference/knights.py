@@ -1,0 +1,190 @@
+"""Slow plain-Python reference of the knights game and its TD(λ) agents (tests only).
+
+Written from the rules as stated, with Python lists, coordinates and floats: legal
+moves by direct (row, col) arithmetic (no jump tables), the network by explicit sums,
+and TD(λ) in its backward view with dense eligibility traces over every weight
+(Tesauro's scheme, weights held fixed during the game). It shares only the random
+streams (tested on their own) and the word layout with the package:
+
+* words ``base + i`` for i < 2k place the pieces (partial Fisher–Yates over squares;
+  the first k chosen squares are X's, the next k O's);
+* word ``base + 2k + ply`` decides ply ``ply``: its high 32 bits the ε test, its low
+  32 bits every uniform choice (random move, tie, exploration).
+"""
+from __future__ import annotations
+
+import math
+
+from popplay.rng import make_rng
+from popplay.xp import py
+
+RNG = make_rng(py)
+KNIGHT = [(-2, -1), (-2, 1), (-1, -2), (-1, 2), (1, -2), (1, 2), (2, -1), (2, 1)]
+NET, RANDOM, GREEDY, SEARCH = 0, 1, 2, 3
+
+
+def legal_moves(board, player, offsets=KNIGHT):
+    """Moves (from, to) of ``player`` on a list-of-rows board, ordered by from-square
+    then by offset."""
+    rows, cols = len(board), len(board[0])
+    moves = []
+    for r in range(rows):
+        for c in range(cols):
+            if board[r][c] != player:
+                continue
+            for dr, dc in offsets:
+                rr, cc = r + dr, c + dc
+                if 0 <= rr < rows and 0 <= cc < cols and board[rr][cc] != player:
+                    moves.append((r * cols + c, rr * cols + cc))
+    return moves
+
+
+def apply_move(board, move):
+    cols = len(board[0])
+    (fr, fc), (tr, tc) = divmod(move[0], cols), divmod(move[1], cols)
+    new = [row[:] for row in board]
+    new[tr][tc] = new[fr][fc]
+    new[fr][fc] = 0
+    return new
+
+
+def count(board, player):
+    return sum(v == player for row in board for v in row)
+
+
+def start_board(key, rows, cols, k, base=0):
+    squares = list(range(rows * cols))
+    for i in range(2 * k):
+        u = RNG.uniform53(RNG.draw(key, RNG.mix_counter(base + i)))
+        j = i + math.floor(u * (len(squares) - i))
+        squares[i], squares[j] = squares[j], squares[i]
+    board = [[0] * cols for _ in range(rows)]
+    for i in range(2 * k):
+        r, c = divmod(squares[i], cols)
+        board[r][c] = 1 if i < k else -1
+    return board
+
+
+def inputs(board, player):
+    """The network input: 1.0 where ``player`` has a piece, then where the other has."""
+    flat = [v for row in board for v in row]
+    return [1.0 if v == player else 0.0 for v in flat] + [1.0 if v == -player else 0.0 for v in flat]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def forward(net, x):
+    """(hidden activations, output pre-activation, V) of ``net`` = (w1, b1, w2, b2)."""
+    w1, b1, w2, b2 = net
+    hidden = []
+    for h in range(len(b1)):
+        z = b1[h]
+        for i, xi in enumerate(x):
+            z += xi * w1[i][h]
+        hidden.append(sigmoid(z))
+    y = b2 + sum(w2[h] * hidden[h] for h in range(len(b1)))
+    return hidden, y, sigmoid(y)
+
+
+def gradient(net, x):
+    """dV/dθ as (dw1, db1, dw2, db2), by the chain rule written out."""
+    w1, b1, w2, b2 = net
+    hidden, _, v = forward(net, x)
+    g_out = v * (1.0 - v)
+    db1 = [g_out * w2[h] * hidden[h] * (1.0 - hidden[h]) for h in range(len(b1))]
+    dw1 = [[x[i] * db1[h] for h in range(len(b1))] for i in range(len(x))]
+    dw2 = [g_out * hidden[h] for h in range(len(b1))]
+    return dw1, db1, dw2, g_out
+
+
+def _flat(parts):
+    dw1, db1, dw2, db2 = parts
+    return [v for row in dw1 for v in row] + list(db1) + list(dw2) + [db2]
+
+
+def td_lambda_change(net, xs, reward, lam):
+    """Σ_t δ_t e_t with e_t = λ e_{t-1} + ∇V(s_t) (backward view, fixed weights), flat.
+
+    ``xs`` are the inputs of the learner's after-states in order; the last one is
+    followed by the reward (1 win, 0 loss, 0.5 draw).
+    """
+    size = len(_flat(gradient(net, xs[0]))) if xs else 0
+    trace = [0.0] * size
+    change = [0.0] * size
+    values = [forward(net, x)[2] for x in xs]
+    for t, x in enumerate(xs):
+        g = _flat(gradient(net, x))
+        trace = [lam * e + gi for e, gi in zip(trace, g)]
+        target = values[t + 1] if t + 1 < len(xs) else reward
+        delta = target - values[t]
+        change = [c + delta * e for c, e in zip(change, trace)]
+    return change
+
+
+def _search_score(board, move, player, offsets):
+    after = apply_move(board, move)
+    if count(after, -player) == 0:
+        return 1000.0
+    material = count(after, player) - count(after, -player)
+    worst = material
+    for reply in legal_moves(after, -player, offsets):
+        later = apply_move(after, reply)
+        if count(later, player) == 0:
+            return -1000.0
+        worst = min(worst, count(later, player) - count(later, -player))
+    return float(worst)
+
+
+def choose(kind, net, eps, board, player, word, offsets):
+    """(move index, moves) for one ply of a player of ``kind``."""
+    moves = legal_moves(board, player, offsets)
+    u = (word & 0xFFFFFFFF) / 2.0**32
+    explore = ((word >> 32) & 0xFFFFFFFF) / 2.0**32 < eps
+    if not moves:
+        return None, moves
+    if kind == RANDOM or (kind == NET and explore):
+        return math.floor(u * len(moves)), moves
+    cols = len(board[0])
+    if kind == GREEDY:
+        captures = [i for i, m in enumerate(moves) if board[m[1] // cols][m[1] % cols] == -player]
+        if captures:
+            return captures[math.floor(u * len(captures))], moves
+        return math.floor(u * len(moves)), moves
+    if kind == SEARCH:
+        scores = [_search_score(board, m, player, offsets) for m in moves]
+        tied = [i for i, s in enumerate(scores) if s == max(scores)]
+        return tied[math.floor(u * len(tied))], moves
+    values = [forward(net, inputs(apply_move(board, m), player))[1] for m in moves]
+    return values.index(max(values)), moves  # first maximum
+
+
+def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT):
+    """One game; ``players`` = [(kind, net, eps)] for X (moves first) and O.
+
+    Returns (result: +1 X won, -1 O won, 0 draw; plies; per side the inputs of its
+    after-states, in order).
+    """
+    board = start_board(key, rows, cols, k, base)
+    histories = [[], []]
+    result, plies = 0, max_plies
+    for ply in range(max_plies):
+        side = ply % 2
+        player = 1 - 2 * side
+        word = RNG.draw(key, RNG.mix_counter(base + 2 * k + ply))
+        kind, net, eps = players[side]
+        index, moves = choose(kind, net, eps, board, player, word, offsets)
+        if index is None:
+            continue  # no legal move: the player passes
+        board = apply_move(board, moves[index])
+        histories[side].append(inputs(board, player))
+        if count(board, -player) == 0:
+            result, plies = player, ply + 1
+            break
+    return result, plies, histories
+
+
+def reward(result, side):
+    player = 1 - 2 * side
+    return 0.5 if result == 0 else (1.0 if result == player else 0.0)

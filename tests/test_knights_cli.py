@@ -1,0 +1,219 @@
+"""`popplay train knights`, `popplay evaluate` and `popplay play` as a user meets them."""
+import io
+import json
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+from rich.console import Console
+
+from popplay.cli import main
+from popplay.cli.play import Session, parse_move, render_board
+from popplay.games import knights as game
+from popplay.games.knights import KnightsParams
+
+SMALL = ["train", "knights", "--agents", "3", "--games-per-agent", "6", "--episodes", "8", "--eval-every", "4",
+         "--eval-games", "10", "--snapshot-every", "4", "--max-turns", "60"]
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("knights") / "run.h5"
+    assert main(SMALL + ["--out", str(path), "--json", "--seed", "2"]) == 0
+    return path
+
+
+def test_train_json_and_run_file(run_file, tmp_path, capsys):
+    out = tmp_path / "again.h5"
+    code, stdout, _ = _run(capsys, SMALL + ["--out", str(out), "--json", "--seed", "2"])
+    assert code == 0
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    for key in ("quality", "random_best", "random_mean", "random_worst", "greedy_best", "greedy_mean",
+                "greedy_worst", "score_best", "agent_steps", "seconds", "agent_steps_per_second", "phases"):
+        assert key in summary, key
+    assert summary["domain"] == "knights" and summary["phases"] == 8 and summary["backend"] == "numba"
+    assert summary["agent_steps_per_second"] == pytest.approx(summary["agent_steps"] / summary["seconds"])
+    with h5py.File(out) as f:
+        domain = f.attrs["domain"]
+        assert (domain.decode() if isinstance(domain, bytes) else domain) == "knights"
+        assert f["config"].attrs["games_per_agent"] == 6
+        assert f["state/w1"].shape == (3, 70, 4) and f["state/alpha"].shape == (3,)
+        assert f["state"].attrs["episode"] == 8 and f["state"].attrs["turns"] == summary["agent_steps"]
+        assert f["state/snapshot_episode"][()].tolist() == [0, 4, 8]
+        assert f["state/snapshot_w1"].shape == (3, 3, 70, 4)
+        assert f["curves/quality"].shape == (8,) and f["curves/greedy_mean"].shape == (8,)
+        assert f["results/quality_greedy"].shape == (3,)
+        assert f["results/quality_greedy"][()].max() == summary["quality"]
+        assert f["game/offsets"].shape == (8, 2)
+    with h5py.File(run_file) as a, h5py.File(out) as b:  # same seed, same population
+        assert np.array_equal(a["state/w1"][()], b["state/w1"][()])
+
+
+def test_evaluate_json_has_per_agent_best_mean_worst(run_file, capsys):
+    code, stdout, _ = _run(capsys, ["evaluate", str(run_file), "--opponent", "random", "--games", "21", "--json"])
+    assert code == 0
+    payload = json.loads(stdout.strip().splitlines()[-1])
+    assert payload["opponent"] == "random" and payload["games"] == 22  # rounded up to even
+    scores = [row["quality"] for row in payload["per_agent"]]
+    assert len(scores) == 3 and payload["best"] == max(scores) and payload["worst"] == min(scores)
+    assert payload["mean"] == pytest.approx(np.mean(scores))
+    assert all(row["wins"] + row["draws"] + row["losses"] == 22 for row in payload["per_agent"])
+    code, stdout, _ = _run(capsys, ["evaluate", str(run_file)])
+    assert code == 0 and "greedy" in stdout and "best" in stdout
+
+
+def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, capsys):
+    bandit = tmp_path / "b.h5"
+    assert main(["train", "bandit", "--arms", "5", "--agents", "2", "--trials", "2", "--agent-steps", "8",
+                 "--share-every", "4", "--out", str(bandit), "--json"]) == 0
+    capsys.readouterr()
+    code, _, stderr = _run(capsys, ["evaluate", str(bandit), "--opponent", "greedy"])
+    assert code == 2 and "--opponent" in stderr and "knights" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = _run(capsys, ["play", str(bandit)])
+    assert code == 2 and "knights run" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--agents", "0"], "--agents"),
+    (["--epsilon", "1.5"], "--epsilon"),
+    (["--alpha", "0"], "--alpha"),
+    (["--lam", "-0.1"], "--lam"),
+    (["--pieces", "20"], "--pieces"),
+    (["--max-turns", "0"], "--max-turns"),
+    (["--jumps", "sideways"], "--jumps"),
+    (["--eval-opponents", "chess"], "--eval-opponents"),
+    (["--hidden", "0"], "--hidden"),
+    (["--backend", "jax"], "--backend"),
+    (["--time-budget", "-1"], "--time-budget"),
+])
+def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, extra, fragment):
+    out = tmp_path / "r.h5"
+    code, _, stderr = _run(capsys, SMALL + ["--out", str(out)] + extra)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error") and fragment in lines[0]
+    assert not out.exists()
+
+
+def test_resume_continues_to_the_same_population(run_file, tmp_path, capsys):
+    half = tmp_path / "half.h5"
+    episodes = SMALL.index("--episodes") + 1
+    assert main(SMALL[:episodes] + ["4"] + SMALL[episodes + 1:] + ["--out", str(half), "--json", "--seed", "2"]) == 0
+    assert main(["train", "knights", "--resume", str(half), "--episodes", "8", "--json"]) == 0
+    capsys.readouterr()
+    with h5py.File(run_file) as a, h5py.File(half) as b:
+        for name in ("w1", "b2", "eval_record", "snapshot_w2"):
+            assert np.array_equal(a[f"state/{name}"][()], b[f"state/{name}"][()]), name
+        assert np.array_equal(a["curves/quality"][()], b["curves/quality"][()])
+
+
+def _session(run_file, human=1, seed=0):
+    from popplay.checkpoints.runfile import read_run
+    from popplay.populations.knights import KnightsExperiment
+    from popplay.populations.base import Backend
+    from popplay.populations import registry
+
+    stored = read_run(run_file)
+    params = registry.params_from_config("knights", stored.config)
+    state = KnightsExperiment(params, Backend("numba", "cpu")).restore(stored.state, stored.state_counters)
+    text = io.StringIO()
+    console = Console(file=text, width=100, color_system=None)
+    return Session(params, state.networks.agent(0), 0, console, human=human, seed=seed), text
+
+
+@pytest.mark.parametrize("human", [1, -1])
+def test_a_person_can_play_whole_games_with_bad_input_in_between(run_file, human):
+    session, text = _session(run_file, human=human, seed=5)
+    rng = np.random.default_rng(human + 5)
+    junk = iter(["", "help", "moves", "z9 a1", "a1", "[/x]", "a1 a2", "99 3", "b1 c3 d5"] * 200)
+    asked = {"moves": 0, "again": 0}
+
+    def ask(prompt):
+        if prompt.startswith("Play again"):
+            asked["again"] += 1
+            return "y" if asked["again"] < 2 else "n"
+        asked["moves"] += 1
+        if asked["moves"] % 3:
+            return next(junk)
+        a, b = session.moves[rng.integers(len(session.moves))]
+        return f"{game.square_name(a, 7)}-{game.square_name(b, 7)}" if asked["moves"] % 2 else f"{a} {b}"
+
+    session.run(ask)
+    shown = text.getvalue()
+    assert asked["again"] == 2  # two games were played to their end
+    assert shown.count("You win!") + shown.count("The agent wins.") + shown.count("Draw:") == 2
+    assert "Agent plays" in shown and "is not a legal move" in shown and "is not a square" in shown
+    assert "Legal moves:" in shown and shown.rstrip().endswith("Bye.")
+
+
+def test_end_of_input_and_ctrl_c_end_the_session_cleanly(run_file):
+    for error in (EOFError, KeyboardInterrupt):
+        session, text = _session(run_file)
+
+        def ask(prompt, error=error):
+            raise error
+
+        session.run(ask)
+        assert text.getvalue().rstrip().endswith("Bye.")
+
+
+def test_play_command_reads_moves_from_stdin(run_file):
+    from typer.testing import CliRunner
+
+    from popplay.cli import _register, app
+
+    _register()
+    result = CliRunner().invoke(app, ["play", str(run_file), "--seed", "3", "--side", "o"],
+                                input="nonsense\nmoves\nquit\n")
+    assert result.exit_code == 0, result.output
+    assert "Agent plays" in result.output and "not two squares" in result.output and "Bye." in result.output
+    result = CliRunner().invoke(app, ["play", str(run_file), "--agent", "7"])
+    assert result.exit_code != 0
+
+
+def test_moves_parse_in_every_spelling_and_the_board_renders():
+    for text in ("b1 c3", "b1c3", "B1-C3", "1,16", "1 16"):
+        assert parse_move(text, 5, 7) == (1, 16)
+    for bad in ("b1", "b1 c3 d5", "x1 c3", ""):
+        with pytest.raises(ValueError):
+            parse_move(bad, 5, 7)
+    board = game.random_board(seed=1)
+    text = io.StringIO()
+    Console(file=text, width=80, color_system=None).print(render_board(board, (0, 9)))
+    drawn = text.getvalue()
+    assert drawn.count("X") == 5 and drawn.count("O") == 5 and "a" in drawn and "5" in drawn
+
+
+def test_every_command_has_help():
+    from typer.testing import CliRunner
+
+    from popplay.cli import _register, app
+
+    _register()
+    for argv, fragment in ((["train", "knights", "--help"], "--games-per-agent"), (["play", "--help"], "RUN"),
+                           (["evaluate", "--help"], "--opponent")):
+        result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and fragment in result.output
+
+
+def test_real_subprocess_trains_and_evaluates(tmp_path):
+    out = tmp_path / "r.h5"
+    trained = subprocess.run(["popplay", *SMALL, "--out", str(out), "--json"], capture_output=True, text=True,
+                             timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads(trained.stdout.strip().splitlines()[-1])["domain"] == "knights"
+    evaluated = subprocess.run(["popplay", "evaluate", str(out), "--opponent", "search", "--games", "4", "--json"],
+                               capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["opponent"] == "search"
+    bad = subprocess.run(["popplay", *SMALL, "--pieces", "40", "--out", str(tmp_path / "b.h5")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("Error") and "Traceback" not in bad.stderr
+    assert KnightsParams().max_turns == game.DEFAULT_MAX_TURNS

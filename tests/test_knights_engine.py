@@ -1,0 +1,182 @@
+"""The batched knights engines against the plain-Python reference: games, bots and the
+TD(λ) update; determinism and independence from threads and batch layout."""
+import numba
+import numpy as np
+import pytest
+
+from popplay import rng
+from popplay.games import _knights_numba as kernels
+from popplay.games import knights as game
+from popplay.games.knights import GameBatch, KnightsParams
+from popplay.populations.base import Backend, cuda_available
+from tests.reference import knights as reference
+
+NUMBA, TORCH = Backend("numba", "cpu"), Backend("torch", "cpu")
+GEOMETRIES = [
+    dict(rows=5, cols=7, pieces=5, jumps="knight", offsets=reference.KNIGHT, max_turns=50),
+    dict(rows=4, cols=6, pieces=3, jumps="1,0;-1,0;0,1;0,-1;1,1", offsets=[(1, 0), (-1, 0), (0, 1), (0, -1), (1, 1)],
+         max_turns=40),
+]
+
+
+def _mixed_batch(n, nets_count, seed, learn_nets=True):
+    """Every pairing of network (ε 0.25), random, greedy and search players."""
+    g = np.arange(n)
+    kind = np.stack([g % 4, (g // 4) % 4], axis=1).astype(np.int64)
+    net = np.stack([g % nets_count, (g + 1) % nets_count], axis=1).astype(np.int64)
+    learn = (kind == game.KIND_NET) & learn_nets
+    keys = rng.stream_keys(seed, 99, g)
+    return GameBatch(kind, net, np.full((n, 2), 0.25), learn, keys)
+
+
+def _net(nets, q):
+    return nets.w1[q].tolist(), nets.b1[q].tolist(), nets.w2[q].tolist(), float(nets.b2[q])
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=["knight-5x7", "custom-4x6"])
+def test_numba_engine_plays_and_learns_like_the_reference(geo):
+    params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
+                           max_turns=geo["max_turns"])
+    inputs = params.inputs
+    nets = game.init_networks(3, np.arange(3), inputs, 4, 0.7)
+    lam = np.array([0.0, 0.6, 1.0])
+    batch = _mixed_batch(48, 3, seed=4)
+    result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn, batch.keys,
+                                             base=21, jumps=params.geometry.table, pieces=params.pieces,
+                                             max_turns=params.max_turns, n_chunks=5)
+    outcomes = set()
+    for g in range(48):
+        players = [(int(batch.kind[g, s]), _net(nets, batch.net[g, s]), 0.25) for s in range(2)]
+        r, p, histories = reference.play_game(int(batch.keys[g]), geo["rows"], geo["cols"], geo["pieces"],
+                                              geo["max_turns"], players, base=21, offsets=geo["offsets"])
+        assert (result[g], plies[g]) == (r, p), g
+        outcomes.add(r)
+        for s in range(2):
+            if batch.learn[g, s]:
+                expected = reference.td_lambda_change(players[s][1], histories[s], reference.reward(r, s),
+                                                      lam[batch.net[g, s]])
+                np.testing.assert_allclose(delta[g, s], expected, rtol=1e-11, atol=1e-14)
+    assert outcomes == {-1, 0, 1}  # wins both ways and draws at the limit were checked
+
+
+def test_benchmark_bots_play_like_the_opponents_module():
+    """The kernels' random/greedy/search choices are the single-board bot rules."""
+    from popplay.opponents import bot_move
+
+    keys = rng.stream_keys(8, 99, np.arange(30))
+    for name, kind in (("random", game.KIND_RANDOM), ("greedy", game.KIND_GREEDY), ("search", game.KIND_SEARCH)):
+        for key in keys[:10]:
+            board = game.start_position(int(key), 5, 7, 5)
+            for ply in range(12):  # replay a bot-vs-bot game ply by ply with the same words
+                player = 1 - 2 * (ply % 2)
+                word = reference.RNG.draw(int(key), reference.RNG.mix_counter(10 + ply))
+                index, moves = reference.choose(kind, None, 0.0, board.tolist(), player, word, reference.KNIGHT)
+                move = bot_move(name, board, player, (word & 0xFFFFFFFF) / 2.0**32)
+                assert move == (moves[index] if moves else None)
+                if move is None:
+                    continue
+                board = game.apply_move(board, move)
+                if game.winner(board):
+                    break
+
+
+def test_torch_engine_agrees_with_numba():
+    params = KnightsParams(max_turns=60)
+    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6)
+    lam = np.array([0.3, 0.5, 0.7, 0.9])
+    g = np.arange(90)
+    kind = np.stack([np.where(g % 5 == 0, game.KIND_GREEDY, game.KIND_NET), np.where(g % 7 == 0, game.KIND_RANDOM, 0)], 1)
+    batch = GameBatch(kind.astype(np.int64), np.stack([g % 4, (g + 1 + g // 4) % 4], 1).astype(np.int64),
+                      np.full((90, 2), 0.2), np.stack([g % 2 == 0, g % 3 == 0], 1), rng.stream_keys(2, 99, g))
+    a = game.run_batch(nets, lam, batch, params=params, base=5, backend=NUMBA)
+    b = game.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
+    np.testing.assert_allclose(b.delta, a.delta, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU")
+def test_torch_engine_on_cuda_agrees_with_numba():
+    params = KnightsParams(max_turns=60)
+    nets = game.init_networks(1, np.arange(4), params.inputs, 4, 0.6)
+    batch = _mixed_batch(64, 4, seed=3)
+    batch = batch._replace(kind=np.where(batch.kind == game.KIND_SEARCH, game.KIND_NET, batch.kind))
+    a = game.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=NUMBA)
+    b = game.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=Backend("torch", "cuda"))
+    same = (a.result == b.result) & (a.plies == b.plies)
+    assert same.mean() > 0.9  # CUDA's exp may flip a near-tie now and then
+    if same.all():
+        np.testing.assert_allclose(b.delta, a.delta, rtol=1e-6, atol=1e-9)
+
+
+def test_results_depend_only_on_each_games_stream_not_threads_or_batching():
+    params = KnightsParams()
+    nets = game.init_networks(6, np.arange(3), params.inputs, 4, 0.5)
+    batch = _mixed_batch(200, 3, seed=9)
+    full = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(full.result, single.result) and np.array_equal(full.delta, single.delta)
+    part = GameBatch(*(x[50:120] for x in batch))
+    some = kernels.run_games(nets, np.full(3, 0.7), part.kind, part.net, part.epsilon, part.learn, part.keys,
+                             base=0, jumps=params.geometry.table, pieces=5, max_turns=100, n_chunks=3)
+    assert np.array_equal(some[0], full.result[50:120]) and np.array_equal(some[1], full.plies[50:120])
+    other = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=params.max_turns + 10)
+    assert not np.array_equal(other.plies, full.plies)  # another counter base: other games
+
+
+def test_learning_sums_are_added_per_network_in_order():
+    delta = np.random.default_rng(0).normal(size=(6, 2, 3))
+    net = np.array([[0, 1], [1, 2], [2, 0], [0, 0], [1, 1], [2, 2]])
+    learn = np.array([[1, 0], [1, 1], [0, 1], [1, 1], [0, 0], [1, 0]], dtype=bool)
+    got = kernels.sum_by_network(delta, net, learn, 4)
+    for q in range(4):
+        expected = sum((delta[g, s] for g in range(6) for s in range(2) if learn[g, s] and net[g, s] == q),
+                       np.zeros(3))
+        assert np.array_equal(got[q], expected)
+
+
+def test_no_legal_moves_means_passing_until_the_turn_limit():
+    # on a 2x2 board no knight move exists: every game is a draw after max_turns passes
+    params = KnightsParams(rows=2, cols=2, pieces=1, max_turns=7)
+    nets = game.init_networks(0, np.arange(1), params.inputs, 2, 0.1)
+    got = game.play_pairs(nets, [[0, -1], [-2, -3]], 4, params=params)
+    assert got.draws.tolist() == [4, 4] and got.turns == 8 * 7
+
+
+def test_play_pairs_counts_and_bot_strengths():
+    params = KnightsParams()
+    nets = game.init_networks(0, np.arange(2), params.inputs, 4, 0.1)
+    pairs = [[-2, -1], [-1, -2], [-3, -2], [-1, -1], [0, 1]]
+    got = game.play_pairs(nets, pairs, 60, params=params, seed=3)
+    assert np.array_equal(got.wins + got.draws + got.losses, np.full(5, 60))
+    assert got.score[0] >= 0.95 and got.score[1] <= 0.05  # greedy crushes random
+    assert got.score[2] >= 0.9  # the two-ply search beats greedy
+    assert 0.3 <= got.score[3] <= 0.7
+    assert got.turns > 0
+    again = game.play_pairs(nets, pairs, 60, params=params, seed=3)
+    assert np.array_equal(again.wins, got.wins) and np.array_equal(again.draws, got.draws)
+    with pytest.raises(ValueError, match="player codes"):
+        game.play_pairs(nets, [[0, 2]], 2, params=params)
+    with pytest.raises(ValueError, match="games"):
+        game.play_pairs(nets, [[0, 1]], 0, params=params)
+
+
+def test_quality_uses_common_positions_and_splits_first_moves():
+    from popplay.opponents import quality
+
+    params = KnightsParams()
+    nets = game.init_networks(0, np.arange(3), params.inputs, 4, 0.1)
+    nets = game.Networks(*(np.concatenate([x, x[:1]]) for x in nets))  # agent 3 = agent 0
+    q = quality(nets, "random", 40, params=params)
+    assert np.array_equal(q.wins + q.draws + q.losses, np.full(4, 40))
+    assert q.wins[3] == q.wins[0] and q.draws[3] == q.draws[0]  # same games for every agent
+    assert q.summary()["best"] == q.score.max()
+    with pytest.raises(ValueError, match="even"):
+        quality(nets, "random", 3, params=params)
+    with pytest.raises(ValueError, match="opponent"):
+        quality(nets, "chess", 4, params=params)
