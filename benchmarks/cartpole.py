@@ -1,0 +1,251 @@
+"""Cart-pole benchmarks (not tests): throughput, learning quality, box boundaries.
+
+    python benchmarks/cartpole.py throughput [--agents 4096] [--steps 4096] [--rounds 3]
+    python benchmarks/cartpole.py quality [--trials 256] [--agent-steps 262144] [--agents 1,16,64,256,1024]
+    python benchmarks/cartpole.py boxes [--restarts 200]
+
+throughput: popplay learning Sarsa(λ) with traces (4096 agents, one trial, default
+CPU backend, sharing included) against gymnasium's vectorised CartPole-v1 stepping
+random actions with no learning, measured in the same run, alternating rounds (the
+best round of each counts). Needs ``pip install gymnasium`` for the comparison; without
+it the popplay number is still reported. With a CUDA GPU it also times torch at
+8192 agents × 1024 trials.
+
+quality: Bell's Figures 6–9: quality (mean steps balanced, ceiling 8192) against
+agent-time steps and learning time for several population sizes, without and with
+differentiation. Prints a table and, with --json FILE, writes the curves.
+
+boxes: for several box boundaries, a hill-climbing search over the 2**36
+deterministic box policies for the one that balances longest from random starts —
+the measurement behind the default boundaries (docs/cartpole.md).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from popplay.games import cartpole as game
+from popplay.games.cartpole import CartPolePopulationParams
+from popplay.populations.base import Backend, resolve_backend
+from popplay.populations.cartpole import CartPoleExperiment
+
+
+# ---------------------------------------------------------------------------
+# throughput
+
+
+def popplay_rate(params: CartPolePopulationParams, backend: Backend) -> tuple[float, dict[str, Any]]:
+    """Agent-steps per second of learning phases (learning + sharing), as the runner
+    times them; testing excluded."""
+    ex = CartPoleExperiment(params, backend)
+    ex.warmup()
+    state = ex.initial_state()
+    state = ex.phase(state, time_left=None)  # first-touch of the buffers
+    seconds = 0.0
+    start_step = state.step
+    while not ex.finished(state, time_mode=False):
+        started = time.perf_counter()
+        state = ex.phase(state, time_left=None)
+        seconds += time.perf_counter() - started
+    steps = (state.step - start_step) * params.agents * params.trials
+    live = np.asarray(state.trace != 0).sum(-1)
+    return steps / seconds, {"live_traces_mean": float(live.mean()), "live_traces_max": int(live.max())}
+
+
+def gymnasium_rate(num_envs: int, steps: int) -> float | None:
+    try:
+        import gymnasium
+    except ImportError:
+        return None
+    env = gymnasium.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="vector_entry_point")
+    env.reset(seed=0)
+    actions = np.random.default_rng(0).integers(0, 2, size=(steps, num_envs))
+    for a in actions[:50]:
+        env.step(a)
+    started = time.perf_counter()
+    for a in actions:
+        env.step(a)
+    seconds = time.perf_counter() - started
+    env.close()
+    return steps * num_envs / seconds
+
+
+def throughput(args: argparse.Namespace) -> None:
+    import numba
+
+    params = CartPolePopulationParams(agents=args.agents, trials=1, steps_per_agent=args.steps + args.share_every,
+                                      share_every=args.share_every)
+    backend = resolve_backend("auto", "cpu")
+    print(f"popplay {backend.name} on {numba.get_num_threads()} threads; {args.agents} agents x 1 trial, "
+          f"Sarsa(lambda) replacing traces, share every {args.share_every}, {args.steps} steps per agent")
+    ours, gyms, info = [], [], {}
+    for _ in range(args.rounds):
+        rate, info = popplay_rate(params, backend)
+        ours.append(rate)
+        gym = gymnasium_rate(args.agents, args.gym_steps)
+        if gym is not None:
+            gyms.append(gym)
+    best = max(ours)
+    print(f"popplay learning: {best / 1e6:.1f} M agent-steps/s (rounds: "
+          f"{', '.join(f'{r / 1e6:.1f}' for r in ours)}); live traces per agent: mean "
+          f"{info['live_traces_mean']:.1f}, max {info['live_traces_max']}")
+    if gyms:
+        print(f"gymnasium CartPole-v1 vector env, random actions, no learning: {max(gyms) / 1e6:.1f} M steps/s "
+              f"(rounds: {', '.join(f'{r / 1e6:.1f}' for r in gyms)})")
+        print(f"ratio: {best / max(gyms):.2f}x (goal: at least 2.5x)")
+    else:
+        print("gymnasium is not installed (pip install gymnasium): no comparison made")
+    if args.torch:
+        rate, _ = popplay_rate(dataclasses.replace(params, steps_per_agent=4 * args.share_every),
+                               Backend("torch", "cpu"))
+        print(f"torch CPU learning: {rate / 1e6:.2f} M agent-steps/s")
+    from popplay.populations.base import cuda_available
+
+    if cuda_available():
+        big = CartPolePopulationParams(agents=8192, trials=1024, steps_per_agent=4 * args.share_every,
+                                       share_every=args.share_every)
+        rate, _ = popplay_rate(big, Backend("torch", "cuda"))
+        print(f"torch CUDA learning, 8192 agents x 1024 trials: {rate / 1e9:.3f} G agent-steps/s")
+
+
+# ---------------------------------------------------------------------------
+# quality curves
+
+
+def curve(params: CartPolePopulationParams) -> dict[str, list[float]]:
+    from popplay import runner
+
+    ex = CartPoleExperiment(params, resolve_backend("auto", "cpu"))
+    result = runner.run(ex)
+    return {"agent_steps": list(result.curve.agent_steps), "seconds": list(result.curve.seconds),
+            "quality": result.curve.metrics["quality"], "balanced": result.curve.metrics["balanced"]}
+
+
+def quality(args: argparse.Namespace) -> None:
+    overrides = json.loads(args.params) if args.params else {}
+    results = {}
+    for bias in args.bias:
+        for agents in args.agents:
+            share = args.share_every.get(agents, args.default_share) if isinstance(args.share_every, dict) else (
+                args.share_every)
+            share = min(share, args.agent_steps // agents)
+            params = CartPolePopulationParams(**{
+                "agents": agents, "trials": args.trials, "steps_per_agent": args.agent_steps // agents,
+                "share_every": share, "bias": bias, "bias_decay": args.bias_decay, "seed": args.seed,
+                **overrides})
+            if agents == 1:
+                params = dataclasses.replace(params, bias=0.0)
+            c = curve(params)
+            name = f"agents={agents} share_every={share} bias={params.bias}"
+            results[name] = {"params": params.to_dict(), **c}
+            points = ", ".join(f"{s}:{q:.0f}" for s, q in zip(c["agent_steps"], c["quality"])
+                               if s in _milestones(c["agent_steps"]))
+            print(f"{name:45s} final {c['quality'][-1]:7.1f} (balanced {c['balanced'][-1]:.3f}) "
+                  f"learning {c['seconds'][-1]:6.2f}s | {points}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+
+
+def _milestones(steps: list[int]) -> set[int]:
+    picks = {steps[-1]}
+    for fraction in (0.125, 0.25, 0.5):
+        target = steps[-1] * fraction
+        picks.add(min(steps, key=lambda s: abs(s - target)))
+    return picks
+
+
+# ---------------------------------------------------------------------------
+# box boundaries
+
+
+def policy_quality(policies: np.ndarray, position: float, angle_degrees: float, starts: int, seed: int,
+                   steps: int = 8192) -> np.ndarray:
+    """Mean steps balanced by each deterministic box policy (n, 36) from random starts."""
+    from popplay.games import _cartpole_numba as kernels
+
+    n = policies.shape[0]
+    table = np.full((n, 72), -1.0)
+    boxes = np.arange(36)
+    table[:, 2 * boxes] = np.where(policies == 0, 0.0, -1.0)
+    table[:, 2 * boxes + 1] = np.where(policies == 1, 0.0, -1.0)
+    keys = game.test_keys(seed, np.arange(n), np.arange(starts))
+    out = np.empty((n, starts), dtype=np.int64)
+    p = CartPolePopulationParams(position_boundary=position, angle_boundary_degrees=angle_degrees)
+    kernels._greedy_test(table, keys, tuple(p.physics().vector()), tuple(p.bounds()), steps, p.start_range, out)
+    return out.mean(axis=1)
+
+
+def _climb(policy: np.ndarray, position: float, angle: float, starts: int, seed: int) -> tuple[np.ndarray, float]:
+    score = policy_quality(policy[None], position, angle, starts, seed)[0]
+    while True:
+        flips = np.repeat(policy[None], 36, axis=0)
+        flips[np.arange(36), np.arange(36)] ^= 1
+        scores = policy_quality(flips, position, angle, starts, seed)
+        best = int(scores.argmax())
+        if scores[best] <= score:
+            return policy, score
+        policy, score = flips[best], scores[best]
+
+
+def boxes(args: argparse.Namespace) -> None:
+    rng = np.random.default_rng(args.seed)
+    for position in args.positions:
+        for angle in args.angles:
+            started = time.perf_counter()
+            best, best_score = None, -1.0
+            for _ in range(args.restarts):
+                policy, score = _climb(rng.integers(0, 2, 36), position, angle, 16, 0)
+                if score >= 4096:  # refine promising policies on more starts
+                    policy, score = _climb(policy, position, angle, 128, 1)
+                if score > best_score:
+                    best, best_score = policy, score
+                if best_score >= 8192:
+                    break
+            fresh = policy_quality(best[None], position, angle, 1024, 99)[0]
+            print(f"position ±{position} m, angle ±{angle}°: best policy {fresh:7.1f} steps on 1024 fresh starts "
+                  f"(search score {best_score:.0f}; {''.join(map(str, best))}; "
+                  f"{time.perf_counter() - started:.0f}s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--agents", type=int, default=4096)
+    t.add_argument("--steps", type=int, default=2048, help="timed steps per agent")
+    t.add_argument("--share-every", type=int, default=CartPolePopulationParams().share_every)
+    t.add_argument("--gym-steps", type=int, default=1000)
+    t.add_argument("--rounds", type=int, default=3)
+    t.add_argument("--torch", action="store_true", help="also time the torch engine on the CPU")
+    q = sub.add_parser("quality")
+    q.add_argument("--trials", type=int, default=256)
+    q.add_argument("--agent-steps", type=int, default=262144)
+    q.add_argument("--agents", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16, 64, 256, 1024])
+    q.add_argument("--share-every", type=lambda s: int(s) if s.isdigit() else {
+        int(k): int(v) for k, v in json.loads(s).items()},
+                   default=CartPolePopulationParams().share_every,
+                   help="steps per agent between shares, or a JSON map agents -> steps")
+    q.add_argument("--default-share", type=int, default=CartPolePopulationParams().share_every)
+    q.add_argument("--bias", type=lambda s: [float(v) for v in s.split(",")], default=[0.0])
+    q.add_argument("--bias-decay", type=float, default=CartPolePopulationParams().bias_decay)
+    q.add_argument("--params", help="JSON object of further CartPolePopulationParams fields")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", help="write the curves to this file")
+    b = sub.add_parser("boxes")
+    b.add_argument("--positions", type=lambda s: [float(v) for v in s.split(",")], default=[0.5, 1.0, 1.6])
+    b.add_argument("--angles", type=lambda s: [float(v) for v in s.split(",")], default=[1.0, 2.0, 3.0, 6.0])
+    b.add_argument("--restarts", type=int, default=200)
+    b.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    {"throughput": throughput, "quality": quality, "boxes": boxes}[args.command](args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

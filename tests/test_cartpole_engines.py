@@ -1,0 +1,117 @@
+"""Both backends against the plain-Python reference, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from popplay.games.cartpole import CartPolePopulationParams, initial_state
+from popplay.populations.base import Backend
+from popplay.populations.cartpole import CartPoleExperiment
+from tests.reference import cartpole as ref
+
+FIELDS = ("q", "trace", "weight", "cart", "action", "shared")
+
+CASES = {
+    "sarsa-replacing": dict(algorithm="sarsa", trace="replacing"),
+    "q-accumulating-bias": dict(algorithm="q", trace="accumulating", bias=0.05, bias_decay=1.5, trace_cutoff=0.1),
+    "sarsa-accumulating-nocutoff": dict(algorithm="sarsa", trace="accumulating", bias=0.01, trace_cutoff=0.0),
+    "sarsa-clock-restarts": dict(algorithm="sarsa", trace="accumulating", gamma=0.2, lam=0.005, trace_cutoff=0.0,
+                                 epsilon=0.0),
+    "q-replacing-frictionless": dict(algorithm="q", trace="replacing", trace_cutoff=0.3, cart_friction=0.0,
+                                     pole_friction=0.0, initial_weight=0.0),
+}
+
+
+def _params(**overrides) -> CartPolePopulationParams:
+    base = dict(agents=3, trials=2, steps_per_agent=70, share_every=32, epsilon=0.2, alpha=0.3,
+                test_steps=300, test_starts=2, seed=5)
+    return CartPolePopulationParams(**{**base, **overrides})
+
+
+def _states(params, backend):
+    ex = CartPoleExperiment(params, Backend(backend, "cpu"))
+    state = ex.initial_state()
+    history = []
+    while not ex.finished(state, time_mode=False):
+        state = ex.phase(state, time_left=None)
+        history.append(state)
+    return ex, history
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_numba_and_torch_equal_the_reference_exactly(case):
+    params = _params(**CASES[case])
+    ex, numba_history = _states(params, "numba")
+    _, torch_history = _states(params, "torch")
+    restarts = ref.CLOCK_RESTARTS[0]
+    reference = ref.run(params, ex._keys.tolist(), ex._bias_keys.tolist())
+    if case == "sarsa-clock-restarts":
+        assert ref.CLOCK_RESTARTS[0] > restarts  # the clock-restart path ran
+    assert len(reference) == len(numba_history) == len(torch_history) == 3
+    failures = sum(sum(map(sum, snap["failures"])) for snap in reference)
+    assert failures > 5  # the reset path ran
+    for expected, got_nb, got_th in zip(reference, numba_history, torch_history):
+        for name in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(got_nb, name)), np.asarray(expected[name]), err_msg=name)
+            np.testing.assert_array_equal(getattr(got_th, name).numpy(), np.asarray(expected[name]), err_msg=name)
+        assert got_nb.max_bias == got_th.max_bias == expected["max_bias"]
+        assert got_nb.step == expected["step"] and got_nb.shares == expected["shares"]
+    last = reference[-1]["shared"]
+    tests = [[ref.greedy_test(last[t], params, ex._test_keys[t, k]) for k in range(2)] for t in range(2)]
+    np.testing.assert_array_equal(ex.balanced_steps(numba_history[-1]), tests)
+
+
+def test_initial_state_matches_the_reference():
+    params = _params()
+    ex = CartPoleExperiment(params, Backend("numba", "cpu"))
+    state = initial_state(params)
+    for t in range(params.trials):
+        for i in range(params.agents):
+            agent = ref.initial_agent(params, ex._keys[t, i])
+            assert state.cart[t, i].tolist() == agent["cart"]
+            assert state.action[t, i] == agent["action"]
+    assert np.abs(state.cart).max() <= params.start_range
+    assert (state.weight == params.initial_weight).all() and not state.q.any() and not state.trace.any()
+
+
+def test_live_trace_bookkeeping_survives_long_phases():
+    """Long phases with many failures, traces dying at the cutoff and Watkins cuts:
+    the sparse numba update must still equal the dense torch one."""
+    params = _params(agents=4, trials=2, steps_per_agent=600, share_every=300, epsilon=0.1, lam=0.95,
+                     trace_cutoff=1e-4, algorithm="q", alpha=0.5)
+    _, numba_history = _states(params, "numba")
+    _, torch_history = _states(params, "torch")
+    for got_nb, got_th in zip(numba_history, torch_history):
+        for name in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(got_nb, name)), getattr(got_th, name).numpy())
+    live = (numba_history[-1].trace != 0).sum(-1)
+    assert live.max() > 1
+
+
+def test_results_do_not_depend_on_threads_or_population_layout():
+    """An agent's stream depends on (seed, trial, agent) only: a trial run alone
+    learns exactly what it learns inside a bigger batch (one agent, no sharing mix)."""
+    big = _params(agents=1, trials=5, steps_per_agent=200, share_every=50)
+    small = _params(agents=1, trials=2, steps_per_agent=200, share_every=50)
+    _, hist_big = _states(big, "numba")
+    _, hist_small = _states(small, "numba")
+    np.testing.assert_array_equal(hist_big[-1].q[:2], hist_small[-1].q)
+    np.testing.assert_array_equal(hist_big[-1].cart[:2], hist_small[-1].cart)
+
+
+@pytest.mark.cuda
+def test_torch_on_cuda_equals_numba():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    params = _params(**CASES["q-accumulating-bias"])
+    _, numba_history = _states(params, "numba")
+    ex = CartPoleExperiment(params, Backend("torch", "cuda"))
+    state = ex.initial_state()
+    for expected in numba_history:
+        state = ex.phase(state, time_left=None)
+        for name in FIELDS:
+            np.testing.assert_array_equal(getattr(state, name).cpu().numpy(), np.asarray(getattr(expected, name)),
+                                          err_msg=name)
+    assert ex.measure(state) == CartPoleExperiment(params, Backend("numba", "cpu")).measure(numba_history[-1])
