@@ -184,3 +184,18 @@ def test_population_is_at_least_as_good_as_one_agent_at_equal_agent_steps():
         ex, state = _run(params)
         quality[name] = ex.measure(state)["quality"]
     assert quality["population"] >= quality["single"], quality
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_a_diverged_agent_is_reset_and_never_merged_into_the_share(backend):
+    params = CartPolePopulationParams(agents=4, trials=2, steps_per_agent=64, share_every=16, test_steps=32)
+    experiment = CartPoleExperiment(params, Backend(backend, "cpu"))
+    state = experiment.phase(experiment.initial_state(), time_left=None)
+    q = state.q.clone() if backend == "torch" else state.q.copy()
+    q[1, 2, :] = float("nan")  # one agent's whole table diverges
+    state = experiment.phase(state._replace(q=q), time_left=None)
+    shared = np.asarray(state.shared)
+    assert np.isfinite(shared).all() and np.isfinite(np.asarray(state.q)).all()
+    events = experiment.check_finite(state, phase=2)
+    assert len(events) == 1 and "trial 1 agent 2" in events[0] and "left out of the share" in events[0]
+    assert experiment.check_finite(state, phase=3) == []

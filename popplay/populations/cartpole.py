@@ -92,6 +92,7 @@ class CartPoleExperiment:
         else:
             q, e, w, cart, action, _ = self._numba_phase(state, n_steps)
             keys = self._bias_keys
+        self._pending_events = self._quarantine(state, q, e, w, cart)
         # The phase's outputs are this experiment's own arrays: share and bias in place.
         q, w = operators.share_weighted(q, w, p.initial_weight, out=(q, w))
         shared = q[:, 0, :].clone() if self._torch is not None else q[:, 0, :].copy()
@@ -140,6 +141,25 @@ class CartPoleExperiment:
         """Agent-time steps per trial (the unit of --checkpoint-every and the budget)."""
         return self.agent_steps(state)
 
+    def _quarantine(self, before: CartPoleState, q: Any, e: Any, w: Any, cart: Any) -> list[str]:
+        """Agents whose learning produced a non-finite value are reset before the share
+        and kept out of it (sharing weight 0), so no NaN is ever merged. One pass over
+        the tables when all is well."""
+        xp = _namespace(q)
+        if bool(xp.isfinite(q).all()) and bool(xp.isfinite(w).all()) and bool(xp.isfinite(e).all()) \
+                and bool(xp.isfinite(cart).all()):
+            return []
+        bad = ~(xp.isfinite(q).all(-1) & xp.isfinite(w).all(-1) & xp.isfinite(e).all(-1)
+                & xp.isfinite(cart).all(-1))
+        trials, agents = (_numpy(index) for index in xp.nonzero(bad)) if xp is np else \
+            (_numpy(index) for index in bad.nonzero(as_tuple=True))
+        q[bad] = before.shared[trials] if xp is np else before.shared[bad.nonzero(as_tuple=True)[0]]
+        e[bad] = 0.0
+        w[bad] = 0.0
+        cart[bad] = 0.0
+        return [f"step {before.step}: trial {t} agent {a} had non-finite values; it was reset to the last "
+                "shared table and left out of the share" for t, a in zip(trials.tolist(), agents.tolist())]
+
     def check_finite(self, state: CartPoleState, *, phase: int) -> list[str]:
         """A trial whose tables, traces or carts hold a non-finite value starts again:
         Q, traces and the shared table 0, initial weights, carts at rest (in place).
@@ -148,8 +168,9 @@ class CartPoleExperiment:
         bad = ~(xp.isfinite(state.q).all(-1).all(-1) & xp.isfinite(state.trace).all(-1).all(-1)
                 & xp.isfinite(state.weight).all(-1).all(-1) & xp.isfinite(state.cart).all(-1).all(-1)
                 & xp.isfinite(state.shared).all(-1))
+        events, self._pending_events = getattr(self, "_pending_events", []), []
         if not bool(bad.any()):
-            return []
+            return events
         state.q[bad] = 0.0
         state.trace[bad] = 0.0
         state.weight[bad] = self.params.initial_weight
@@ -157,7 +178,7 @@ class CartPoleExperiment:
         state.shared[bad] = 0.0
         self._measured = None
         trials = np.flatnonzero(_numpy(bad))
-        return [f"phase {phase}: trial {t} had non-finite values; its agents were reset" for t in trials]
+        return events + [f"phase {phase}: trial {t} had non-finite values; its agents were reset" for t in trials]
 
     # -- numba path -------------------------------------------------------------
 
