@@ -2,6 +2,11 @@
 
     python benchmarks/knights.py              # throughput table (+ JSON in benchmarks/results/)
     python benchmarks/knights.py --quality    # also: 16 agents, 240 s of learning, curves and final quality
+    python benchmarks/knights.py --replication-only [--replication-seconds 240] [--replication-agents 64]
+            [--replication-variants none,replication,gentle,scores]
+        # selective replication with variation against none, at equal learning time:
+        # both runs at once, one numba thread each (so they share whatever load the
+        # machine has), then 1000 games per agent against greedy
 
 Ceiling: numpy's batched evaluation of a 70-4-1 sigmoid MLP (after-states per second),
 measured here in fresh processes with one and with all BLAS threads, float32 and
@@ -117,12 +122,119 @@ def quality_run(seconds: float) -> dict:
     }
 
 
+# The replication settings compared against none (docs/tournaments.md says why).
+REPLICATION = ("--replicate-every", "5", "--replicate-fraction", "0.25", "--mutate-weights", "0.01",
+               "--mutate-params", "1", "--tournament-games", "2")
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "replication": REPLICATION,
+    "gentle": ("--replicate-every", "20", "--replicate-fraction", "0.125", "--mutate-weights", "0.01",
+               "--mutate-params", "1", "--tournament-games", "2"),
+    "scores": ("--replicate-every", "5", "--replicate-fraction", "0.25", "--mutate-weights", "0.01",
+               "--mutate-params", "1", "--tournament-games", "0"),
+}
+
+
+def replication_comparison(seconds: float, agents: int = 16, seed: int = 1, games: int = 1000,
+                           variants: dict[str, tuple[str, ...]] | None = None,
+                           workdir: Path | None = None) -> dict:
+    """Runs the variants side by side (one numba thread each, same seed and time budget)
+    with ``popplay train knights``, then evaluates every final population against greedy."""
+    import tempfile
+
+    import h5py
+
+    variants = variants or {"none": (), "replication": REPLICATION}
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="popplay-replication-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    load_before = os.getloadavg()
+    procs = {}
+    for name, options in variants.items():
+        command = [sys.executable, "-m", "popplay", "train", "knights", "--agents", str(agents), "--episodes",
+                   str(10**9), "--time-budget", str(seconds), "--seed", str(seed), "--out",
+                   str(workdir / f"{name}.h5"), "--overwrite", "--json", *options]
+        procs[name] = (command, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                 text=True, env=env))
+    loads = []
+    while any(p.poll() is None for _, p in procs.values()):
+        loads.append(os.getloadavg()[0])
+        time.sleep(10)
+    report: dict = {"seconds": seconds, "agents": agents, "seed": seed, "workdir": str(workdir),
+                    "load_average_1min": {"before": load_before[0], "during_mean": float(np.mean(loads or [0])),
+                                          "during_max": float(np.max(loads or [0]))}, "runs": {}}
+    for name, (command, proc) in procs.items():
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {err.strip().splitlines()[-1:]}")
+        summary = json.loads(out.strip().splitlines()[-1])
+        path = workdir / f"{name}.h5"
+        evaluation = subprocess.run([sys.executable, "-m", "popplay", "evaluate", str(path), "--opponent", "greedy",
+                                     "--games", str(games), "--json"], capture_output=True, text=True, check=True)
+        final = json.loads(evaluation.stdout.strip().splitlines()[-1])
+        with h5py.File(path) as f:
+            curves = {k: f["curves"][k][()] for k in f["curves"]}
+        episode = curves["eval_episode"]
+        points = [i for i in range(len(episode)) if i == 0 or episode[i] != episode[i - 1]]
+        report["runs"][name] = {
+            "command": " ".join(command[2:]).replace(f"--out {path}", f"--out {name}.h5"),
+            "episodes": summary["phases"], "turns": summary["agent_steps"], "learning_seconds": summary["seconds"],
+            "turns_per_second": summary["agent_steps_per_second"],
+            "final_greedy": {k: final[k] for k in ("best", "mean", "worst")}, "final_games": games,
+            "curve": {"seconds": curves["seconds"][points].tolist(), "episode": episode[points].tolist(),
+                      **{f"greedy_{s}": curves[f"greedy_{s}"][points].tolist() for s in ("best", "mean", "worst")}},
+        }
+    return report
+
+
+def print_replication(report: dict, every: float = 30.0) -> None:
+    runs = report["runs"]
+    print(f"{report['agents']} agents, {report['seconds']:.0f} s learning each, side by side; load average "
+          f"{report['load_average_1min']['during_mean']:.1f} (max {report['load_average_1min']['during_max']:.1f})")
+    for name, r in runs.items():
+        f = r["final_greedy"]
+        print(f"  {name:<12} {r['episodes']:>7,} episodes {r['turns_per_second'] / 1e6:.2f} M turns/s; "
+              f"vs greedy ({r['final_games']} games/agent) best {f['best']:.3f} mean {f['mean']:.3f} "
+              f"worst {f['worst']:.3f}")
+    print("  greedy mean (best) over learning time:")
+    marks = np.arange(every, report["seconds"] + 1e-9, every)
+    for t in marks:
+        cells = []
+        for name, r in runs.items():
+            c = r["curve"]
+            i = int(np.searchsorted(c["seconds"], t, side="right")) - 1
+            cells.append(f"{name} {c['greedy_mean'][i]:.3f} ({c['greedy_best'][i]:.3f}) @ep {c['episode'][i]:.0f}"
+                         if i >= 0 else f"{name} -")
+        print(f"    {t:5.0f} s  " + "   ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quality", action="store_true", help="also run the 240 s learning-quality check")
     parser.add_argument("--quality-seconds", type=float, default=240.0)
     parser.add_argument("--episodes", type=int, default=100, help="timed episodes at 64 x 64")
+    parser.add_argument("--replication-only", action="store_true",
+                        help="only compare selective replication with variation against none")
+    parser.add_argument("--replication-seconds", type=float, default=240.0)
+    parser.add_argument("--replication-agents", type=int, default=16)
+    parser.add_argument("--replication-seed", type=int, default=1)
+    parser.add_argument("--replication-variants", default="none,replication",
+                        help=f"runs side by side, some of: {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    if args.replication_only:
+        names = [n.strip() for n in args.replication_variants.split(",") if n.strip()]
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown:
+            parser.error(f"unknown --replication-variants {unknown}; choose from {', '.join(VARIANTS)}")
+        report = replication_comparison(args.replication_seconds, args.replication_agents, args.replication_seed,
+                                        variants={n: VARIANTS[n] for n in names})
+        print_replication(report)
+        out = Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        name = (f"knights_replication_{args.replication_agents}_agents_{args.replication_seconds:.0f}s_"
+                f"{'_'.join(names)}.json")
+        (out / name).write_text(json.dumps(report, indent=2, default=float))
+        return
     import numba
 
     report: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),

@@ -44,6 +44,19 @@ def train_knights(
         help="Benchmark opponents to evaluate against: some of random,greedy,search.")] = _D.eval_opponents,
     snapshot_every: Annotated[int, typer.Option(
         min=0, help="Episodes between snapshots of the population kept in the run file (0: none).")] = _D.snapshot_every,
+    replicate_every: Annotated[int, typer.Option(
+        min=0, help="Episodes between selective replications: rank the population, copy the best over the worst "
+                    "(0: off).")] = _D.replicate_every,
+    replicate_fraction: Annotated[float, typer.Option(
+        help="Fraction of the population replaced at each replication, in (0, 0.5].")] = _D.replicate_fraction,
+    mutate_weights: Annotated[float, typer.Option(
+        help="Std of Gaussian noise added to every weight of a copy (0: exact copies).")] = _D.mutate_weights,
+    mutate_params: Annotated[float, typer.Option(
+        help="A copy's alpha, lambda, epsilon are multiplied by log-uniform factors in [1/S, S] (1: unchanged; "
+             "lambda and epsilon stay in [0, 1]).")] = _D.mutate_params,
+    tournament_games: Annotated[int, typer.Option(
+        help="Games per pair in the ranking round robin (half moving first); 0 ranks by the mean learning "
+             "score since the last replication instead (no extra games).")] = _D.tournament_games,
     seed: SeedOption = 0,
     backend: BackendOption = BackendName.auto,
     device: DeviceOption = DeviceName.auto,
@@ -72,6 +85,8 @@ def train_knights(
         games_per_agent=games_per_agent, episodes=episodes, hidden=hidden, alpha=alpha, lam=lam,
         epsilon=epsilon, init_scale=init_scale, opponents_learn=opponents_learn, eval_every=eval_every,
         eval_games=eval_games, eval_opponents=eval_opponents, snapshot_every=snapshot_every, seed=seed,
+        replicate_every=replicate_every, replicate_fraction=replicate_fraction, mutate_weights=mutate_weights,
+        mutate_params=mutate_params, tournament_games=tournament_games,
     )
     try:
         params.validate()

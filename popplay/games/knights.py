@@ -109,6 +109,12 @@ class KnightsParams:
     eval_opponents: str = "random,greedy"
     snapshot_every: int = 100
     seed: int = 0
+    # Selective replication with variation (issue 5; see docs/tournaments.md).
+    replicate_every: int = 0  # episodes between selections (0: off)
+    replicate_fraction: float = 0.25  # the best fraction is copied over the worst
+    mutate_weights: float = 0.01  # std of Gaussian noise added to a copy's weights (0: exact copies)
+    mutate_params: float = 1.0  # a copy's α, λ, ε times log-uniform factors in [1/s, s]
+    tournament_games: int = 2  # games per pair in the ranking round robin (0: learning scores)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -130,6 +136,15 @@ class KnightsParams:
             (self.eval_every >= 1, "eval_every", "must be at least 1"),
             (self.eval_games >= 2, "eval_games", "must be at least 2 (half move first)"),
             (self.snapshot_every >= 0, "snapshot_every", "must be non-negative (0: no snapshots)"),
+            (self.replicate_every >= 0, "replicate_every", "must be non-negative (0: no replication)"),
+            (self.replicate_every == 0 or self.agents >= 2, "agents", "must be at least 2 to replicate"),
+            (0.0 < self.replicate_fraction <= 0.5, "replicate_fraction", "must lie in (0, 0.5]"),
+            (math.isfinite(self.mutate_weights) and self.mutate_weights >= 0.0, "mutate_weights",
+             "must be non-negative (0: no weight noise)"),
+            (math.isfinite(self.mutate_params) and self.mutate_params >= 1.0, "mutate_params",
+             "must be at least 1 (1: no parameter variation)"),
+            (self.tournament_games >= 0, "tournament_games",
+             "must be non-negative (0: rank by the learning scores since the last selection)"),
         ]
         for ok, name, message in checks:
             if not ok:
@@ -524,6 +539,8 @@ class KnightsState(NamedTuple):
     turns: int  # agent turns (plies of every learning game) so far
     snapshots: tuple[Snapshot, ...]  # periodic copies of the population
     score_history: tuple[np.ndarray, ...] = ()  # every episode's learning scores (agents,)
+    fitness: np.ndarray | None = None  # (agents,) what the last selection ranked by (NaN before any)
+    lineage: Any = None  # popplay.evolution.Lineage: every operator applied to the agents
 
     @property
     def networks(self) -> Networks:
@@ -534,16 +551,26 @@ class KnightsState(NamedTuple):
                         self.alpha.copy(), self.lam.copy(), self.epsilon.copy(), self.agent_id.copy())
 
 
+# Parameters the lineage records for knights agents (values after each event;
+# ``noise``: the standard deviation of the weight noise a mutation added).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise")
+
+
 def initial_state(params: KnightsParams) -> KnightsState:
+    from popplay.evolution import Lineage
+
     agents = params.agents
     nets = init_networks(params.seed, np.arange(agents), params.inputs, params.hidden, params.init_scale)
     full = lambda v: np.full(agents, v, dtype=np.float64)  # noqa: E731
     opponents = len(parse_opponents(params.eval_opponents))
+    ids = np.arange(agents, dtype=np.int64)
+    lineage = Lineage.start(ids, LINEAGE_PARAMETERS,
+                            {"alpha": params.alpha, "lam": params.lam, "epsilon": params.epsilon})
     state = KnightsState(
         np.ascontiguousarray(nets.w1), np.ascontiguousarray(nets.b1), np.ascontiguousarray(nets.w2),
         np.ascontiguousarray(nets.b2), full(params.alpha), full(params.lam), full(params.epsilon),
-        np.arange(agents, dtype=np.int64), full(0.5), np.zeros((opponents, agents, 3), dtype=np.int64),
-        np.full(1, -1, dtype=np.int64), 0, 0, (),
+        ids, full(0.5), np.zeros((opponents, agents, 3), dtype=np.int64),
+        np.full(1, -1, dtype=np.int64), 0, 0, (), (), full(np.nan), lineage,
     )
     return state._replace(snapshots=(state.snapshot(),)) if params.snapshot_every else state
 

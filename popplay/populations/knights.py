@@ -8,6 +8,16 @@ weights take the summed change, scaled by the agent's α, at the end of the epis
 Opponents play with their own master weights (ε-greedy as in learning) and, unless
 ``opponents_learn``, do not learn from the game.
 
+With ``replicate_every`` = N > 0, every N-th episode ends with selective replication
+with variation (Bell §3.4), part of the timed phase: a ranking (a round robin of
+``tournament_games`` games per pair, greedy play, Elo ratings; or, with 0 games, each
+agent's mean learning score since the last selection), truncation selection (the best
+``replicate_fraction`` copied over the worst; agents with non-finite weights or
+parameters are never parents and are replaced first), then variation of the copies
+(α, λ, ε times log-uniform factors in [1/``mutate_params``, ``mutate_params``], λ and ε
+kept in [0, 1]; Gaussian noise of std ``mutate_weights`` on every weight). Copies get new
+ids; the state's :class:`popplay.evolution.Lineage` records every copy, mutation and reset.
+
 ``measure`` records the learning scores of every episode and, every ``eval_every``
 episodes (and at the first), every agent's quality against the benchmark opponents;
 in between it repeats the last evaluation (``eval_episode`` says when it was made).
@@ -19,11 +29,18 @@ from typing import Any
 
 import numpy as np
 
+from popplay import evolution as evo
 from popplay import opponents as bots
 from popplay import rng as _rng
 from popplay.games import knights as game
-from popplay.games.knights import KIND_NET, GameBatch, KnightsParams, KnightsState, Snapshot
+from popplay.games.knights import (KIND_NET, LINEAGE_PARAMETERS, GameBatch, KnightsParams, KnightsState,
+                                   Snapshot)
 from popplay.populations.base import Backend
+from popplay.tournaments.ratings import elo_ratings
+from popplay.tournaments.roundrobin import TAG_SELECTION, round_robin
+
+_VARIED = ("alpha", "lam", "epsilon")
+_LINEAGE_PREFIX = "lineage_"
 
 _SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id")
 _STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "score", "eval_record",
@@ -57,10 +74,13 @@ class KnightsExperiment:
 
     def warmup(self) -> None:
         """Compile (or load from numba's cache) the kernels on a tiny population."""
-        tiny = KnightsParams(rows=self.params.rows, cols=self.params.cols, pieces=self.params.pieces,
-                             jumps=self.params.jumps, max_turns=min(self.params.max_turns, 8), agents=2,
-                             games_per_agent=2, hidden=self.params.hidden, eval_games=2, snapshot_every=0,
-                             eval_opponents=self.params.eval_opponents)
+        p = self.params
+        tiny = KnightsParams(rows=p.rows, cols=p.cols, pieces=p.pieces, jumps=p.jumps,
+                             max_turns=min(p.max_turns, 8), agents=2, games_per_agent=2, hidden=p.hidden,
+                             eval_games=2, snapshot_every=0, eval_opponents=p.eval_opponents,
+                             replicate_every=1 if p.replicate_every else 0,
+                             tournament_games=min(p.tournament_games, 2), mutate_weights=p.mutate_weights,
+                             mutate_params=p.mutate_params)
         small = KnightsExperiment(tiny, self.backend)
         state = small.phase(small.initial_state(), time_left=None)
         small.measure(state)
@@ -69,7 +89,8 @@ class KnightsExperiment:
         return state.episode >= self.params.episodes
 
     def phase(self, state: KnightsState, *, time_left: float | None) -> KnightsState:
-        """One learning episode: all games of all agents, then the weight update (an
+        """One learning episode: all games of all agents, then the weight update and,
+        every ``replicate_every`` episodes, selective replication with variation (an
         episode is the unit of work, so ``time_left`` does not shorten it)."""
         p = self.params
         batch = self.episode_batch(state)
@@ -89,9 +110,71 @@ class KnightsExperiment:
                              w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), score=score,
                              episode=state.episode + 1, turns=state.turns + turns,
                              score_history=state.score_history + (score,))
+        if p.replicate_every and new.episode % p.replicate_every == 0:
+            new = self.replicate(new)
         if p.snapshot_every and new.episode % p.snapshot_every == 0:
             new = new._replace(snapshots=state.snapshots + (new.snapshot(),))
         return new
+
+    # -- selective replication with variation -----------------------------------
+
+    def replicate(self, state: KnightsState) -> KnightsState:
+        """Rank, copy the best over the worst, vary the copies, record it all (the
+        generation is the episode count). Returns a new state; the lineage log is
+        appended to in place."""
+        p = self.params
+        generation = state.episode
+        flat = game.pack(state.networks)
+        eligible = (np.isfinite(flat).all(axis=1) & np.isfinite(state.alpha) & np.isfinite(state.lam)
+                    & np.isfinite(state.epsilon))
+        fitness = self.fitness(state, flat, eligible)
+        parents, children = evo.select_replacements(fitness, p.replicate_fraction, eligible)
+        copies = parents != children
+        parents, children = parents[copies], children[copies]
+        if not len(children):
+            return state._replace(fitness=fitness)
+        parent_ids = state.agent_id[parents]
+        ids, child_ids = state.lineage.replace(
+            generation, state.agent_id, parents, children,
+            values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents]})
+        flat = evo.replicate(flat, parents, children, out=flat)
+        alpha, lam, epsilon = (evo.replicate(getattr(state, name), parents, children) for name in _VARIED)
+        if p.mutate_params > 1.0 or p.mutate_weights > 0.0:
+            factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
+            alpha = evo.multiply_at(alpha, children, factors["alpha"], out=alpha)
+            # λ and ε are probabilities/decays: a factor must not take them past 1
+            lam = evo.multiply_at(lam, children, factors["lam"], low=0.0, high=1.0, out=lam)
+            epsilon = evo.multiply_at(epsilon, children, factors["epsilon"], low=0.0, high=1.0, out=epsilon)
+            noise = evo.gaussian_noise(p.seed, generation, child_ids, flat.shape[1], p.mutate_weights)
+            flat = evo.add_at(flat, children, noise, out=flat)
+            state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
+                                 values={"alpha": alpha[children], "lam": lam[children],
+                                         "epsilon": epsilon[children], "noise": p.mutate_weights})
+        nets = game.unpack(flat, p.inputs, p.hidden)
+        return state._replace(w1=np.ascontiguousarray(nets.w1), b1=np.ascontiguousarray(nets.b1),
+                              w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), alpha=alpha,
+                              lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
+
+    def fitness(self, state: KnightsState, flat: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """What selection ranks by (NaN for agents that may not be parents).
+
+        With ``tournament_games`` G > 0: Elo ratings (mean 0) from a round robin of G
+        games per pair, greedy play, starting positions fresh every generation. With
+        G = 0: each agent's mean learning score over the episodes since the last
+        selection, which costs nothing: an episode is already a randomised round
+        robin (games_per_agent games against uniformly drawn members, half as X).
+        """
+        p = self.params
+        if p.tournament_games > 0:
+            safe = np.where(eligible[:, None], flat, 0.0)  # diverged agents play (and rank) as blanks
+            result = round_robin(game.unpack(safe, p.inputs, p.hidden), np.arange(p.agents), p.tournament_games,
+                                 params=p, seed=p.seed, tag=TAG_SELECTION,
+                                 base=state.episode * self.words_per_game, backend=self.backend)
+            fitness = elo_ratings(result.wins, result.draws)
+        else:
+            recent = state.score_history[-p.replicate_every:]
+            fitness = np.mean(np.stack(recent), axis=0) if recent else state.score.copy()
+        return np.where(eligible, fitness, np.nan)
 
     def episode_batch(self, state: KnightsState) -> GameBatch:
         """Who plays whom in this episode's games (agent-major, game slot minor)."""
@@ -139,6 +222,9 @@ class KnightsExperiment:
         metrics["score_best"] = float(state.score.max())
         metrics["score_worst"] = float(state.score.min())
         metrics["eval_episode"] = float(state.eval_episode[0])
+        if p.replicate_every and p.mutate_params > 1.0:  # selection may drift them: show it live
+            for name in _VARIED:
+                metrics[f"{name}_mean"] = float(np.mean(getattr(state, name)))
         return {"quality": metrics.pop("quality"), **metrics}
 
     def store_evaluation(self, state: KnightsState) -> None:
@@ -181,8 +267,14 @@ class KnightsExperiment:
         fresh = game.init_networks(p.seed, slots, p.inputs, p.hidden, p.init_scale)
         state.w1[slots], state.b1[slots], state.w2[slots], state.b2[slots] = fresh
         state.alpha[slots], state.lam[slots], state.epsilon[slots] = p.alpha, p.lam, p.epsilon
-        return [f"episode {state.episode}: agent {int(state.agent_id[a])} (slot {a}) had non-finite weights; "
-                "it was reset to fresh initial weights" for a in slots]
+        # A reset agent shares nothing learned with the diverged one: a new founder.
+        old = state.agent_id[slots].copy()
+        new = state.lineage.new_ids(len(slots))
+        state.agent_id[slots] = new
+        state.lineage.record(state.episode, "reset", new, replaced=old, slots=slots,
+                             values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
+        return [f"episode {state.episode}: agent {int(o)} (slot {a}) had non-finite weights; it was reset to "
+                f"fresh initial weights as agent {int(n)}" for o, a, n in zip(old, slots, new)]
 
     def agent_steps(self, state: KnightsState) -> int:
         """Agent turns so far (every ply of every learning game: both sides are agents)."""
@@ -201,6 +293,9 @@ class KnightsExperiment:
 
     def state_arrays(self, state: KnightsState) -> dict[str, Any]:
         arrays: dict[str, Any] = {name: getattr(state, name) for name in _STATE_FIELDS}
+        arrays["fitness"] = state.fitness
+        for name, values in state.lineage.to_arrays().items():
+            arrays[_LINEAGE_PREFIX + name] = values
         arrays["score_history"] = (np.stack(state.score_history) if state.score_history
                                    else np.zeros((0, self.params.agents)))
         snaps = state.snapshots
@@ -242,8 +337,24 @@ class KnightsExperiment:
         history = np.array(arrays.get("score_history", np.zeros((0, a))), dtype=np.float64)
         if history.ndim != 2 or history.shape[1] != a:
             raise ValueError(f"state score_history has shape {history.shape}, expected (episodes, {a})")
+        # Run files written before selective replication existed have no fitness and
+        # no lineage: start them as they would have started.
+        fitness = np.array(arrays.get("fitness", np.full(a, np.nan)), dtype=np.float64)
+        if fitness.shape != (a,):
+            raise ValueError(f"state fitness has shape {fitness.shape}, expected ({a},)")
+        columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
+                   if name.startswith(_LINEAGE_PREFIX)}
+        if columns:
+            lineage = evo.Lineage.from_arrays(columns, LINEAGE_PARAMETERS)
+            if values["agent_id"].size and values["agent_id"].max() >= lineage.next_id:
+                raise ValueError("state agent_id holds ids the lineage never handed out")
+        else:
+            lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
+                                        {"alpha": values["alpha"], "lam": values["lam"],
+                                         "epsilon": values["epsilon"]})
         return KnightsState(**values, episode=int(counters["episode"]), turns=int(counters["turns"]),
-                            snapshots=tuple(snaps), score_history=tuple(history))
+                            snapshots=tuple(snaps), score_history=tuple(history), fitness=fitness,
+                            lineage=lineage)
 
     def static_arrays(self) -> dict[str, np.ndarray]:
         geo = self.params.geometry

@@ -1,0 +1,94 @@
+"""``popplay tournament RUN.h5 [MORE.h5 …]``: a round robin between stored knights agents."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from popplay.cli import app
+from popplay.cli.common import CommandError, print_json
+
+CONVENTION = ("Elo scale, fitted by maximum likelihood (Bradley-Terry, a draw counts half a win): "
+              "P(i scores against j) = 1 / (1 + 10^((R_j - R_i) / 400)); mean rating 0, or the anchor at 0; "
+              "2 virtual draws per player against a reference player keep perfect scores finite")
+
+
+class Anchor(str, Enum):
+    random = "random"
+    greedy = "greedy"
+    search = "search"
+
+
+@app.command("tournament")
+def tournament(
+    runs: Annotated[list[Path], typer.Argument(
+        help="Knights run files; every agent of each run's population enters.", metavar="RUN.h5 [MORE.h5 ...]",
+        dir_okay=False)],
+    games: Annotated[int, typer.Option(help="Games per pair of players, half with each moving first.")] = 10,
+    snapshots: Annotated[bool, typer.Option(
+        "--snapshots", help="Also enter the populations of every snapshot stored in the runs (cross-generation).")
+    ] = False,
+    snapshot_every: Annotated[Optional[int], typer.Option(
+        help="With --snapshots: only snapshots taken at multiples of this many episodes.")] = None,
+    anchor: Annotated[Optional[Anchor], typer.Option(
+        help="A benchmark opponent that joins as the fixed anchor of the rating scale (rated 0).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the tournament's games (starting positions and dice).")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+) -> None:
+    """Round robin: every pair plays G games (half moving first, all batched on the
+    engine, greedy play); ranks by Elo rating from the win/draw matrices."""
+    from popplay.tournaments.entrants import EntrantError, describe_game, load_field
+    from popplay.tournaments.roundrobin import TAG_TOURNAMENT, round_robin
+
+    if games < 1:
+        raise CommandError(f"--games must be at least 1 (got {games})")
+    if snapshot_every is not None and not snapshots:
+        raise CommandError("--snapshot-every applies with --snapshots only")
+    try:
+        field = load_field(runs, snapshots=snapshots, snapshot_every=snapshot_every,
+                           anchor=anchor.value if anchor is not None else None)
+    except EntrantError as error:
+        raise CommandError(str(error)) from None
+    if len(field.players) < 2:
+        raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
+    result = round_robin(field.nets, field.players, games, params=field.params, seed=seed, tag=TAG_TOURNAMENT)
+    ratings = result.ratings(anchor=field.anchor)
+    names = [e.name for e in field.entrants]
+    score = result.score
+    payload: dict[str, Any] = {
+        "agents": names,
+        "agent_info": [e.as_dict() for e in field.entrants],
+        "ratings": ratings.tolist(),
+        "total_score": result.total.tolist(),
+        "score": [[None if i == j else float(score[i, j]) for j in range(len(names))] for i in range(len(names))],
+        "wins": result.wins.tolist(), "draws": result.draws.tolist(), "losses": result.losses.tolist(),
+        "games": games, "seed": seed, "anchor": anchor.value if anchor is not None else None,
+        "convention": CONVENTION, "game": describe_game(field.params), "turns": result.turns,
+    }
+    if json_output:
+        print_json(payload)
+        return
+    _print_table(payload, runs)
+
+
+def _print_table(payload: dict[str, Any], runs: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = payload["agents"]
+    order = sorted(range(len(names)), key=lambda i: (-payload["ratings"][i], i))
+    anchor = payload["anchor"]
+    table = Table(title=f"{len(names)} players, {payload['games']} games per pair ({payload['game']})",
+                  caption=f"Elo by maximum likelihood, 400 points = 10:1 odds; "
+                          f"{'anchor ' + anchor + ' at 0' if anchor else 'mean 0'}. "
+                          "score = (wins + draws/2) / games over all games")
+    for column in ("rank", "agent", "rating", "score", "wins", "draws", "losses"):
+        table.add_column(column, justify="left" if column == "agent" else "right")
+    wins, draws, losses = (payload[k] for k in ("wins", "draws", "losses"))
+    for rank, i in enumerate(order, 1):
+        table.add_row(str(rank), names[i], f"{payload['ratings'][i]:+.0f}", f"{payload['total_score'][i]:.3f}",
+                      str(sum(wins[i])), str(sum(draws[i])), str(sum(losses[i])),
+                      style="bold" if names[i] == anchor else None)
+    Console().print(table)

@@ -1,0 +1,133 @@
+"""Round-robin tournaments between knights players, batched on the engine.
+
+Every pair of players meets for ``games`` games, half with each side moving first,
+and all games of all pairs are played in one batch (in chunks of at most
+``MAX_BATCH`` games to bound memory), never pair by pair. Players are network
+indices (>= 0) or benchmark bots (:data:`popplay.games.knights.OPPONENTS`: −1
+random, −2 greedy, −3 search).
+
+Common random numbers: game j of every pair starts from the same position and uses
+the same dice (stream ``(seed, tag, 0, j)`` at counter ``base``), so every player
+meets the same set of starting positions. With an odd number of games the pairs
+alternate which player gets the extra first move (pair k: the lower-indexed player
+when k is even), so no player is favoured overall.
+
+Results: ``wins[i, j]`` games i won against j, ``draws`` (symmetric), ``losses`` =
+``wins.T``, and the score matrix s_ij = (wins_ij + draws_ij/2) / games_ij, with
+s_ij + s_ji = 1 off the diagonal (NaN on it). Ratings: :func:`elo_ratings` (Elo
+scale, base 10, 400 points per factor of ten in odds, fitted by maximum likelihood;
+mean 0, or the anchor player at 0).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from popplay.games import knights as game
+from popplay.games.knights import KnightsParams, Networks
+from popplay.tournaments.ratings import elo_ratings, score_matrix
+
+# Random-stream families of tournaments (knights' own tags are 32-36).
+TAG_TOURNAMENT = 48  # `popplay tournament` and round_robin's default
+TAG_SELECTION = 49  # the ranking round robins of selective replication during training
+
+MAX_BATCH = 1 << 18  # games per engine call
+
+
+class Tournament(NamedTuple):
+    """The results of a round robin between n players."""
+
+    players: np.ndarray  # (n,) player codes as given
+    wins: np.ndarray  # (n, n) int64: games i won against j
+    draws: np.ndarray  # (n, n) int64, symmetric
+    losses: np.ndarray  # (n, n) int64: games i lost against j (= wins.T)
+    turns: int  # plies played in all games
+
+    @property
+    def games(self) -> np.ndarray:
+        """(n, n) games played between i and j (0 on the diagonal)."""
+        return self.wins + self.draws + self.losses
+
+    @property
+    def score(self) -> np.ndarray:
+        """s_ij = (wins_ij + draws_ij / 2) / games_ij; NaN on the diagonal."""
+        return score_matrix(self.wins, self.draws, self.games)
+
+    @property
+    def total(self) -> np.ndarray:
+        """Each player's score over all its games: (wins + draws/2) / games."""
+        games = self.games.sum(axis=1)
+        return (self.wins.sum(axis=1) + 0.5 * self.draws.sum(axis=1)) / np.maximum(games, 1)
+
+    def ratings(self, *, anchor: int | None = None, prior_draws: float = 2.0) -> np.ndarray:
+        """Elo ratings (see :func:`popplay.tournaments.ratings.elo_ratings`)."""
+        return elo_ratings(self.wins, self.draws, anchor=anchor, prior_draws=prior_draws)
+
+
+def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsParams | None = None, seed: int = 0,
+                tag: int = TAG_TOURNAMENT, base: int = 0, epsilon: float | Any = 0.0, backend: Any = None
+                ) -> Tournament:
+    """Every pair of ``players`` plays ``games`` games (see the module docstring).
+
+    Args:
+        nets: the networks players refer to (agent axis leading).
+        players: (n,) player codes: network indices >= 0, bots < 0.
+        games: games per pair, at least 1.
+        params: the game (board, pieces, jumps, turn limit); knights defaults if None.
+        seed, tag, base: the games' random streams: (seed, tag, 0, j) from counter ``base``.
+        epsilon: exploration of network players (0: greedy play, as for quality).
+        backend: a :class:`popplay.populations.base.Backend`; numba on the CPU by default.
+    """
+    players = np.asarray(players, dtype=np.int64).reshape(-1)
+    if games < 1:
+        raise ValueError(f"games must be at least 1 (got {games})")
+    n = len(players)
+    if n < 2:
+        raise ValueError("a tournament needs at least two players")
+    first, second = np.triu_indices(n, k=1)
+    # With an odd number of games, alternate who gets the extra first move.
+    swap = (np.arange(len(first)) % 2 == 1) & (games % 2 == 1)
+    a, b = np.where(swap, second, first), np.where(swap, first, second)
+    pairs = np.stack([players[a], players[b]], axis=1)
+    wins = np.zeros(len(pairs), dtype=np.int64)
+    draws = np.zeros(len(pairs), dtype=np.int64)
+    losses = np.zeros(len(pairs), dtype=np.int64)
+    turns = 0
+    step = max(1, MAX_BATCH // games)
+    for lo in range(0, len(pairs), step):  # chunks of many pairs: memory, not a loop over pairs
+        hi = min(lo + step, len(pairs))
+        played = game.play_pairs(nets, pairs[lo:hi], games, params=params, seed=seed, tag=tag,
+                                 streams=np.zeros(hi - lo, dtype=np.int64), epsilon=epsilon, backend=backend,
+                                 base=base)
+        wins[lo:hi], draws[lo:hi], losses[lo:hi] = played.wins, played.draws, played.losses
+        turns += played.turns
+    w = np.zeros((n, n), dtype=np.int64)
+    d = np.zeros((n, n), dtype=np.int64)
+    w[a, b] = wins
+    w[b, a] = losses
+    d[a, b] = draws
+    d[b, a] = draws
+    return Tournament(players, w, d, w.T.copy(), turns)
+
+
+def pad_hidden(nets: Networks, hidden: int) -> Networks:
+    """The same value functions with ``hidden`` units: extra units have zero weights
+    in and out, so they add exactly 0 to every output (networks of different sizes
+    can then play in one batch)."""
+    have = nets.w1.shape[2]
+    if hidden < have:
+        raise ValueError(f"cannot shrink networks from {have} to {hidden} hidden units")
+    extra = hidden - have
+    if extra == 0:
+        return nets
+    pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (extra,))], axis=-1)  # noqa: E731
+    return Networks(pad(nets.w1), pad(nets.b1), pad(nets.w2), np.asarray(nets.b2, dtype=np.float64).copy())
+
+
+def stack_networks(parts: list[Networks]) -> Networks:
+    """Networks of several populations in one stack (padded to the largest hidden layer)."""
+    hidden = max(p.w1.shape[2] for p in parts)
+    padded = [pad_hidden(p, hidden) for p in parts]
+    return Networks(*(np.ascontiguousarray(np.concatenate([getattr(p, f) for p in padded]))
+                      for f in ("w1", "b1", "w2", "b2")))

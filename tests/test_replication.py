@@ -1,0 +1,157 @@
+"""Selective replication with variation inside knights training: what is copied, how
+copies vary, what the lineage records, divergence, resume, and the options."""
+import dataclasses
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from popplay import evolution as evo
+from popplay.cli import main
+from popplay.games import knights as game
+from popplay.games.knights import KnightsParams
+from popplay.populations.base import Backend
+from popplay.populations.knights import KnightsExperiment
+
+NUMBA = Backend("numba", "cpu")
+REPLICATING = KnightsParams(rows=4, cols=5, pieces=3, max_turns=40, agents=6, games_per_agent=4, episodes=8,
+                            eval_every=4, eval_games=4, snapshot_every=4, seed=4, replicate_every=2,
+                            replicate_fraction=1 / 3, mutate_weights=0.05, mutate_params=1.5, tournament_games=2)
+
+
+def _episodes(params, n, state=None):
+    experiment = KnightsExperiment(params, NUMBA)
+    state = experiment.initial_state() if state is None else state
+    for _ in range(n):
+        state = experiment.phase(state, time_left=None)
+        experiment.measure(state)
+    return experiment, state
+
+
+def test_best_are_copied_over_worst_with_recorded_variation():
+    params = REPLICATING
+    plain = dataclasses.replace(params, replicate_every=0)
+    # two episodes without replication give the state the replication then acts on
+    experiment, before = _episodes(plain, 2)
+    replicating, after = _episodes(params, 2)
+    flat = game.pack(before.networks)
+    fitness = replicating.fitness(before, flat, np.ones(6, dtype=bool))
+    parents, children = evo.select_replacements(fitness, params.replicate_fraction)
+    assert len(children) == 2 and np.array_equal(after.fitness, fitness)
+    child_ids = after.agent_id[children]
+    assert child_ids.tolist() == [6, 7]  # fresh ids, in order
+    survivors = np.setdiff1d(np.arange(6), children)
+    assert np.array_equal(after.agent_id[survivors], before.agent_id[survivors])
+    np.testing.assert_array_equal(game.pack(after.networks)[survivors], flat[survivors])
+    noise = evo.gaussian_noise(params.seed, 2, child_ids, flat.shape[1], params.mutate_weights)
+    np.testing.assert_array_equal(game.pack(after.networks)[children], flat[parents] + noise)
+    factors = evo.vary_factors(params.seed, 2, child_ids, ("alpha", "lam", "epsilon"), params.mutate_params)
+    np.testing.assert_array_equal(after.alpha[children], before.alpha[parents] * factors["alpha"])
+    np.testing.assert_array_equal(after.lam[children], np.clip(before.lam[parents] * factors["lam"], 0, 1))
+    assert not np.array_equal(after.alpha[children], before.alpha[parents])
+    records = after.lineage.records
+    copies = records["event"] == evo.EVENTS["copy"]
+    mutations = records["event"] == evo.EVENTS["mutation"]
+    assert records["agent"][copies].tolist() == child_ids.tolist()
+    assert records["parent"][copies].tolist() == before.agent_id[parents].tolist()
+    assert records["replaced"][copies].tolist() == before.agent_id[children].tolist()
+    assert (records["generation"][copies | mutations] == 2).all()
+    np.testing.assert_array_equal(records["alpha"][mutations], after.alpha[children])
+    assert (records["noise"][mutations] == params.mutate_weights).all()
+
+
+def test_variation_off_gives_exact_copies_and_learning_scores_can_rank():
+    params = dataclasses.replace(REPLICATING, mutate_weights=0.0, mutate_params=1.0, tournament_games=0)
+    _, before = _episodes(dataclasses.replace(params, replicate_every=0), 2)
+    _, after = _episodes(params, 2)
+    fitness = np.mean(np.stack(before.score_history[-2:]), axis=0)
+    np.testing.assert_array_equal(after.fitness, fitness)
+    parents, children = evo.select_replacements(fitness, params.replicate_fraction)
+    np.testing.assert_array_equal(game.pack(after.networks)[children], game.pack(before.networks)[parents])
+    np.testing.assert_array_equal(after.alpha, before.alpha)
+    assert (after.lineage.records["event"] != evo.EVENTS["mutation"]).all()
+
+
+def test_diverged_agents_are_never_copied_and_resets_are_recorded():
+    experiment, state = _episodes(REPLICATING, 1)
+    flat = game.pack(state.networks)
+    best = int(np.argmax(experiment.fitness(state, flat, np.ones(6, dtype=bool))))
+    state.w1[best, 0, 0] = np.nan
+    old_id = int(state.agent_id[best])
+    replicated = experiment.replicate(state._replace(episode=2))
+    assert np.isnan(replicated.fitness[best])
+    records = replicated.lineage.records
+    copies = records["event"] == evo.EVENTS["copy"]
+    assert old_id not in records["parent"][copies] and old_id in records["replaced"][copies]
+    assert np.isfinite(game.pack(replicated.networks)).all()  # its slot now holds a copy
+    # without a replication in between, check_finite resets it as a new founder
+    events = experiment.check_finite(state, phase=1)
+    assert len(events) == 1 and f"agent {old_id}" in events[0]
+    new_id = int(state.agent_id[best])
+    assert new_id != old_id and new_id == state.lineage.next_id - 1
+    reset = state.lineage.records
+    assert reset["event"][-1] == evo.EVENTS["reset"] and reset["replaced"][-1] == old_id
+    assert reset["parent"][-1] == -1 and reset["slot"][-1] == best
+
+
+def test_resume_with_replication_is_bit_identical(tmp_path, capsys):
+    argv = ["train", "knights", "--agents", "5", "--games-per-agent", "4", "--rows", "4", "--cols", "5", "--pieces",
+            "3", "--max-turns", "40", "--eval-every", "3", "--eval-games", "4", "--snapshot-every", "3",
+            "--replicate-every", "2", "--replicate-fraction", "0.4", "--mutate-weights", "0.05",
+            "--mutate-params", "1.5", "--tournament-games", "1", "--seed", "7", "--json"]
+    half, whole = tmp_path / "half.h5", tmp_path / "whole.h5"
+    assert main(argv + ["--episodes", "5", "--out", str(half)]) == 0
+    assert main(["train", "knights", "--resume", str(half), "--episodes", "10", "--json"]) == 0
+    assert main(argv + ["--episodes", "10", "--out", str(whole)]) == 0
+    capsys.readouterr()
+    with h5py.File(half) as a, h5py.File(whole) as b:
+        names = [f"state/{name}" for name in b["state"]] + [f"curves/{name}" for name in b["curves"]
+                                                           if name != "seconds"]
+        assert "state/lineage_agent" in names and "state/fitness" in names
+        for name in names:
+            assert np.array_equal(a[name][()], b[name][()], equal_nan=True), name
+        assert a["state/lineage_generation"][()].max() == 10
+        assert (a["state/lineage_event"][()] == evo.EVENTS["mutation"]).sum() == 5 * 2
+
+
+def test_replication_options_are_checked(tmp_path, capsys):
+    base = ["train", "knights", "--agents", "4", "--episodes", "1", "--out", str(tmp_path / "x.h5")]
+    for options, name in ((["--replicate-fraction", "0"], "--replicate-fraction"),
+                          (["--replicate-fraction", "0.6"], "--replicate-fraction"),
+                          (["--mutate-params", "0.5"], "--mutate-params"),
+                          (["--mutate-weights", "-1"], "--mutate-weights"),
+                          (["--tournament-games", "-1"], "--tournament-games"),
+                          (["--replicate-every", "-2"], "--replicate-every")):
+        capsys.readouterr()
+        assert main(base + options) == 2, options
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("Error:") and name in err[0], err
+    assert main(base[:3] + ["1", "--replicate-every", "1", "--out", str(tmp_path / "y.h5")]) == 2
+    assert "--agents" in capsys.readouterr().err
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_train_json_reports_population_quality_curves(tmp_path, capsys):
+    out = tmp_path / "q.h5"
+    assert main(["train", "knights", "--agents", "4", "--games-per-agent", "4", "--episodes", "4", "--rows", "4",
+                 "--cols", "5", "--pieces", "3", "--max-turns", "40", "--eval-every", "2", "--eval-games", "4",
+                 "--eval-opponents", "greedy", "--replicate-every", "2", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for stat in ("best", "mean", "worst"):
+        assert f"greedy_{stat}" in summary
+    with h5py.File(out) as f:
+        best, mean, worst = (f[f"curves/greedy_{s}"][()] for s in ("best", "mean", "worst"))
+        assert best.shape == (4,) and (best >= mean).all() and (mean >= worst).all()
+        assert f["config"].attrs["replicate_every"] == 2
+
+
+def test_old_run_files_without_lineage_still_load():
+    experiment, state = _episodes(dataclasses.replace(REPLICATING, replicate_every=0), 1)
+    arrays = {k: v for k, v in experiment.state_arrays(state).items()
+              if not k.startswith("lineage_") and k != "fitness"}
+    restored = experiment.restore(arrays, experiment.state_counters(state))
+    assert len(restored.lineage) == 6 and restored.lineage.next_id == 6 and np.isnan(restored.fitness).all()
+    bad = {**experiment.state_arrays(state), "lineage_next_id": np.array([2])}
+    with pytest.raises(ValueError, match="lineage|ids"):
+        experiment.restore(bad, experiment.state_counters(state))
