@@ -149,6 +149,7 @@ def run(
     learning_seconds: float = 0.0,
     should_stop: Callable[[], bool] | None = None,
     after_phase: Callable[[Any, Curve, float], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
 
@@ -190,6 +191,12 @@ def run(
         state = experiment.phase(state, time_left=time_left)
         learning_seconds += time.perf_counter() - started
         phases += 1
+        # Diverged agents are reset before anything measures, stores or copies them.
+        check = getattr(experiment, "check_finite", None)
+        if check is not None:
+            for event in check(state, phase=len(curve) + 1):
+                if on_event is not None:
+                    on_event(event)
         curve.append(experiment.agent_steps(state), learning_seconds, experiment.measure(state))
         if after_phase is not None:
             after_phase(state, curve, learning_seconds)
@@ -371,13 +378,12 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         every = options.checkpoint_every
         last = {"wall": _time.monotonic(), "mark": None}
 
+        def on_event(event: str) -> None:
+            writer.events.append(event)
+            if reporter is not None and hasattr(reporter, "warn"):
+                reporter.warn(event)
+
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
-            check = getattr(experiment, "check_finite", None)
-            if check is not None:
-                for event in check(state, phase=len(curve)):
-                    writer.events.append(event)
-                    if reporter is not None and hasattr(reporter, "warn"):
-                        reporter.warn(event)
             if every is None:
                 return
             if every.unit == "seconds":
@@ -394,7 +400,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
             last["mark"] = int(experiment.progress(state if state is not None else experiment.initial_state())
                                // every.amount)
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
-                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase)
+                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
+                     on_event=on_event)
         writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)

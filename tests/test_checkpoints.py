@@ -220,3 +220,28 @@ def test_inspect_shows_a_run_without_loading_arrays(tmp_path, capsys):
     assert info["progress"]["step"] == 16 and "quality" in info["last"]
     assert {"numpy", "torch", "h5py"} <= set(info["versions"])
     assert main(["inspect", str(tmp_path / "missing.h5")]) == 2
+
+
+def test_divergence_is_handled_before_the_phase_is_measured():
+    from popplay.populations.bandit import BanditExperiment
+    from popplay.populations.base import Backend
+    from popplay.runner import run
+
+    class Poisoned(BanditExperiment):
+        measured: list = []
+
+        def phase(self, state, *, time_left):
+            state = super().phase(state, time_left=time_left)
+            if state.shares == 2:
+                state.q[0, 0] = np.nan
+            return state
+
+        def measure(self, state):
+            self.measured.append(bool(np.isfinite(state.q).all()))
+            return super().measure(state)
+
+    events = []
+    params = BanditParams(arms=5, agents=2, trials=2, steps_per_agent=32, share_every=8)
+    run(Poisoned(params, Backend("numba", "cpu")), on_event=events.append)
+    assert Poisoned.measured == [True] * 4
+    assert events == ["phase 2: trial 0 had non-finite estimates; its shared table was reset"]
