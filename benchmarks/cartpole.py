@@ -3,6 +3,7 @@
     python benchmarks/cartpole.py throughput [--agents 4096] [--steps 4096] [--rounds 3]
     python benchmarks/cartpole.py quality [--trials 256] [--agent-steps 262144] [--agents 1,16,64,256,1024]
     python benchmarks/cartpole.py boxes [--restarts 200]
+    python benchmarks/cartpole.py replication [--agents 256] [--trials 256] [--seeds 0,1] [--settings JSON]
 
 throughput: popplay learning Sarsa(λ) with traces (4096 agents, one trial, default
 CPU backend, sharing included) against gymnasium's vectorised CartPole-v1 stepping
@@ -14,6 +15,11 @@ it the popplay number is still reported. With a CUDA GPU it also times torch at
 quality: Bell's Figures 6–9: quality (mean steps balanced, ceiling 8192) against
 agent-time steps and learning time for several population sizes, without and with
 differentiation. Prints a table and, with --json FILE, writes the curves.
+
+replication: selective replication with variation against none at equal agent-steps:
+for each setting (a name and CartPolePopulationParams overrides) and seed, the
+quality curve and the final per-trial steps balanced (mean ± standard error over
+trials and seeds). Prints a table and, with --json FILE, writes the curves.
 
 boxes: for several box boundaries, a hill-climbing search over the 2**36
 deterministic box policies for the one that balances longest from random starts —
@@ -162,6 +168,58 @@ def _milestones(steps: list[int]) -> set[int]:
 
 
 # ---------------------------------------------------------------------------
+# replication against none
+
+REPLICATION_SETTINGS = {
+    "none": {},
+    "every 1, 25%": {"replicate_every": 1, "replicate_fraction": 0.25},
+    "every 1, 50%": {"replicate_every": 1, "replicate_fraction": 0.5},
+    "every 1, 12.5%": {"replicate_every": 1, "replicate_fraction": 0.125},
+    "every 4, 25%": {"replicate_every": 4, "replicate_fraction": 0.25},
+    "every 1, 25%, q noise 0.01": {"replicate_every": 1, "replicate_fraction": 0.25, "mutate_q": 0.01},
+    "every 1, 25%, params 1.2": {"replicate_every": 1, "replicate_fraction": 0.25, "mutate_params": 1.2},
+    "every 4, 25%, params 1.2": {"replicate_every": 4, "replicate_fraction": 0.25, "mutate_params": 1.2},
+}
+
+
+def replication(args: argparse.Namespace) -> None:
+    from popplay import runner
+
+    settings = json.loads(args.settings) if args.settings else REPLICATION_SETTINGS
+    base = json.loads(args.params) if args.params else {}
+    results: dict[str, Any] = {}
+    print(f"{args.agents} agents, {args.trials} trials x seeds {args.seeds}, {args.agent_steps} agent-steps per "
+          f"trial; base {base or 'defaults'}; quality at 1/8, 1/4, 1/2, all of the budget (mean over seeds), "
+          "final mean ± standard error over trials and seeds", flush=True)
+    for name, overrides in settings.items():
+        curves, finals, drift = [], [], []
+        started = time.perf_counter()
+        for seed in args.seeds:
+            params = CartPolePopulationParams(**{
+                "agents": args.agents, "trials": args.trials, "steps_per_agent": args.agent_steps // args.agents,
+                "seed": seed, **base, **overrides})
+            ex = CartPoleExperiment(params, resolve_backend("auto", "cpu"))
+            result = runner.run(ex)
+            curves.append(result.curve.metrics["quality"])
+            finals.append(ex.results(result.state)["balanced_steps"])
+            drift.append({k: float(np.mean(np.asarray(getattr(result.state, k)))) for k in ("alpha", "lam", "epsilon")})
+        steps = list(result.curve.agent_steps)
+        mean_curve = np.mean(np.array(curves), axis=0)
+        final = np.concatenate(finals)
+        picks = sorted(_milestones(steps))
+        points = " / ".join(f"{mean_curve[steps.index(s)]:.0f}" for s in picks)
+        params_now = ", ".join(f"{k} {np.mean([d[k] for d in drift]):.3g}" for k in ("alpha", "lam", "epsilon"))
+        print(f"{name:34s} {points:28s} final {final.mean():7.1f} ± {final.std(ddof=1) / np.sqrt(final.size):5.1f} "
+              f"(seeds: {', '.join(f'{c[-1]:.0f}' for c in curves)}; {params_now}; "
+              f"{time.perf_counter() - started:.0f}s)", flush=True)
+        results[name] = {"overrides": overrides, "agent_steps": steps, "quality": [list(c) for c in curves],
+                         "final_per_trial": final.tolist()}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+
+
+# ---------------------------------------------------------------------------
 # box boundaries
 
 
@@ -238,13 +296,21 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--params", help="JSON object of further CartPolePopulationParams fields")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--json", help="write the curves to this file")
+    r = sub.add_parser("replication")
+    r.add_argument("--agents", type=int, default=256)
+    r.add_argument("--trials", type=int, default=256)
+    r.add_argument("--agent-steps", type=int, default=262144)
+    r.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0, 1])
+    r.add_argument("--settings", help="JSON object: setting name -> CartPolePopulationParams overrides")
+    r.add_argument("--params", help="JSON object of overrides applied to every setting")
+    r.add_argument("--json", help="write the curves to this file")
     b = sub.add_parser("boxes")
     b.add_argument("--positions", type=lambda s: [float(v) for v in s.split(",")], default=[0.5, 1.0, 1.6])
     b.add_argument("--angles", type=lambda s: [float(v) for v in s.split(",")], default=[1.0, 2.0, 3.0, 6.0])
     b.add_argument("--restarts", type=int, default=200)
     b.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    {"throughput": throughput, "quality": quality, "boxes": boxes}[args.command](args)
+    {"throughput": throughput, "quality": quality, "replication": replication, "boxes": boxes}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ def _on(array: Any, index: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
     if type(array).__module__.startswith("torch"):
         import torch
 
-        return tuple(torch.as_tensor(np.asarray(i, dtype=np.int64), device=array.device) for i in index)
+        # contiguous: select_replacements hands out reversed views, which torch refuses
+        return tuple(torch.as_tensor(np.ascontiguousarray(i, dtype=np.int64), device=array.device) for i in index)
     return index
 
 
@@ -160,6 +161,8 @@ def _like(array: Any, values: Any) -> Any:
     if type(array).__module__.startswith("torch"):
         import torch
 
+        if isinstance(values, torch.Tensor):  # e.g. already on a GPU: np.asarray would fail
+            return values.to(dtype=array.dtype, device=array.device)
         return torch.as_tensor(np.asarray(values), dtype=array.dtype, device=array.device)
     return np.asarray(values)
 

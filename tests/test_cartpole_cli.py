@@ -129,7 +129,8 @@ def test_help_lists_the_issue_options():
     assert result.exit_code == 0
     for option in ("--agents", "--trials", "--agent-steps", "--share-every", "--alpha", "--gamma", "--lam",
                    "--epsilon", "--trace", "--algorithm", "--bias", "--bias-decay", "--test-steps",
-                   "--time-budget", "--seed", "--backend", "--device", "--out", "--json"):
+                   "--time-budget", "--seed", "--backend", "--device", "--out", "--json", "--replicate-every",
+                   "--replicate-fraction", "--mutate-q", "--mutate-params"):
         assert option in result.output, option
 
 

@@ -9,7 +9,7 @@ from popplay.populations.base import Backend
 from popplay.populations.cartpole import CartPoleExperiment
 from tests.reference import cartpole as ref
 
-FIELDS = ("q", "trace", "weight", "cart", "action", "shared")
+FIELDS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")
 
 CASES = {
     "sarsa-replacing": dict(algorithm="sarsa", trace="replacing"),
@@ -19,6 +19,12 @@ CASES = {
                                  epsilon=0.0),
     "q-replacing-frictionless": dict(algorithm="q", trace="replacing", trace_cutoff=0.3, cart_friction=0.0,
                                      pole_friction=0.0, initial_weight=0.0),
+    # selection before every share, noisy copies, varied α/λ/ε: later phases learn
+    # with per-agent parameters on every engine
+    "sarsa-replication": dict(agents=5, replicate_every=1, replicate_fraction=0.4, mutate_q=0.05, mutate_params=2.0,
+                              bias=0.02, trace="accumulating"),
+    "q-replication-every-2": dict(agents=4, replicate_every=2, replicate_fraction=0.25, mutate_q=0.0,
+                                  mutate_params=3.0, algorithm="q"),
 }
 
 
@@ -28,9 +34,12 @@ def _params(**overrides) -> CartPolePopulationParams:
     return CartPolePopulationParams(**{**base, **overrides})
 
 
-def _states(params, backend):
+def _states(params, backend, per_agent=None):
     ex = CartPoleExperiment(params, Backend(backend, "cpu"))
     state = ex.initial_state()
+    if per_agent:
+        state = state._replace(**{name: ex._to_backend(state._replace(**{name: np.array(v)}))._asdict()[name]
+                                  for name, v in per_agent.items()})
     history = []
     while not ex.finished(state, time_mode=False):
         state = ex.phase(state, time_left=None)
@@ -56,9 +65,33 @@ def test_numba_and_torch_equal_the_reference_exactly(case):
             np.testing.assert_array_equal(getattr(got_th, name).numpy(), np.asarray(expected[name]), err_msg=name)
         assert got_nb.max_bias == got_th.max_bias == expected["max_bias"]
         assert got_nb.step == expected["step"] and got_nb.shares == expected["shares"]
+        np.testing.assert_array_equal(got_nb.agent_id, expected["agent_id"])
+        np.testing.assert_array_equal(got_th.agent_id, expected["agent_id"])
+    if params.replicate_every:
+        assert reference[-1]["agent_id"] != reference[0]["agent_id"]  # copies happened
+        if params.mutate_params > 1.0:
+            assert len(set(np.ravel(reference[-1]["alpha"]))) > 1  # and varied the parameters
     last = reference[-1]["shared"]
     tests = [[ref.greedy_test(last[t], params, ex._test_keys[t, k]) for k in range(2)] for t in range(2)]
     np.testing.assert_array_equal(ex.balanced_steps(numba_history[-1]), tests)
+
+
+def test_per_agent_parameters_equal_the_reference_exactly():
+    """Every agent learns with its own α, λ and ε, on every engine, bit for bit."""
+    params = _params(agents=4, trials=2, steps_per_agent=64, share_every=32, bias=0.0, epsilon=0.1)
+    g = np.random.default_rng(7)
+    per_agent = {"alpha": g.uniform(0.05, 1.0, (2, 4)), "lam": g.uniform(0.0, 1.0, (2, 4)),
+                 "epsilon": g.uniform(0.0, 0.5, (2, 4))}
+    ex, numba_history = _states(params, "numba", per_agent)
+    _, torch_history = _states(params, "torch", per_agent)
+    reference = ref.run(params, ex._keys.tolist(), ex._bias_keys.tolist(),
+                        {name: v.tolist() for name, v in per_agent.items()})
+    _, uniform = _states(params, "numba")
+    assert not np.array_equal(uniform[0].shared, numba_history[0].shared)  # the parameters mattered
+    for expected, got_nb, got_th in zip(reference, numba_history, torch_history):
+        for name in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(got_nb, name)), np.asarray(expected[name]), err_msg=name)
+            np.testing.assert_array_equal(getattr(got_th, name).numpy(), np.asarray(expected[name]), err_msg=name)
 
 
 def test_initial_state_matches_the_reference():

@@ -96,11 +96,11 @@ def _load(stored: Any, run: Path, group: int | None = None) -> tuple[Any, np.nda
     from popplay.evolution import RECORD_COLUMNS
 
     parameters = tuple(sorted(set(columns) - set(RECORD_COLUMNS) - {"next_id"}))
-    if stored.domain == "knights":
-        from popplay.games.knights import LINEAGE_PARAMETERS
+    if stored.domain in ("knights", "cartpole"):  # their own order (α, λ, ε, noise), not alphabetical
+        from importlib import import_module
 
-        parameters = tuple(p for p in LINEAGE_PARAMETERS if p in parameters) + tuple(
-            p for p in parameters if p not in LINEAGE_PARAMETERS)
+        order = import_module(f"popplay.games.{stored.domain}").LINEAGE_PARAMETERS
+        parameters = tuple(p for p in order if p in parameters) + tuple(p for p in parameters if p not in order)
     try:
         log = Lineage.from_arrays(columns, parameters)
     except ValueError as error:

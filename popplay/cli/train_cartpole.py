@@ -59,6 +59,16 @@ def train_cartpole(
     test_steps: Annotated[int, typer.Option(
         min=1, help="Steps of each greedy test; the quality ceiling (§2.5).")] = 8192,
     test_starts: Annotated[int, typer.Option(min=1, help="Random test starts per trial.")] = 1,
+    replicate_every: Annotated[int, typer.Option(
+        help="Shares between selective replications: just before that share, within each trial, the agents "
+             "that failed least since the last replication are copied over those that failed most (0: off).")] = 0,
+    replicate_fraction: Annotated[float, typer.Option(
+        help="Fraction of each trial's agents replaced at a replication, in (0, 0.5].")] = 0.25,
+    mutate_q: Annotated[float, typer.Option(
+        help="Std of Gaussian noise added to every Q value of a copy (0: exact copies).")] = 0.0,
+    mutate_params: Annotated[float, typer.Option(
+        help="A copy's alpha, lambda, epsilon are multiplied by log-uniform factors in [1/S, S] (1: unchanged; "
+             "all three stay in [0, 1]).")] = 1.0,
     time_budget: TimeBudgetOption = None,
     seed: SeedOption = 0,
     backend: BackendOption = BackendName.auto,
@@ -70,8 +80,9 @@ def train_cartpole(
     resume: ResumeOption = None,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
-    sharing, equations (5)–(8), and optional differentiation, (9)–(10). Quality = mean
-    steps the shared greedy policy balances from random starts (ceiling --test-steps)."""
+    sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional
+    selective replication with variation before a share (--replicate-every). Quality =
+    mean steps the shared greedy policy balances from random starts (ceiling --test-steps)."""
     from popplay.games.cartpole import CartPolePopulationParams
 
     if resume is not None:
@@ -104,7 +115,8 @@ def train_cartpole(
         failure_reward=failure_reward, trace_cutoff=trace_cutoff, initial_weight=initial_weight, bias=bias,
         bias_decay=bias_decay, position_boundary=position_boundary, angle_boundary_degrees=angle_boundary,
         start_range=start_range, test_steps=test_steps, test_starts=test_starts, seed=seed,
-        cart_friction=cart_friction, pole_friction=pole_friction,
+        cart_friction=cart_friction, pole_friction=pole_friction, replicate_every=replicate_every,
+        replicate_fraction=replicate_fraction, mutate_q=mutate_q, mutate_params=mutate_params,
     )
     try:
         params.validate()

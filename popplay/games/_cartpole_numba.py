@@ -57,11 +57,14 @@ def _fold(q, w, e_hat, c_start, d_start, b, j, alpha, clock_sum, d_sum):
 @numba.njit(cache=True, parallel=True)
 def _learn_phase(
     q_in, e_in, w_in, cart_in, action_in, keys, mixed, phys, bounds,
-    alpha, gamma, gamma_lambda, epsilon, failure_reward, cutoff, start_range, accumulate, watkins,
+    alpha_in, gamma, gamma_lambda_in, epsilon_in, failure_reward, cutoff, start_range, accumulate, watkins,
     n_steps, n_chunks,
     q_out, e_out, w_out, cart_out, action_out, failures_out,
 ):
     """``n_steps`` TD(λ) steps of every agent, from the ``*_in`` arrays into ``*_out``.
+
+    ``alpha_in``, ``gamma_lambda_in`` (γ·λ, multiplied by the caller as the other
+    engines do) and ``epsilon_in`` are per agent, shaped (trials, agents).
 
     ``mixed`` holds the mixed counters of the words of steps ``first_step + 1`` to
     ``first_step + n_steps`` (the words that choose the next action or restart).
@@ -98,6 +101,9 @@ def _learn_phase(
         s = np.empty(_GROUP, dtype=np.int64)
         key = np.empty(_GROUP, dtype=np.int64)
         failures = np.empty(_GROUP, dtype=np.int64)
+        alphas = np.empty(_GROUP)
+        decays = np.empty(_GROUP)
+        epsilons = np.empty(_GROUP)
         for first in range(lo, hi, _GROUP):
             size = min(_GROUP, hi - first)
             for b in range(size):
@@ -126,6 +132,9 @@ def _learn_phase(
                 theta_dot[b] = cart_in[t, p, 3]
                 a[b] = action_in[t, p]
                 key[b] = keys[t, p]
+                alphas[b] = alpha_in[t, p]
+                decays[b] = gamma_lambda_in[t, p]
+                epsilons[b] = epsilon_in[t, p]
                 s[b] = _box(x[b], x_dot[b], theta[b], theta_dot[b], bounds)
                 failures[b] = 0
             for k in range(n_steps):
@@ -135,6 +144,8 @@ def _learn_phase(
                     x[b], x_dot[b], theta[b], theta_dot[b], failed[b] = _dynamics_inline(
                         x[b], x_dot[b], theta[b], theta_dot[b], a[b], phys)
                 for b in range(size):
+                    alpha = alphas[b]
+                    epsilon = epsilons[b]
                     c = clock[b]
                     total_c = clock_sum[b]
                     total_d = d_sum[b]
@@ -170,7 +181,7 @@ def _learn_phase(
                     total_c = total_c + c
                     total_d = _advance(total_d, alpha * delta, c)
                     if keep_traces:
-                        c = c * gamma_lambda
+                        c = c * decays[b]
                         threshold = cutoff / c
                         if smallest[b] < threshold:
                             low = np.inf
@@ -231,7 +242,7 @@ def _learn_phase(
                 t = (first + b) // agents
                 p = first + b - t * agents
                 for i in range(n_live[b]):
-                    _fold(q, w, e_hat, c_start, d_start, b, live[b, i], alpha, clock_sum[b], d_sum[b])
+                    _fold(q, w, e_hat, c_start, d_start, b, live[b, i], alphas[b], clock_sum[b], d_sum[b])
                 for j in range(items):
                     q_out[t, p, j] = q[b, j]
                     w_out[t, p, j] = w[b, j]

@@ -23,17 +23,14 @@ _rng = _rules.rng
 class TorchCartPoleEngine:
     """Runs learning phases for a whole population on one device."""
 
-    def __init__(self, *, keys: np.ndarray, phys: np.ndarray, bounds: np.ndarray, alpha: float, gamma: float,
-                 lam: float, epsilon: float, failure_reward: float, cutoff: float, start_range: float,
-                 accumulate: bool, watkins: bool, device: str) -> None:
+    def __init__(self, *, keys: np.ndarray, phys: np.ndarray, bounds: np.ndarray, gamma: float,
+                 failure_reward: float, cutoff: float, start_range: float, accumulate: bool, watkins: bool,
+                 device: str) -> None:
         self.device = torch.device(device)
         self.keys = torch.as_tensor(np.ascontiguousarray(keys), device=self.device)
         self.phys = tuple(float(v) for v in phys)
         self.bounds = tuple(float(v) for v in bounds)
-        self.alpha = float(alpha)
         self.gamma = float(gamma)
-        self.gamma_lambda = float(gamma) * float(lam)
-        self.epsilon = float(epsilon)
         self.failure_reward = float(failure_reward)
         self.cutoff = float(cutoff)
         self.start_range = float(start_range)
@@ -51,10 +48,13 @@ class TorchCartPoleEngine:
         return _rng.mix_counter(counters)
 
     def phase(self, q: torch.Tensor, e: torch.Tensor, w: torch.Tensor, cart: torch.Tensor, action: torch.Tensor,
-              first_step: int, n_steps: int) -> tuple[torch.Tensor, ...]:
-        """``n_steps`` steps of every agent; returns (q, e, w, cart, action, failures)."""
+              alpha: torch.Tensor, lam: torch.Tensor, epsilon: torch.Tensor, first_step: int,
+              n_steps: int) -> tuple[torch.Tensor, ...]:
+        """``n_steps`` steps of every agent with its own α, λ, ε (each shaped like
+        ``action``); returns (q, e, w, cart, action, failures)."""
         r = _rules
-        alpha = self.alpha
+        alpha_item = alpha[..., None]  # broadcast over the 72 state-actions
+        gamma_lambda = self.gamma * lam  # the same product the numba caller forms
         q, w, e_hat = q.clone(), w.clone(), e.clone()
         c_start = torch.zeros_like(e_hat)
         d_start = torch.zeros_like(e_hat)
@@ -76,7 +76,7 @@ class TorchCartPoleEngine:
             """Fold the pending updates of the state-actions in ``mask`` into q and w."""
             nonlocal q, w
             q = torch.where(mask, r.effective(q, e_hat, d_sum[..., None], d_start), q)
-            w = torch.where(mask, r.flush(w, alpha, e_hat, clock_sum[..., None], c_start), w)
+            w = torch.where(mask, r.flush(w, alpha_item, e_hat, clock_sum[..., None], c_start), w)
 
         for k in range(n_steps):
             x, x_dot, theta, theta_dot, failed = r.dynamics(x, x_dot, theta, theta_dot, a, self.phys)
@@ -85,7 +85,7 @@ class TorchCartPoleEngine:
             s2 = r.box(x, x_dot, theta, theta_dot, self.bounds)
             q_left = value((2 * s2)[..., None])[..., 0]
             q_right = value((2 * s2 + 1)[..., None])[..., 0]
-            a2 = r.choose(word, q_left, q_right, self.epsilon)
+            a2 = r.choose(word, q_left, q_right, epsilon)
             q_next = r.target(q_left, q_right, a2, self.watkins)
             q_sa = value(sa)
             delta = r.td_error(failed, self.failure_reward, self.gamma, q_next, q_sa[..., 0])
@@ -94,13 +94,14 @@ class TorchCartPoleEngine:
                 keep = keep & (torch.where(a2 == 1, q_right, q_left) == q_next)
             e_sa = e_hat.gather(-1, sa)
             q.scatter_(-1, sa, q_sa)
-            w.scatter_(-1, sa, r.flush(w.gather(-1, sa), alpha, e_sa, clock_sum[..., None], c_start.gather(-1, sa)))
+            w.scatter_(-1, sa, r.flush(w.gather(-1, sa), alpha_item, e_sa, clock_sum[..., None],
+                                       c_start.gather(-1, sa)))
             e_hat.scatter_(-1, sa, r.bump(e_sa, (1.0 / clock)[..., None], self.accumulate))
             c_start.scatter_(-1, sa, clock_sum[..., None])
             d_start.scatter_(-1, sa, d_sum[..., None])
             clock_sum = clock_sum + clock
             d_sum = r.advance(d_sum, alpha * delta, clock)
-            decayed = clock * self.gamma_lambda
+            decayed = clock * gamma_lambda
             dying = (e_hat != 0.0) & ((~keep)[..., None] | (e_hat < (self.cutoff / decayed)[..., None]))
             fold(dying)
             e_hat = torch.where(dying, 0.0, e_hat)
@@ -121,7 +122,7 @@ class TorchCartPoleEngine:
             s_fresh = r.box(*fresh, self.bounds)
             # A failed agent has no live traces left: its q is its Q.
             a_fresh = r.choose(word, q.gather(-1, (2 * s_fresh)[..., None])[..., 0],
-                               q.gather(-1, (2 * s_fresh + 1)[..., None])[..., 0], self.epsilon)
+                               q.gather(-1, (2 * s_fresh + 1)[..., None])[..., 0], epsilon)
             s = torch.where(failed, s_fresh, s2)
             a = torch.where(failed, a_fresh, a2)
             failures += failed.to(torch.int64)

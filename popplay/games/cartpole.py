@@ -12,10 +12,13 @@ Learning follows §2.1–2.5: the continuous state falls into one of 36 boxes (3
 positions × 3 pole angles × the signs of ẋ and θ̇), each agent learns Q(box, action)
 by Sarsa(λ) or Watkins' Q(λ) with replacing or accumulating eligibility traces and
 ε-greedy actions, reward 0 per step and ``failure_reward`` on failure, and restarts
-from a random state after each failure. Between learning phases the agents of a
-trial share their tables with equations (5)–(8)
+from a random state after each failure. Every agent has its own α, λ and ε (the
+run's values until selective replication varies them). Between learning phases the
+agents of a trial share their tables with equations (5)–(8)
 (:func:`popplay.operators.share_weighted`) and, optionally, are differentiated with
-equations (9)–(10) (:func:`popplay.operators.differentiate`).
+equations (9)–(10) (:func:`popplay.operators.differentiate`); optionally, just before
+a share, the fittest agents are replicated over the least fit
+(:mod:`popplay.populations.cartpole`).
 
 Traces. All traces of an agent decay by the same factor γλ every step, so an agent
 keeps scaled traces ê with a clock c: the true trace is e = ê·c and c ← γλc each
@@ -45,7 +48,8 @@ trial, agent) (:mod:`popplay.rng`). Learning streams use the counter
 ``3 * step + slot``: slot 0 is the ε-greedy word of the action taken at that step,
 slots 1 and 2 give the random start state of an episode that begins at that step.
 Test streams are keyed by (seed, tag, trial, start) and use the same layout with
-slot 0 breaking ties of the greedy policy.
+slot 0 breaking ties of the greedy policy. The variation of copies comes from
+:mod:`popplay.evolution`'s streams, keyed by (seed, generation, agent id).
 """
 from __future__ import annotations
 
@@ -176,6 +180,10 @@ class CartPolePopulationParams:
     start_range: float = 0.05  # starts are uniform in [-r, r) on all four variables
     test_steps: int = 8192
     test_starts: int = 1
+    replicate_every: int = 0  # shares between selective replications (0: off)
+    replicate_fraction: float = 0.25  # per trial, the fittest fraction is copied over the least fit
+    mutate_q: float = 0.0  # std of Gaussian noise added to a copy's Q values (0: exact copies)
+    mutate_params: float = 1.0  # a copy's α, λ, ε times log-uniform factors in [1/s, s] (1: unchanged)
     seed: int = 0
     gravity: float = 9.8
     cart_mass: float = 1.0
@@ -222,6 +230,11 @@ class CartPolePopulationParams:
             (self.start_range >= 0.0, "start_range", "must be non-negative"),
             (self.test_steps >= 1, "test_steps", "must be at least 1"),
             (self.test_starts >= 1, "test_starts", "must be at least 1"),
+            (self.replicate_every >= 0, "replicate_every", "must be non-negative (0: no replication)"),
+            (self.replicate_every == 0 or self.agents >= 2, "agents", "must be at least 2 to replicate"),
+            (0.0 < self.replicate_fraction <= 0.5, "replicate_fraction", "must lie in (0, 0.5]"),
+            (self.mutate_q >= 0.0, "mutate_q", "must be non-negative (0: exact copies)"),
+            (self.mutate_params >= 1.0, "mutate_params", "must be at least 1 (1: no variation)"),
         ]
         for ok, name, message in checks:
             if not ok:
@@ -239,8 +252,11 @@ class CartPolePopulationParams:
 class CartPoleState(NamedTuple):
     """Changing state between phases; population axes lead.
 
-    Arrays are NumPy on the numba backend and torch tensors on the torch backend
-    (so a GPU population stays on its device); run files hold NumPy copies.
+    The learning arrays (``q`` to ``shared`` and the per-agent ``alpha``, ``lam``,
+    ``epsilon``) are NumPy on the numba backend and torch tensors on the torch
+    backend (so a GPU population stays on its device); the bookkeeping of selection
+    (``agent_id``, ``fitness``, ``failures``, ``lineage``) is NumPy on both. Run files
+    hold NumPy copies.
     """
 
     q: Any  # (trials, agents, 72) float64: each agent's Q(box, action) at 2 * box + action
@@ -252,6 +268,19 @@ class CartPoleState(NamedTuple):
     max_bias: float  # the current max-bias of equation (9)
     step: int  # steps per agent done so far
     shares: int  # sharing points passed
+    alpha: Any = None  # (trials, agents) float64: each agent's step size α
+    lam: Any = None  # (trials, agents) float64: each agent's trace decay λ
+    epsilon: Any = None  # (trials, agents) float64: each agent's exploration ε
+    agent_id: Any = None  # (trials, agents) int64: stable identity of the agent in each slot (lineage)
+    fitness: Any = None  # (trials, agents) float64: what the last selection ranked by (NaN before any)
+    failures: Any = None  # (trials, agents) int64: failures since the last selection (since the start
+    #   without replication)
+    lineage: Any = None  # popplay.evolution.Lineage: every copy, mutation, share, quarantine and reset
+
+
+# Parameters the lineage records for cart-pole agents (values after each event;
+# ``noise``: the std of the Gaussian noise a mutation added to the copied Q values).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise")
 
 
 def make_rules(xp: Any) -> SimpleNamespace:
@@ -482,10 +511,13 @@ def test_keys(seed: int, trials: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = None) -> CartPoleState:
-    """Q = 0, no traces, initial weights, and every agent at a random start (the
-    words of step 0) with its first ε-greedy action already chosen (NumPy arrays)."""
+    """Q = 0, no traces, initial weights, the run's α, λ, ε for every agent, and every
+    agent at a random start (the words of step 0) with its first ε-greedy action
+    already chosen (NumPy arrays). Agents get ids 0, 1, … (row-major over trials and
+    agents), each recorded as a founder in a new lineage log."""
     import torch
 
+    from popplay.evolution import Lineage, initial_ids
     from popplay.xp import th
 
     p = params
@@ -498,8 +530,14 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
     zeros = torch.zeros(keys.shape, dtype=torch.float64)
     action = r.choose(word[0], zeros, zeros, p.epsilon)
     shape = (p.trials, p.agents, STATE_ACTIONS)
+    population = (p.trials, p.agents)
+    ids = initial_ids(population)
+    lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
     return CartPoleState(
         q=np.zeros(shape), trace=np.zeros(shape), weight=np.full(shape, p.initial_weight),
         cart=torch.stack([x, xd, th_, thd], dim=-1).numpy(), action=action.to(torch.int64).numpy(),
         shared=np.zeros((p.trials, STATE_ACTIONS)), max_bias=float(p.bias), step=0, shares=0,
+        alpha=np.full(population, float(p.alpha)), lam=np.full(population, float(p.lam)),
+        epsilon=np.full(population, float(p.epsilon)), agent_id=ids, fitness=np.full(population, np.nan),
+        failures=np.zeros(population, dtype=np.int64), lineage=lineage,
     )

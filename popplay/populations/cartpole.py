@@ -1,4 +1,25 @@
-"""A cart-pole population experiment on either backend (what the runner drives)."""
+"""A cart-pole population experiment on either backend (what the runner drives).
+
+With ``replicate_every`` = N > 0, every N-th phase ends with selective replication
+with variation (Bell §3.4, on the tabular populations) *before* the share: within
+each trial, the agents that failed least since the last selection are copied over
+those that failed most, and the copies vary (Gaussian noise of std ``mutate_q`` on
+every Q value of a copy; α, λ, ε times log-uniform factors in [1/``mutate_params``,
+``mutate_params``], kept in [0, 1]). Quarantined agents (non-finite values after
+learning) are never parents and are replaced first. Copies get new ids; the state's
+:class:`popplay.evolution.Lineage` records every copy, mutation, share, quarantine
+and trial reset.
+
+What a copy takes is what the fitness measured: the parent's α, λ, ε and the table
+the parent *started* the phase with (the shared table plus its differentiation
+bias). It keeps its own experience of the phase: its learned change of Q (added to
+the inherited table), its sharing weights, traces, cart and pending action. Copying
+the parent's learned table and weights instead (the obvious design) throws away the
+experience of the agents that failed: failure is cart-pole's only reward, so the
+share would lose exactly what it needs (measured in ``docs/cartpole.md``: 4,635 →
+1,104 steps). Selecting before the share is the point: after it every agent of a
+trial holds the same table again, so there would be nothing left to select.
+"""
 from __future__ import annotations
 
 import sys
@@ -7,23 +28,30 @@ from typing import Any, Callable
 import numba
 import numpy as np
 
+from popplay import evolution as evo
 from popplay import operators
 from popplay.games import cartpole as game
-from popplay.games.cartpole import STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams, CartPoleState
+from popplay.games.cartpole import (LINEAGE_PARAMETERS, STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams,
+                                    CartPoleState)
 from popplay.populations.base import Backend, PhasePlan
 
-_STATE_ARRAYS = ("q", "trace", "weight", "cart", "action", "shared")
+_STATE_ARRAYS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")
+_BOOKKEEPING = ("agent_id", "fitness", "failures")  # NumPy on every backend
+_VARIED = ("alpha", "lam", "epsilon")
+_LINEAGE_PREFIX = "lineage_"
 
 
 class CartPoleExperiment:
     """Learning phases of ``share_every`` steps per agent, each ending with a share
     (equations (5)–(8)) and, when ``bias > 0`` and there are at least two agents,
-    differentiation ((9)–(10)).
+    differentiation ((9)–(10)); every ``replicate_every``-th phase selects and
+    replicates just before its share (module docstring).
 
     The state between phases is :class:`CartPoleState`: every agent's Q table,
-    traces, sharing weights, cart state and pending action, the shared table, the
-    current max bias and the counters. Quality (§2.5) is the greedy policy of the
-    shared table tested from random starts: steps balanced, capped at ``test_steps``.
+    traces, sharing weights, cart state, pending action and α, λ, ε, the shared
+    table, the current max bias, the counters, and the ids, fitness, failure counts
+    and lineage of selection. Quality (§2.5) is the greedy policy of the shared table
+    tested from random starts: steps balanced, capped at ``test_steps``.
     """
 
     domain = "cartpole"
@@ -50,10 +78,9 @@ class CartPoleExperiment:
             from popplay.games._cartpole_torch import TorchCartPoleEngine
 
             self._torch = TorchCartPoleEngine(
-                keys=self._keys, phys=self._phys, bounds=self._bounds, alpha=p.alpha, gamma=p.gamma,
-                lam=p.lam, epsilon=p.epsilon, failure_reward=p.failure_reward, cutoff=p.trace_cutoff,
-                start_range=p.start_range, accumulate=p.trace == "accumulating", watkins=p.algorithm == "q",
-                device=backend.device,
+                keys=self._keys, phys=self._phys, bounds=self._bounds, gamma=p.gamma,
+                failure_reward=p.failure_reward, cutoff=p.trace_cutoff, start_range=p.start_range,
+                accumulate=p.trace == "accumulating", watkins=p.algorithm == "q", device=backend.device,
             )
             self._bias_keys_device = self._torch.tensor(self._bias_keys)
         else:
@@ -74,7 +101,9 @@ class CartPoleExperiment:
             return
         p = self.params
         tiny = CartPolePopulationParams(agents=2, trials=1, steps_per_agent=2, share_every=2, test_steps=2,
-                                        algorithm=p.algorithm, trace=p.trace, bias=p.bias)
+                                        algorithm=p.algorithm, trace=p.trace, bias=p.bias,
+                                        replicate_every=1 if p.replicate_every else 0, mutate_q=p.mutate_q,
+                                        mutate_params=p.mutate_params)
         small = CartPoleExperiment(tiny, self.backend)
         small.measure(small.phase(small.initial_state(), time_left=None))
 
@@ -82,32 +111,122 @@ class CartPoleExperiment:
         return not time_mode and state.step >= self.params.steps_per_agent
 
     def phase(self, state: CartPoleState, *, time_left: float | None) -> CartPoleState:
-        """One learning phase, then the share and differentiation (the timed unit)."""
+        """One learning phase, then (every ``replicate_every`` phases) selection and
+        replication, then the share and differentiation: the timed unit. The lineage
+        log of ``state`` is appended to in place (it is append-only)."""
         p = self.params
         n_steps = self.plan.next_length(state.step, unbounded=time_left is not None)
+        generation = state.shares + 1  # the share this phase ends with
         if self._torch is not None:
-            q, e, w, cart, action, _ = self._torch.phase(state.q, state.trace, state.weight, state.cart,
-                                                         state.action, state.step, n_steps)
+            q, e, w, cart, action, failed = self._torch.phase(state.q, state.trace, state.weight, state.cart,
+                                                              state.action, state.alpha, state.lam, state.epsilon,
+                                                              state.step, n_steps)
             keys = self._bias_keys_device
         else:
-            q, e, w, cart, action, _ = self._numba_phase(state, n_steps)
+            q, e, w, cart, action, failed = self._numba_phase(state, n_steps)
             keys = self._bias_keys
-        self._pending_events = self._quarantine(state, q, e, w, cart)
+        self._pending_events, bad = self._quarantine(state, q, e, w, cart)
+        lineage = state.lineage
+        if bad is not None:
+            bad_np = _numpy(bad)
+            trials, slots = np.nonzero(bad_np)
+            lineage.record(generation, "quarantine", state.agent_id[bad_np], groups=trials, slots=slots)
+        failures = state.failures + _numpy(failed)
+        selection = state._replace(q=q, trace=e, weight=w, cart=cart, action=action, failures=failures)
+        if p.replicate_every and generation % p.replicate_every == 0:
+            eligible = np.ones(failures.shape, dtype=bool) if bad is None else ~_numpy(bad)
+            selection = self.replicate(selection, generation, eligible, state.q)
+        q, w = selection.q, selection.weight
         # The phase's outputs are this experiment's own arrays: share and bias in place.
         q, w = operators.share_weighted(q, w, p.initial_weight, out=(q, w))
+        lineage.record(generation, "share", np.full(p.trials, -1), groups=np.arange(p.trials))
         shared = q[:, 0, :].clone() if self._torch is not None else q[:, 0, :].copy()
         max_bias = state.max_bias
         if max_bias > 0.0 and p.agents > 1:  # differentiation is between agents
             q, max_bias = operators.differentiate(q, max_bias, keys, state.shares * STATE_ACTIONS, p.bias_decay,
                                                   out=q)
         self.backend.synchronize()
-        return CartPoleState(q, e, w, cart, action, shared, max_bias, state.step + n_steps, state.shares + 1)
+        return selection._replace(q=q, weight=w, shared=shared, max_bias=max_bias, step=state.step + n_steps,
+                                  shares=generation)
+
+    # -- selective replication with variation -----------------------------------
+
+    def fitness(self, failures: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """What selection ranks by: minus the failures since the last selection (NaN
+        for agents that may not be parents).
+
+        Failures are the domain's own return (reward −1 per failure, 0 otherwise), so
+        fewer failures over the same steps is a better policy, measured on the
+        learning steps already taken: it costs nothing (a greedy test of every agent's
+        own table would cost more agent-steps than the learning it ranks). They are
+        summed since the last selection because an agent's α, λ, ε persist across
+        shares (its table does not), so with ``replicate_every`` > 1 the count rests
+        on more steps of the parameters that ``mutate_params`` varies.
+        """
+        return np.where(eligible, -failures.astype(np.float64), np.nan)
+
+    def replicate(self, state: CartPoleState, generation: int, eligible: np.ndarray, start: Any) -> CartPoleState:
+        """Within every trial, copy the fittest agents over the least fit and vary the
+        copies; record it all at ``generation``.
+
+        ``state.q`` holds the tables after learning and ``start`` (same shape and
+        kind) those the phase started from. A child's table becomes
+        ``q[child] + (start[parent] − start[child])``: the parent's starting table plus
+        the child's own learned change. Acts in place on ``state.q`` (the phase's own
+        output); returns a new state with new α, λ, ε, ids and fitness, and the failure
+        counts restarted. Weights, traces, carts and actions stay the child's own."""
+        p = self.params
+        fitness = self.fitness(state.failures, eligible)
+        parents, children = evo.select_replacements(fitness, p.replicate_fraction, eligible)
+        # A trial with no agent that may be a parent copies nothing (parents == children).
+        copies = parents != children
+        lead = (np.arange(p.trials)[:, None],)
+        alpha, lam, epsilon = (_numpy(getattr(state, name)) for name in _VARIED)
+        ids, child_ids = state.lineage.replace(
+            generation, state.agent_id, parents, children,
+            values={name: values[lead + (parents,)] for name, values in zip(_VARIED, (alpha, lam, epsilon))})
+        # Rows without copies (parents == children) inherit a difference of exactly 0.
+        # A quarantined child has no learned change left (its table is the last shared
+        # one) and may have started from non-finite values: it takes the parent's start.
+        own_start = start[_index_like(start, lead + (children,))]
+        mine = state.q[_index_like(start, lead + (children,))]
+        quarantined = ~eligible[lead + (children,)]
+        if quarantined.any():
+            mask = _like(start, quarantined)[..., None]
+            own_start = _namespace(start).where(mask, mine, own_start)
+        inherited = start[_index_like(start, lead + (parents,))] - own_start
+        q = evo.add_at(state.q, children, inherited, out=state.q)
+        alpha, lam, epsilon = (evo.replicate(getattr(state, name), parents, children) for name in _VARIED)
+        if p.mutate_params > 1.0 or p.mutate_q > 0.0:
+            factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
+            # α, λ and ε must stay where the parameters are valid: α is a step size of
+            # at most 1 (as validated for the run), λ a decay and ε a probability.
+            alpha, lam, epsilon = (
+                evo.multiply_at(values, children, np.where(copies, factors[name], 1.0), low=0.0, high=1.0,
+                                out=values)
+                for name, values in zip(_VARIED, (alpha, lam, epsilon)))
+            noise = evo.gaussian_noise(p.seed, generation, child_ids, STATE_ACTIONS, p.mutate_q)
+            q = evo.add_at(q, children, np.where(copies[..., None], noise, 0.0), out=q)
+            state.lineage.record(
+                generation, "mutation", child_ids[copies], parents=state.agent_id[lead + (parents,)][copies],
+                groups=np.nonzero(copies)[0], slots=children[copies],
+                values={**{name: _numpy(values)[lead + (children,)][copies]
+                           for name, values in zip(_VARIED, (alpha, lam, epsilon))}, "noise": p.mutate_q})
+        return state._replace(q=q, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids,
+                              fitness=fitness, failures=np.zeros_like(state.failures))
 
     def measure(self, state: CartPoleState) -> dict[str, float]:
         """§2.5: mean steps balanced by the shared greedy policy (the cap when it never
-        fails) over trials and test starts, and the fraction of tests that never fail."""
+        fails) over trials and test starts, and the fraction of tests that never fail.
+        With replication and ``mutate_params`` > 1 also the mean α, λ, ε over all
+        agents (selection may drift them: show it live)."""
+        p = self.params
         balanced = self.balanced_steps(state)
-        return {"quality": float(balanced.mean()), "balanced": float((balanced == self.params.test_steps).mean())}
+        metrics = {"quality": float(balanced.mean()), "balanced": float((balanced == p.test_steps).mean())}
+        if p.replicate_every and p.mutate_params > 1.0:
+            for name in _VARIED:
+                metrics[f"{name}_mean"] = float(_numpy(getattr(state, name)).mean())
+        return metrics
 
     def balanced_steps(self, state: CartPoleState) -> np.ndarray:
         """Steps balanced by each trial's shared greedy policy from each test start,
@@ -141,14 +260,16 @@ class CartPoleExperiment:
         """Agent-time steps per trial (the unit of --checkpoint-every and the budget)."""
         return self.agent_steps(state)
 
-    def _quarantine(self, before: CartPoleState, q: Any, e: Any, w: Any, cart: Any) -> list[str]:
+    def _quarantine(self, before: CartPoleState, q: Any, e: Any, w: Any, cart: Any) -> tuple[list[str], Any]:
         """Agents whose learning produced a non-finite value are reset before the share
-        and kept out of it (sharing weight 0), so no NaN is ever merged. One pass over
+        and kept out of it (sharing weight 0), so no NaN is ever merged (nor copied:
+        selection never picks them as parents). Returns the events and the
+        (trials, agents) mask of those agents (None when there are none). One pass over
         the tables when all is well."""
         xp = _namespace(q)
         if bool(xp.isfinite(q).all()) and bool(xp.isfinite(w).all()) and bool(xp.isfinite(e).all()) \
                 and bool(xp.isfinite(cart).all()):
-            return []
+            return [], None
         bad = ~(xp.isfinite(q).all(-1) & xp.isfinite(w).all(-1) & xp.isfinite(e).all(-1)
                 & xp.isfinite(cart).all(-1))
         trials, agents = (_numpy(index) for index in xp.nonzero(bad)) if xp is np else \
@@ -158,12 +279,14 @@ class CartPoleExperiment:
         w[bad] = 0.0
         cart[bad] = 0.0
         return [f"step {before.step}: trial {t} agent {a} had non-finite values; it was reset to the last "
-                "shared table and left out of the share" for t, a in zip(trials.tolist(), agents.tolist())]
+                "shared table and left out of the share" for t, a in zip(trials.tolist(), agents.tolist())], bad
 
     def check_finite(self, state: CartPoleState, *, phase: int) -> list[str]:
         """A trial whose tables, traces or carts hold a non-finite value starts again:
-        Q, traces and the shared table 0, initial weights, carts at rest (in place).
-        The trial is the unit: its share has already mixed every agent's values."""
+        Q, traces and the shared table 0, initial weights, carts at rest, the run's
+        α, λ, ε, and new ids (recorded as resets: founders sharing nothing learned
+        with the agents they replace), in place. The trial is the unit: its share has
+        already mixed every agent's values."""
         xp = _namespace(state.q)
         bad = ~(xp.isfinite(state.q).all(-1).all(-1) & xp.isfinite(state.trace).all(-1).all(-1)
                 & xp.isfinite(state.weight).all(-1).all(-1) & xp.isfinite(state.cart).all(-1).all(-1)
@@ -176,8 +299,16 @@ class CartPoleExperiment:
         state.weight[bad] = self.params.initial_weight
         state.cart[bad] = 0.0
         state.shared[bad] = 0.0
+        p = self.params
+        state.alpha[bad], state.lam[bad], state.epsilon[bad] = p.alpha, p.lam, p.epsilon
         self._measured = None
         trials = np.flatnonzero(_numpy(bad))
+        old = state.agent_id[trials].copy()
+        new = state.lineage.new_ids(old.size).reshape(old.shape)
+        state.agent_id[trials] = new
+        state.failures[trials] = 0
+        state.lineage.record(state.shares, "reset", new, replaced=old, groups=trials[:, None],
+                             slots=np.arange(p.agents), values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
         return events + [f"phase {phase}: trial {t} had non-finite values; its agents were reset" for t in trials]
 
     # -- numba path -------------------------------------------------------------
@@ -193,7 +324,8 @@ class CartPoleExperiment:
         with numba.parallel_chunksize(1):
             kernels._learn_phase(
                 state.q, state.trace, state.weight, state.cart, state.action, self._keys, mixed, self._phys_tuple,
-                self._bounds_tuple, p.alpha, p.gamma, p.gamma * p.lam, p.epsilon, p.failure_reward, p.trace_cutoff,
+                self._bounds_tuple, state.alpha, p.gamma, p.gamma * state.lam, state.epsilon, p.failure_reward,
+                p.trace_cutoff,
                 p.start_range, p.trace == "accumulating", p.algorithm == "q", n_steps,
                 self.backend.chunks(p.trials * p.agents), q, e, w, cart, action, failures,
             )
@@ -205,37 +337,65 @@ class CartPoleExperiment:
         if self._torch is None:
             return state
         t = self._torch.tensor
-        return state._replace(q=t(state.q), trace=t(state.trace), weight=t(state.weight), cart=t(state.cart),
-                              action=t(state.action), shared=t(state.shared))
+        return state._replace(**{name: t(getattr(state, name)) for name in _STATE_ARRAYS})
 
     def state_arrays(self, state: CartPoleState) -> dict[str, Any]:
-        return {name: _numpy(getattr(state, name)) for name in _STATE_ARRAYS}
+        arrays = {name: _numpy(getattr(state, name)) for name in (*_STATE_ARRAYS, *_BOOKKEEPING)}
+        for name, values in state.lineage.to_arrays().items():
+            arrays[_LINEAGE_PREFIX + name] = values
+        return arrays
 
     def state_counters(self, state: CartPoleState) -> dict[str, Any]:
         return {"step": state.step, "shares": state.shares, "max_bias": state.max_bias}
 
     def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> CartPoleState:
+        """Rebuild a state from :meth:`state_arrays`/:meth:`state_counters`; every shape
+        and range is checked. Run files written before selective replication existed
+        (no α, λ, ε, ids or lineage) continue as they would have: the run's α, λ, ε and
+        every agent a founder."""
         p = self.params
         population = (p.trials, p.agents)
         shapes = {"q": population + (STATE_ACTIONS,), "trace": population + (STATE_ACTIONS,),
                   "weight": population + (STATE_ACTIONS,), "cart": population + (4,), "action": population,
                   "shared": (p.trials, STATE_ACTIONS)}
+        optional = {"alpha": np.full(population, float(p.alpha)), "lam": np.full(population, float(p.lam)),
+                    "epsilon": np.full(population, float(p.epsilon)), "agent_id": evo.initial_ids(population),
+                    "fitness": np.full(population, np.nan), "failures": np.zeros(population, dtype=np.int64)}
+        integer = ("action", "agent_id", "failures")
         loaded = {}
-        for name, shape in shapes.items():
-            if name not in arrays:
+        for name, shape in {**shapes, **{name: population for name in optional}}.items():
+            if name not in arrays and name not in optional:
                 raise ValueError(f"state array {name!r} is missing")
-            dtype = np.int64 if name == "action" else np.float64
-            array = np.ascontiguousarray(arrays[name], dtype=dtype)
+            dtype = np.int64 if name in integer else np.float64
+            array = np.array(arrays[name] if name in arrays else optional[name], dtype=dtype, order="C")
             if array.shape != shape:
                 raise ValueError(f"state array {name!r} has shape {array.shape}, expected {shape}")
             loaded[name] = array
         if not np.isin(loaded["action"], (0, 1)).all():
             raise ValueError("state array 'action' holds values other than 0 and 1")
+        for name, low in (("alpha", 0.0), ("lam", 0.0), ("epsilon", 0.0)):
+            values = loaded[name]
+            if not ((values >= low) & (values <= 1.0)).all() or (name == "alpha" and not (values > 0.0).all()):
+                raise ValueError(f"state array {name!r} holds values outside its range")
+        if (loaded["failures"] < 0).any():
+            raise ValueError("state array 'failures' holds negative counts")
         max_bias = float(counters["max_bias"])
         if not (max_bias >= 0.0 and np.isfinite(max_bias)):
             raise ValueError(f"max_bias must be non-negative and finite (got {max_bias!r})")
-        state = CartPoleState(**loaded, max_bias=max_bias, step=int(counters["step"]),
-                              shares=int(counters["shares"]))
+        columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
+                   if name.startswith(_LINEAGE_PREFIX)}
+        ids = loaded["agent_id"]
+        if columns:
+            lineage = evo.Lineage.from_arrays(columns, LINEAGE_PARAMETERS)
+            if ids.min() < 0 or ids.max() >= lineage.next_id:
+                raise ValueError("state agent_id holds ids the lineage never handed out")
+        else:
+            lineage = evo.Lineage.start(ids, LINEAGE_PARAMETERS, {name: loaded[name] for name in _VARIED})
+        if len(np.unique(ids)) != ids.size:
+            raise ValueError("state agent_id holds an id twice")
+        state = CartPoleState(**{name: loaded[name] for name in shapes}, max_bias=max_bias,
+                              step=int(counters["step"]), shares=int(counters["shares"]),
+                              **{name: loaded[name] for name in optional}, lineage=lineage)
         return self._to_backend(state)
 
     def static_arrays(self) -> dict[str, np.ndarray]:
@@ -271,6 +431,24 @@ class _Recycler:
         if len(self._sets) < self._KEEP:
             self._sets.append(arrays)
         return arrays
+
+
+def _like(array: Any, values: np.ndarray) -> Any:
+    """A NumPy array as the kind of ``array`` (a tensor on its device for torch)."""
+    if type(array).__module__.startswith("torch"):
+        import torch
+
+        return torch.as_tensor(np.ascontiguousarray(values), device=array.device)
+    return values
+
+
+def _index_like(array: Any, index: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
+    """NumPy index arrays as the array's own kind (torch tensors index with tensors)."""
+    if type(array).__module__.startswith("torch"):
+        import torch
+
+        return tuple(torch.as_tensor(np.ascontiguousarray(i), device=array.device) for i in index)
+    return index
 
 
 def _namespace(x: Any) -> Any:

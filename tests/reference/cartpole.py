@@ -5,9 +5,12 @@ equations of motion with friction and explicit Euler steps, Bell's 36 boxes, den
 TD(λ) over all 72 state-actions (Sarsa(λ) or Watkins' Q(λ), replacing or
 accumulating traces in the clock-scaled, deferred form of the package docs,
 traces below the cutoff set to 0), equation (5) for the weights, equations (6)–(8) with sums over agents in the documented pairwise tree
-(built level by level here, as a list of lists), equations (9)–(10), and the greedy
-test of §2.5. It shares with the package only the random streams and the
-deterministic ``sin_cos`` (each tested on its own against ``math``).
+(built level by level here, as a list of lists), equations (9)–(10), selective
+replication with variation before the share (truncation selection on failures,
+written here as a sort), and the greedy test of §2.5. It shares with the package
+only the random streams, the variation draws of ``popplay.evolution`` (keyed by
+seed, generation and agent id) and the deterministic ``sin_cos`` (each tested on its
+own against ``math``). Every agent carries its own α, λ and ε.
 
 The arithmetic is spelled out in the same order as the package's rule (the physics
 constants enter as the same precomputed reciprocals), so results agree bit for bit.
@@ -96,7 +99,8 @@ def initial_agent(params: CartPolePopulationParams, key: int) -> dict:
     cart = start(key, 0, params.start_range)
     return {"q": [0.0] * STATE_ACTIONS, "e": [0.0] * STATE_ACTIONS,
             "w": [params.initial_weight] * STATE_ACTIONS, "cart": cart,
-            "action": choose(word(key, 0), 0.0, 0.0, params.epsilon)}
+            "action": choose(word(key, 0), 0.0, 0.0, params.epsilon),
+            "alpha": params.alpha, "lam": params.lam, "epsilon": params.epsilon}
 
 
 def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: int, n_steps: int) -> int:
@@ -109,6 +113,7 @@ def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: i
     """
     c = constants(params)
     p = params
+    alpha, lam, epsilon = agent["alpha"], agent["lam"], agent["epsilon"]
     q, w = agent["q"], agent["w"]
     e_hat = list(agent["e"])
     c_start = [0.0] * STATE_ACTIONS
@@ -122,7 +127,7 @@ def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: i
 
     def fold(j):
         q[j] = value(j)
-        w[j] = w[j] + (p.alpha * e_hat[j]) * (clock_sum - c_start[j])
+        w[j] = w[j] + (alpha * e_hat[j]) * (clock_sum - c_start[j])
 
     for step in range(first_step, first_step + n_steps):
         s = box(cart, p)
@@ -135,7 +140,7 @@ def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: i
         else:
             s2 = box(nxt, p)
             left, right = value(2 * s2), value(2 * s2 + 1)
-            a2 = choose(wd, left, right, p.epsilon)
+            a2 = choose(wd, left, right, epsilon)
             if p.algorithm == "q":
                 q_next = max(left, right)
                 keep = (right if a2 == 1 else left) == q_next
@@ -147,8 +152,8 @@ def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: i
         e_hat[sa] = e_hat[sa] + 1.0 / clock if p.trace == "accumulating" else 1.0 / clock
         c_start[sa], d_start[sa] = clock_sum, d_sum
         clock_sum = clock_sum + clock
-        d_sum = d_sum + (p.alpha * delta) * clock
-        decayed = clock * (p.gamma * p.lam)
+        d_sum = d_sum + (alpha * delta) * clock
+        decayed = clock * (p.gamma * lam)
         for j in range(STATE_ACTIONS):
             if e_hat[j] != 0.0 and (not keep or e_hat[j] < p.trace_cutoff / decayed):
                 fold(j)
@@ -169,7 +174,7 @@ def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: i
             failures += 1
             cart = start(key, step + 1, p.start_range)
             s2 = box(cart, p)
-            a2 = choose(wd, q[2 * s2], q[2 * s2 + 1], p.epsilon)
+            a2 = choose(wd, q[2 * s2], q[2 * s2 + 1], epsilon)
         else:
             cart = nxt
         a = a2
@@ -216,10 +221,54 @@ def differentiate(agents: list[dict], bias_keys, counter: int, max_bias: float) 
             ag["q"][j] = ag["q"][j] + (2.0 * u - 1.0) * max_bias
 
 
-def run(params: CartPolePopulationParams, keys, bias_keys) -> list[dict]:
-    """Every phase of every trial; returns a snapshot after each share."""
+def select(fitness: list[float], fraction: float) -> tuple[list[int], list[int]]:
+    """Truncation selection in one trial: sort the agents best first (ties: lower
+    index first); the k-th worst (child) is replaced by the k-th best (parent)."""
+    n = len(fitness)
+    count = min(n // 2, max(1, round(fraction * n)))
+    order = sorted(range(n), key=lambda i: (-fitness[i], i))
+    return order[:count], order[::-1][:count]
+
+
+def replicate(trials: list[list[dict]], starts: list[list[list[float]]], since: list[list[int]],
+              ids: list[list[int]], next_id: int, params: CartPolePopulationParams, generation: int) -> int:
+    """Selective replication with variation in place (before the share); returns the
+    next free id. Fitness: minus the failures since the last selection. A child's
+    table becomes its own learned table plus (parent's start table − its own start
+    table); it keeps its weights; α, λ, ε are the parent's times the variation."""
+    from popplay.evolution import gaussian_noise, vary_factors
+
+    p = params
+    for t, agents in enumerate(trials):
+        parents, children = select([-float(f) for f in since[t]], p.replicate_fraction)
+        snapshot = [{name: ag[name] for name in ("alpha", "lam", "epsilon")} for ag in agents]
+        for parent, child in zip(parents, children):
+            ag = agents[child]
+            ag["q"] = [v + (a - b) for v, a, b in zip(ag["q"], starts[t][parent], starts[t][child])]
+            ids[t][child] = next_id
+            next_id += 1
+            factors = vary_factors(p.seed, generation, [ids[t][child]], ("alpha", "lam", "epsilon"), p.mutate_params)
+            noise = gaussian_noise(p.seed, generation, [ids[t][child]], STATE_ACTIONS, p.mutate_q)[0]
+            for name in ("alpha", "lam", "epsilon"):
+                ag[name] = min(max(snapshot[parent][name] * float(factors[name][0]), 0.0), 1.0)
+            ag["q"] = [v + float(n) for v, n in zip(ag["q"], noise)]
+    return next_id
+
+
+def run(params: CartPolePopulationParams, keys, bias_keys, per_agent: dict | None = None) -> list[dict]:
+    """Every phase of every trial; returns a snapshot after each share.
+
+    ``per_agent`` optionally maps "alpha", "lam", "epsilon" to (trials, agents)
+    nested lists: each agent's own value from the start."""
     p = params
     trials = [[initial_agent(p, keys[t][i]) for i in range(p.agents)] for t in range(p.trials)]
+    for name, values in (per_agent or {}).items():
+        for t, agents in enumerate(trials):
+            for i, ag in enumerate(agents):
+                ag[name] = float(values[t][i])
+    ids = [[t * p.agents + i for i in range(p.agents)] for t in range(p.trials)]
+    next_id = p.trials * p.agents
+    since = [[0] * p.agents for _ in range(p.trials)]
     shared = [[0.0] * STATE_ACTIONS for _ in range(p.trials)]
     max_bias = p.bias
     step = 0
@@ -227,8 +276,13 @@ def run(params: CartPolePopulationParams, keys, bias_keys) -> list[dict]:
     history = []
     while step < p.steps_per_agent:
         length = min(p.share_every, p.steps_per_agent - step)
+        starts = [[list(ag["q"]) for ag in agents] for agents in trials]
         failures = [[learn(ag, p, keys[t][i], step, length) for i, ag in enumerate(trials[t])]
                     for t in range(p.trials)]
+        since = [[a + b for a, b in zip(row, new)] for row, new in zip(since, failures)]
+        if p.replicate_every and (shares + 1) % p.replicate_every == 0:
+            next_id = replicate(trials, starts, since, ids, next_id, p, shares + 1)
+            since = [[0] * p.agents for _ in range(p.trials)]
         for t in range(p.trials):
             shared[t] = share(trials[t], p.initial_weight)
             if max_bias > 0.0 and p.agents > 1:
@@ -244,6 +298,10 @@ def run(params: CartPolePopulationParams, keys, bias_keys) -> list[dict]:
             "cart": [[list(ag["cart"]) for ag in agents] for agents in trials],
             "action": [[ag["action"] for ag in agents] for agents in trials],
             "shared": [list(row) for row in shared],
+            "alpha": [[ag["alpha"] for ag in agents] for agents in trials],
+            "lam": [[ag["lam"] for ag in agents] for agents in trials],
+            "epsilon": [[ag["epsilon"] for ag in agents] for agents in trials],
+            "agent_id": [list(row) for row in ids],
             "failures": failures, "max_bias": max_bias, "step": step, "shares": shares,
         })
     return history
