@@ -91,17 +91,19 @@ def throughput(table: list[dict]) -> None:
 
 
 def quality_curve(table: list[dict]) -> dict:
-    """Figure 2 at full size: quality after 131,072 agent-time steps, 1024 trials."""
+    """Figure 2 at full size (131,072 agent-time steps, 1024 trials): the curves of
+    ``popplay reproduce figure2 --scale paper``, computed by the same code."""
+    from popplay.reproduce.bandit import compute_figure2
+    from popplay.reproduce.driver import Session
+
+    data = compute_figure2(Session("paper", 0, Backend("numba", "cpu")))
     curves = {}
-    cpu = Backend("numba", "cpu")
-    for agents, share_every in ((1, 131072), (16, 128), (64, 64), (256, 16), (1024, 8), (8192, 4)):
-        params = BanditParams(arms=100, agents=agents, trials=1024, steps_per_agent=131072 // agents,
-                              share_every=min(share_every, 131072 // agents), epsilon=0.1)
-        result = run(BanditExperiment(params, cpu))
-        curves[agents] = {"agent_steps": result.curve.agent_steps, "quality": result.curve.metrics["quality"],
-                          "seconds": result.curve.seconds}
-        table.append({"case": f"quality, {agents} agents (share every {params.share_every})",
-                      "quality": result.curve.metrics["quality"][-1], "seconds": result.learning_seconds})
+    for group in data.groups.values():
+        agents, arrays = int(group.attrs["agents"]), group.arrays
+        curves[agents] = {"agent_steps": arrays["agent_steps"].tolist(), "quality": arrays["quality"].tolist(),
+                          "seconds": arrays["seconds_batch"].tolist()}
+        table.append({"case": f"quality, {agents} agents (share every {group.attrs['share_every']})",
+                      "quality": float(arrays["quality"][-1]), "seconds": float(arrays["seconds_batch"][-1])})
     return curves
 
 

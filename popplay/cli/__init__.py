@@ -16,20 +16,11 @@ app = typer.Typer(
 )
 
 
-COMMANDS = ("train", "evaluate", "play", "tournament", "lineage", "inspect", "reproduce", "plot")
-
-
 def _register() -> None:
-    """Import every command module (each registers itself on ``app``)."""
-    from importlib import import_module
-
-    for name in COMMANDS:
-        module = f"popplay.cli.{name}"
-        try:
-            import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:  # a real import failure inside the module
-                raise
+    """Import every command module (each registers itself on ``app``); lazily, so
+    that importing :mod:`popplay.cli` stays cheap."""
+    from popplay.cli import (evaluate, inspect, lineage, play, plot, reproduce,  # noqa: F401
+                             tournament, train)
 
 
 def _click_exceptions(name: str) -> tuple[type[BaseException], ...]:

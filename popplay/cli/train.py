@@ -87,16 +87,5 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         raise typer.Exit(130)
 
 
-def _register_domains() -> None:
-    from importlib import import_module
-
-    for name in ("train_bandit", "train_cartpole", "train_knights"):
-        module = f"popplay.cli.{name}"
-        try:
-            import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:  # a real import failure inside the module
-                raise
-
-
-_register_domains()
+# Each domain module registers its `popplay train <domain>` subcommand on import.
+from popplay.cli import train_bandit, train_cartpole, train_knights  # noqa: E402,F401

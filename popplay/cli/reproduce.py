@@ -1,0 +1,73 @@
+"""``popplay reproduce FIGURE``: regenerate one of the report's figures (data + PNG)."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from popplay.cli import app
+from popplay.cli.common import BACKEND_HELP, DEVICE_HELP, BackendName, CommandError, DeviceName, print_json
+
+
+class Scale(str, Enum):
+    tiny = "tiny"
+    small = "small"
+    paper = "paper"
+
+
+SCALE_HELP = ("paper: the report's sizes (1024 trials; minutes on a 2-core CPU); small: the same bandits "
+              "and groups with 128 trials (about a minute); tiny: a seconds-long smoke run.")
+
+
+@app.command("reproduce", short_help="Regenerate a figure of the report: data (HDF5) and a PNG.")
+def reproduce(
+    figure: Annotated[str, typer.Argument(
+        help="figure2, figure3 or figure4 (bandit, report §1.4); bandit for all three; all for every figure.",
+        metavar="FIGURE")],
+    scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,
+    out: Annotated[Path, typer.Option(
+        help="Directory for <figure>.h5 (data) and <figure>.png; created if missing, files in it replaced.",
+        file_okay=False)] = Path("figures"),
+    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
+    backend: Annotated[BackendName, typer.Option(
+        help=BACKEND_HELP + " The single agent's timing always runs on the CPU (numba), as in the report.")
+    ] = BackendName.auto,
+    device: Annotated[DeviceName, typer.Option(help=DEVICE_HELP)] = DeviceName.auto,
+    json_output: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object (files written, headline numbers) on the last line of stdout.")
+    ] = False,
+) -> None:
+    """Regenerate a figure of Bell's report: run its experiments, write the data as
+    HDF5 (h5py only) and draw one PNG per figure (needs the plot extra:
+    pip install "popplay\\[plot]"). Redraw a data file later with `popplay plot FILE.h5`.
+
+    Learning time (Figure 3) is the time one trial takes alone, as in the report;
+    quality is averaged over all trials. See docs/results.md.
+    """
+    from popplay.reproduce.driver import ReproduceConfig
+    from popplay.reproduce.driver import reproduce as run_reproduce
+    from popplay.runner import UsageProblem
+
+    config = ReproduceConfig(target=figure, scale=scale.value, out=out, seed=seed, backend=backend.value,
+                             device=device.value)
+    stream = sys.stderr if json_output else sys.stdout
+
+    def note(message: str) -> None:
+        print(message, file=sys.stderr if message.startswith("Warning:") else stream, flush=True)
+
+    try:
+        outcome = run_reproduce(config, note=note)
+    except UsageProblem as error:
+        raise CommandError(str(error)) from None
+    for item in outcome.figures:
+        shown = f" and {item.png_path}" if item.png_path is not None else ""
+        print(f"{item.figure}: wrote {item.data_path}{shown}", file=stream, flush=True)
+    if json_output:
+        print_json(outcome.to_dict())
+    else:
+        print(f"done in {outcome.seconds:.1f}s ({outcome.scale} scale, {outcome.backend} on {outcome.device})")
+    if outcome.plot_error:
+        raise CommandError(outcome.plot_error)

@@ -1,0 +1,17 @@
+"""Regenerate the report's figures: data (HDF5) and plots (PNG).
+
+* :mod:`popplay.reproduce.registry`: the figures known, one definitions module per domain;
+* :mod:`popplay.reproduce.driver`: computes the chosen figures, writes and draws them;
+* :mod:`popplay.reproduce.data`: the figure data files (h5py only, no pickle);
+* :mod:`popplay.reproduce.bandit`: Bell's Figures 2–4.
+"""
+from __future__ import annotations
+
+from popplay.reproduce.data import FigureData, FigureFileError, Group, read_figure, write_figure
+from popplay.reproduce.driver import ReproduceConfig, ReproduceOutcome, reproduce
+from popplay.reproduce.registry import SCALES, Figure, figures, register, resolve
+
+__all__ = [
+    "SCALES", "Figure", "FigureData", "FigureFileError", "Group", "ReproduceConfig", "ReproduceOutcome",
+    "figures", "read_figure", "register", "reproduce", "resolve", "write_figure",
+]

@@ -1,0 +1,491 @@
+"""Bell's bandit figures (report §1.4): Figures 2, 3 and 4.
+
+100-armed bandits, ε = 0.1, a single agent against groups of 16 to 8192 agents
+sharing with equations (1)–(4), quality averaged over the trials.
+
+Figure 2: quality against agent-time steps per trial (a fixed budget of 131,072).
+
+Figure 3: quality against learning time. Bell timed one trial alone (the single agent
+on the CPU, each group on the GPU) and averaged quality over 1024 trials. popplay
+runs the 1024 trials of a group as one batch, whose wall time says nothing about the
+time one trial takes, so the two are measured apart, as Bell did:
+
+* the learning time of a point is the time *one trial alone* takes to reach it
+  (``trials = 1``, the same code path, learning and sharing included, measurement
+  excluded), the fastest of ``repeats`` runs taken in rounds over the groups,
+  because noise only ever adds time;
+* the single agent's time to reach ``s`` steps is one uninterrupted run of ``s`` steps
+  on one CPU thread (a lone agent never needs to stop, and cannot use a second
+  thread), made non-decreasing across points; its time for the whole budget is the
+  reference ``T``;
+* a group's trial runs on the chosen backend with all its threads (numba) or the GPU;
+* each group learns in time mode until it has used at least ``T`` (Bell: "at least
+  as much time as the single agent"), stopping at a sharing point;
+* quality at those points comes from the batch of all trials, run to the same number
+  of steps; the timed trial is trial 0 of that batch (random streams are keyed by
+  seed, trial and agent), so time and quality describe the same learning.
+
+The batch's own wall time divided by the trials (the amortised time per trial) is
+stored beside it as ``seconds_batch_per_trial``.
+
+Figure 4: quality at the step budget and at ``T``, as bars.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from popplay.reproduce.data import FigureData, Group
+from popplay.reproduce.registry import Context, Figure, register
+
+REPORT_AGENT_STEPS = 131072
+REPORT_SINGLE_AGENT_SECONDS = 0.0377  # 131,072 single-agent steps on Bell's CPU
+PAPER_GROUPS = ((16, 128), (64, 64), (256, 16), (1024, 8), (8192, 4))  # (agents, share every)
+
+
+@dataclass(frozen=True)
+class BanditScale:
+    """Sizes of one reproduction scale."""
+
+    name: str
+    arms: int
+    agent_steps: int  # agent-time steps per trial (Figure 2's budget)
+    trials: int
+    groups: tuple[tuple[int, int], ...]  # (agents, steps per agent between shares)
+    single_points: int  # measurement points on the single agent's curve
+    repeats: int  # timing runs per curve; the fastest counts
+    epsilon: float = 0.1
+
+    @property
+    def single_every(self) -> int:
+        return self.agent_steps // self.single_points
+
+    def series(self) -> list[tuple[int, int]]:
+        """(agents, share every) of every curve, the single agent first."""
+        return [(1, self.single_every), *self.groups]
+
+    def validate(self) -> None:
+        # Sharing points must fall on the budget exactly, so that a batch continued
+        # past the budget (Figure 3) has the same points as one stopped on it.
+        for agents, every in self.series():
+            per_agent = self.agent_steps // agents
+            if self.agent_steps % agents or per_agent % every:
+                raise ValueError(f"scale {self.name}: {agents} agents sharing every {every} steps do not "
+                                 f"divide {self.agent_steps} agent-steps evenly")
+
+
+SCALES: dict[str, BanditScale] = {
+    # For the tests: seconds, not minutes.
+    "tiny": BanditScale("tiny", arms=10, agent_steps=4096, trials=32, groups=((16, 16), (64, 8), (256, 4)),
+                        single_points=8, repeats=1),
+    # The report's bandit and group sizes with fewer trials (quality noise ~±0.02).
+    "small": BanditScale("small", arms=100, agent_steps=REPORT_AGENT_STEPS, trials=128, groups=PAPER_GROUPS,
+                         single_points=32, repeats=5),
+    "paper": BanditScale("paper", arms=100, agent_steps=REPORT_AGENT_STEPS, trials=1024, groups=PAPER_GROUPS,
+                         single_points=32, repeats=20),
+}
+
+
+def scale_for(ctx: Context) -> BanditScale:
+    scale = SCALES[ctx.scale]
+    scale.validate()
+    return scale
+
+
+# ---------------------------------------------------------------------------
+# Experiments shared by the figures (computed once per session)
+
+
+@dataclass
+class CurveData:
+    """One group's learning curve: agent-time steps per trial, seconds, quality."""
+
+    agent_steps: np.ndarray
+    seconds: np.ndarray
+    quality: np.ndarray
+
+
+def batch_curve(ctx: Context, scale: BanditScale, agents: int, share_every: int, steps_per_agent: int) -> CurveData:
+    """Quality over all trials up to ``steps_per_agent`` steps per agent.
+
+    A session keeps one batch per group and continues it (exactly, from its state)
+    when a later figure needs more steps, so Figures 2 and 3 share their learning.
+    """
+    from popplay.games.bandit import BanditParams
+    from popplay.populations.bandit import BanditExperiment
+    from popplay.runner import run
+
+    record = ctx.memo(f"bandit/{scale.name}/{ctx.seed}/batch/{agents}/{share_every}",
+                      lambda: {"state": None, "curve": None, "seconds": 0.0, "steps": 0})
+    if record["steps"] < steps_per_agent:
+        params = BanditParams(arms=scale.arms, agents=agents, trials=scale.trials, steps_per_agent=steps_per_agent,
+                              share_every=share_every, epsilon=scale.epsilon, seed=ctx.seed)
+        result = run(BanditExperiment(params, ctx.backend), state=record["state"], curve=record["curve"],
+                     learning_seconds=record["seconds"])
+        record.update(state=result.state, curve=result.curve, seconds=result.learning_seconds, steps=steps_per_agent)
+        ctx.note(f"bandit: {_agents(agents)} x {scale.trials} trials, {steps_per_agent * agents:,} agent-steps: "
+                 f"quality {result.curve.metrics['quality'][-1]:.3f} ({result.learning_seconds:.1f}s)")
+    curve = record["curve"]
+    steps = np.asarray(curve.agent_steps, dtype=np.int64)
+    keep = steps <= steps_per_agent * agents
+    return CurveData(steps[keep], np.asarray(curve.seconds, dtype=np.float64)[keep],
+                     np.asarray(curve.metrics["quality"], dtype=np.float64)[keep])
+
+
+def single_agent_timing(ctx: Context, scale: BanditScale) -> tuple[np.ndarray, np.ndarray]:
+    """(agent-steps, seconds) of one trial of one agent, each point timed as its own
+    uninterrupted run on the CPU (numba), the fastest of ``repeats``."""
+
+    def measure() -> tuple[np.ndarray, np.ndarray]:
+        import numba
+
+        from popplay.games.bandit import BanditParams
+        from popplay.populations.bandit import BanditExperiment
+        from popplay.populations.base import Backend
+        from popplay.runner import run
+
+        cpu = Backend("numba", "cpu")  # Bell's single agent ran on the CPU
+        steps = np.arange(1, scale.single_points + 1, dtype=np.int64) * scale.single_every
+        best = np.full(len(steps), np.inf)
+        threads = numba.get_num_threads()
+        # A lone agent is sequential work: one thread. Letting numba wake a second
+        # thread it cannot use only adds a barrier (milliseconds when cores are busy).
+        numba.set_num_threads(1)
+        try:
+            for _ in range(scale.repeats):
+                for i, s in enumerate(steps):
+                    params = BanditParams(arms=scale.arms, agents=1, trials=1, steps_per_agent=int(s),
+                                          share_every=int(s), epsilon=scale.epsilon, seed=ctx.seed)
+                    best[i] = min(best[i], run(BanditExperiment(params, cpu)).learning_seconds)
+        finally:
+            numba.set_num_threads(threads)
+        # Separate runs may disagree by noise; a longer run never takes less time.
+        seconds = np.maximum.accumulate(best)
+        ctx.note(f"bandit: one trial of 1 agent, {int(steps[-1]):,} steps: {1e3 * seconds[-1]:.2f} ms "
+                 f"(fastest of {scale.repeats}; Bell: {1e3 * REPORT_SINGLE_AGENT_SECONDS:.1f} ms)")
+        return steps, seconds
+
+    return ctx.memo(f"bandit/{scale.name}/{ctx.seed}/single-timing", measure)
+
+
+def time_group_once(ctx: Context, scale: BanditScale, agents: int, share_every: int, budget: float) -> np.ndarray:
+    """Seconds at each sharing point of one trial of a group learning (time mode)
+    until it has used at least ``budget`` seconds."""
+    from popplay.games.bandit import BanditParams
+    from popplay.populations.bandit import BanditExperiment
+    from popplay.runner import run
+
+    params = BanditParams(arms=scale.arms, agents=agents, trials=1, steps_per_agent=share_every,
+                          share_every=share_every, epsilon=scale.epsilon, seed=ctx.seed)
+    return np.asarray(run(BanditExperiment(params, ctx.backend), time_budget=budget).curve.seconds)
+
+
+def fastest_until(runs: list[np.ndarray], budget: float) -> np.ndarray:
+    """Per sharing point the fastest of the runs that reached it, cut at the first
+    point whose time reaches ``budget`` (the last point of the longest run always
+    does: time mode stops a run only once it has reached the budget)."""
+    length = max(len(r) for r in runs)
+    best = np.array([min(r[i] for r in runs if len(r) > i) for i in range(length)])
+    end = int(np.argmax(best >= budget)) + 1
+    return best[:end]
+
+
+@dataclass
+class TimeCurves:
+    """Figure 3's curves and how they were timed."""
+
+    reference: float  # T: the single agent's learning time for the whole budget
+    curves: dict[int, tuple[CurveData, np.ndarray]]  # agents -> (timed curve, batch seconds per trial)
+    other_cpu: float  # share of the machine's CPU time other processes used while timing (NaN: unknown)
+
+
+def timings(ctx: Context, scale: BanditScale) -> tuple[float, dict[int, tuple[np.ndarray, np.ndarray]], float]:
+    """Every group's per-trial timing: (T, agents -> (agent-steps, seconds), the share
+    of the machine's CPU time that other processes used meanwhile)."""
+
+    def measure() -> tuple[float, dict[int, tuple[np.ndarray, np.ndarray]], float]:
+        ctx.note("bandit: timing one trial of each group alone (Figure 3's learning time)")
+        watch = OtherCpu()
+        single = single_agent_timing(ctx, scale)
+        reference = float(single[1][-1])
+        timed = {1: single}
+        # Rounds over the groups rather than a group's repeats back to back, so that a
+        # passing disturbance slows one repeat of several groups, not all of one group's.
+        runs: dict[int, list[np.ndarray]] = {agents: [] for agents, _ in scale.groups}
+        for _ in range(scale.repeats):
+            for agents, every in scale.groups:
+                runs[agents].append(time_group_once(ctx, scale, agents, every, reference))
+        for agents, every in scale.groups:
+            seconds = fastest_until(runs[agents], reference)
+            steps = np.arange(1, len(seconds) + 1, dtype=np.int64) * every * agents
+            timed[agents] = (steps, seconds)
+            ctx.note(f"bandit: one trial of {_agents(agents)} reaches {int(steps[-1]):,} agent-steps in "
+                     f"{1e3 * seconds[-1]:.2f} ms (fastest of {scale.repeats})")
+        other = watch.share()
+        if math.isfinite(other) and other > 0.05:
+            ctx.note(f"Warning: other processes used {100 * other:.0f}% of the CPU while timing; learning "
+                     "times are inflated (rerun on a quiet machine)")
+        return reference, timed, other
+
+    return ctx.memo(f"bandit/{scale.name}/{ctx.seed}/timings", measure)
+
+
+def time_curves(ctx: Context, scale: BanditScale) -> TimeCurves:
+    """Per group: per-trial timing with the batch's quality at the same points (and
+    the batch's seconds per trial); the single agent's reference time ``T``."""
+    reference, timed, other = timings(ctx, scale)
+    out: dict[int, tuple[CurveData, np.ndarray]] = {}
+    for agents, every in scale.series():
+        steps, seconds = timed[agents]
+        batch = batch_curve(ctx, scale, agents, every, int(steps[-1]) // agents)
+        if not np.array_equal(batch.agent_steps, steps):
+            raise RuntimeError(f"bandit: timing and batch points differ for {agents} agents")  # a bug, not input
+        out[agents] = (CurveData(steps, seconds, batch.quality), batch.seconds / scale.trials)
+    return TimeCurves(reference, out, other)
+
+
+def prepare_timings(ctx: Context) -> None:
+    """Take the wall-clock measurements first, before the long batches load the machine."""
+    timings(ctx, scale_for(ctx))
+
+
+class OtherCpu:
+    """How much CPU other processes take from a measurement: the share of the
+    machine's CPU time, from the start until :meth:`share`, not spent by this
+    process (Linux /proc/stat; NaN elsewhere)."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                values = [int(v) for v in f.readline().split()[1:9]]
+            hz = float(os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError, AttributeError):
+            return None
+        total, idle = sum(values), values[3] + values[4]
+        return total / hz, (total - idle) / hz, time.process_time()
+
+    def share(self) -> float:
+        end = self._sample()
+        if self._start is None or end is None or end[0] <= self._start[0]:
+            return float("nan")
+        total, busy, own = (b - a for a, b in zip(self._start, end))
+        return min(1.0, max(0.0, (busy - own) / total))
+
+
+# ---------------------------------------------------------------------------
+# Figures
+
+
+def _agents(n: int) -> str:
+    return "1 agent" if n == 1 else f"{n} agents"
+
+
+def _common_attrs(ctx: Context, scale: BanditScale) -> dict[str, Any]:
+    return {"arms": scale.arms, "agent_steps_budget": scale.agent_steps, "trials": scale.trials,
+            "epsilon": scale.epsilon, "seed": ctx.seed, "backend": ctx.backend.name, "device": ctx.backend.device,
+            "repeats": scale.repeats}
+
+
+def compute_figure2(ctx: Context) -> FigureData:
+    scale = scale_for(ctx)
+    data = FigureData("figure2", "bandit", scale.name, "Learning quality by agent-time steps",
+                      attrs=_common_attrs(ctx, scale))
+    for agents, every in scale.series():
+        curve = batch_curve(ctx, scale, agents, every, scale.agent_steps // agents)
+        data.groups[f"agents_{agents}"] = Group(
+            arrays={"agent_steps": curve.agent_steps, "quality": curve.quality, "seconds_batch": curve.seconds},
+            attrs={"agents": agents, "share_every": every, "label": _agents(agents)},
+        )
+    return data
+
+
+def compute_figure3(ctx: Context) -> FigureData:
+    scale = scale_for(ctx)
+    timed = time_curves(ctx, scale)
+    data = FigureData("figure3", "bandit", scale.name, "Learning quality as a function of learning time",
+                      attrs={**_common_attrs(ctx, scale), **_timing_attrs(timed),
+                             "timing": "one trial alone, fastest of repeats; quality averaged over the trials"})
+    for agents, every in scale.series():
+        curve, batch_per_trial = timed.curves[agents]
+        data.groups[f"agents_{agents}"] = Group(
+            arrays={"agent_steps": curve.agent_steps, "seconds": curve.seconds, "quality": curve.quality,
+                    "seconds_batch_per_trial": batch_per_trial},
+            attrs={"agents": agents, "share_every": every, "label": _agents(agents)},
+        )
+    return data
+
+
+def compute_figure4(ctx: Context) -> FigureData:
+    scale = scale_for(ctx)
+    timed = time_curves(ctx, scale)
+    agents_list, at_steps, at_time, steps_at_time, seconds_at_time = [], [], [], [], []
+    for agents, every in scale.series():
+        fixed = batch_curve(ctx, scale, agents, every, scale.agent_steps // agents)
+        curve, _ = timed.curves[agents]
+        agents_list.append(agents)
+        at_steps.append(fixed.quality[-1])
+        at_time.append(curve.quality[-1])
+        steps_at_time.append(curve.agent_steps[-1])
+        seconds_at_time.append(curve.seconds[-1])
+    at_steps_a, at_time_a = np.array(at_steps), np.array(at_time)
+    data = FigureData("figure4", "bandit", scale.name,
+                      "Summary: groups of agents compared to the single agent",
+                      attrs={**_common_attrs(ctx, scale), **_timing_attrs(timed)})
+    data.groups["bars"] = Group(arrays={
+        "agents": np.array(agents_list, dtype=np.int64),
+        "quality_at_steps": at_steps_a,
+        "quality_at_time": at_time_a,
+        "stderr_at_steps": _stderr(at_steps_a, scale.trials),
+        "stderr_at_time": _stderr(at_time_a, scale.trials),
+        "agent_steps_at_time": np.array(steps_at_time, dtype=np.int64),
+        "seconds_at_time": np.array(seconds_at_time, dtype=np.float64),
+    }, attrs={"label": "quality at the step budget and at the single agent's learning time"})
+    return data
+
+
+def _timing_attrs(timed: TimeCurves) -> dict[str, Any]:
+    return {"single_agent_seconds": timed.reference, "report_single_agent_seconds": REPORT_SINGLE_AGENT_SECONDS,
+            # Other work on the machine inflates timings: say how busy it was.
+            "other_cpu_while_timing": timed.other_cpu, "cpu_count": os.cpu_count() or 0}
+
+
+def _stderr(quality: np.ndarray, trials: int) -> np.ndarray:
+    """Binomial standard error of a fraction of ``trials`` (ties make it a slight overestimate)."""
+    return np.sqrt(np.clip(quality * (1.0 - quality), 0.0, None) / trials)
+
+
+# ---------------------------------------------------------------------------
+# Drawing (matplotlib is imported by the caller; ``fig`` is a matplotlib Figure)
+
+
+def _series(data: FigureData) -> list[tuple[str, Group]]:
+    return [(name, group) for name, group in data.groups.items() if "agents" in group.attrs]
+
+
+def _style(index: int, agents: int) -> dict[str, Any]:
+    markers = "osD^vP*X"
+    return {"marker": markers[index % len(markers)], "markersize": 4 if agents == 1 else 5, "linewidth": 1.4}
+
+
+def _subtitle(data: FigureData) -> str:
+    a = data.attrs
+    text = (f"{a.get('arms')} arms, ε = {a.get('epsilon')}, quality over {a.get('trials')} trials "
+            f"(scale {data.scale}, {a.get('backend')} on {a.get('device')})")
+    other = a.get("other_cpu_while_timing")
+    if isinstance(other, float) and math.isfinite(other):
+        text += (f"\ntimed on {a.get('cpu_count')} CPU cores while other processes used "
+                 f"{100 * other:.0f}% of them")
+    return text
+
+
+def draw_figure2(data: FigureData, fig: Any) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (_, group) in enumerate(_series(data)):
+        agents = int(group.attrs["agents"])
+        label = f"{group.attrs['label']}" + ("" if agents == 1 else f", share every {group.attrs['share_every']}")
+        ax.plot(group.arrays["agent_steps"], group.arrays["quality"], label=label, **_style(i, agents))
+    ax.set_xlabel("agent-time steps per trial")
+    ax.set_ylabel("learning quality (fraction of trials finding the best arm)")
+    ax.set_xlim(0, float(data.attrs.get("agent_steps_budget", ax.get_xlim()[1])) * 1.02)
+    ax.set_title(f"Figure 2: {data.title}\n{_subtitle(data)}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def draw_figure3(data: FigureData, fig: Any) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    reference = float(data.attrs["single_agent_seconds"])
+    for i, (_, group) in enumerate(_series(data)):
+        agents = int(group.attrs["agents"])
+        ax.plot(1e3 * group.arrays["seconds"], group.arrays["quality"], label=group.attrs["label"],
+                **_style(i, agents))
+    ax.axvline(1e3 * reference, color="0.4", linestyle="--", linewidth=1,
+               label=f"single agent's time for {int(data.attrs['agent_steps_budget']):,} steps "
+                     f"({1e3 * reference:.2f} ms)")
+    ax.set_xlabel("learning time of one trial (ms)")
+    ax.set_ylabel("learning quality (fraction of trials finding the best arm)")
+    ax.set_xlim(left=0)
+    ax.set_title(f"Figure 3: {data.title}\n{_subtitle(data)}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def draw_figure4(data: FigureData, fig: Any) -> None:
+    bars = data.groups["bars"].arrays
+    agents = bars["agents"]
+    reference = float(data.attrs["single_agent_seconds"])
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(agents))
+    width = 0.38
+    budget = int(data.attrs["agent_steps_budget"])
+    for offset, key, colour, label in (
+        (-width / 2, "at_steps", "tab:blue", f"{budget:,} agent-time steps"),
+        (width / 2, "at_time", "tab:green", f"single agent's learning time ({1e3 * reference:.2f} ms)"),
+    ):
+        values = bars[f"quality_{key}"]
+        errors = bars[f"stderr_{key}"]
+        ax.bar(x + offset, values, width, yerr=errors, color=colour, label=label, capsize=2, ecolor="0.3")
+        for xi, value, error in zip(x + offset, values, errors):
+            ax.text(xi, value + error + 0.004, f"{value:.3f}", ha="center", va="bottom", fontsize=7)
+    labels = []
+    for a, seconds in zip(agents, bars["seconds_at_time"]):
+        label = "1 (single)" if a == 1 else str(int(a))
+        if seconds > 1.1 * reference:  # its first sharing point came well after T
+            label += f"\n(green: first share\nat {1e3 * seconds:.1f} ms)"
+        labels.append(label)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("agents per trial")
+    ax.set_ylabel("learning quality")
+    low = float(min(bars["quality_at_steps"].min(), bars["quality_at_time"].min()))
+    bottom = max(0.0, math.floor((low - 0.1) * 10) / 10)
+    ax.set_ylim(bottom, 1.06)  # room above 1 for the labels; no ticks there
+    ax.set_yticks([t for t in np.linspace(bottom, 1.0, int(round((1.0 - bottom) / 0.05)) + 1)])
+    ax.set_title(f"Figure 4: {data.title}\n{_subtitle(data)}", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _final(data: FigureData) -> dict[str, Any]:
+    return {str(group.attrs["agents"]): float(group.arrays["quality"][-1]) for _, group in _series(data)}
+
+
+def summary_figure2(data: FigureData) -> dict[str, Any]:
+    return {f"quality_at_{int(data.attrs['agent_steps_budget'])}_agent_steps": _final(data)}
+
+
+def summary_figure3(data: FigureData) -> dict[str, Any]:
+    return {"single_agent_seconds": float(data.attrs["single_agent_seconds"]),
+            "quality_at_single_agent_time": _final(data),
+            "agent_steps_at_single_agent_time": {str(g.attrs["agents"]): int(g.arrays["agent_steps"][-1])
+                                                 for _, g in _series(data)}}
+
+
+def summary_figure4(data: FigureData) -> dict[str, Any]:
+    bars = data.groups["bars"].arrays
+    keys = [str(int(a)) for a in bars["agents"]]
+    return {"single_agent_seconds": float(data.attrs["single_agent_seconds"]),
+            "quality_at_steps": dict(zip(keys, map(float, bars["quality_at_steps"]))),
+            "quality_at_time": dict(zip(keys, map(float, bars["quality_at_time"])))}
+
+
+FIGURE2 = register(Figure(
+    "figure2", "bandit", "Learning quality by agent-time steps",
+    "quality against agent-time steps per trial, a single agent against groups sharing their estimates.",
+    compute_figure2, draw_figure2, summary_figure2))
+FIGURE3 = register(Figure(
+    "figure3", "bandit", "Learning quality as a function of learning time",
+    "quality against the learning time of one trial; every group learns at least as long as the single agent.",
+    compute_figure3, draw_figure3, summary_figure3, prepare_timings))
+FIGURE4 = register(Figure(
+    "figure4", "bandit", "Summary of groups against the single agent",
+    "bars: quality at the agent-time step budget and at the single agent's learning time.",
+    compute_figure4, draw_figure4, summary_figure4, prepare_timings))

@@ -1,0 +1,145 @@
+"""The shared driver: compute the chosen figures, write their data, draw their PNGs."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from popplay.reproduce.data import FigureData, write_figure
+from popplay.reproduce.registry import SCALES, Figure, resolve
+from popplay.runner import UsageProblem
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    """What ``popplay reproduce`` was asked for."""
+
+    target: str  # a figure (figure2), a domain (bandit) or all
+    scale: str = "small"
+    out: Path = Path("figures")
+    seed: int = 0
+    backend: str = "auto"
+    device: str = "auto"
+
+
+@dataclass
+class Session:
+    """The :class:`popplay.reproduce.registry.Context` figures compute in: one scale,
+    seed and backend, and a memo so that figures share their experiments."""
+
+    scale: str
+    seed: int
+    backend: Any
+    note: Callable[[str], None] = lambda message: None
+    _memo: dict[str, Any] = field(default_factory=dict)
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
+@dataclass
+class FigureOutcome:
+    figure: str
+    data_path: Path
+    png_path: Path | None  # None when matplotlib is missing
+    summary: dict[str, Any]
+    seconds: float  # wall time spent computing (shared experiments count once)
+
+
+@dataclass
+class ReproduceOutcome:
+    figures: list[FigureOutcome]
+    scale: str
+    seconds: float
+    backend: str
+    device: str
+    plot_error: str | None = None  # set when the PNGs could not be drawn (data still written)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scale": self.scale, "seconds": self.seconds, "backend": self.backend, "device": self.device,
+            "figures": [{"figure": f.figure, "data": str(f.data_path),
+                         "png": None if f.png_path is None else str(f.png_path), "seconds": f.seconds,
+                         **f.summary} for f in self.figures],
+        }
+
+
+def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda message: None) -> ReproduceOutcome:
+    """Compute every figure ``config.target`` names and write ``<figure>.h5`` (and,
+    when matplotlib is installed, ``<figure>.png``) into ``config.out``.
+
+    Raises :class:`popplay.runner.UsageProblem` for bad input, before any learning.
+    A missing matplotlib does not stop the computation: the data files are written
+    and ``plot_error`` says how to draw them.
+    """
+    from popplay import plotting
+    from popplay.populations.base import BackendError, resolve_backend
+
+    try:
+        chosen = resolve(config.target)
+    except ValueError as error:
+        raise UsageProblem(str(error)) from None
+    if config.scale not in SCALES:
+        raise UsageProblem(f"--scale must be one of {', '.join(SCALES)} (got {config.scale!r})")
+    try:
+        backend = resolve_backend(config.backend, config.device)
+    except BackendError as error:
+        raise UsageProblem(str(error)) from None
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise UsageProblem(f"--out {out}: not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageProblem(f"--out {out}: cannot create the directory ({error.strerror})") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".popplay-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise UsageProblem(f"--out {out}: cannot write there ({error.strerror})") from None
+
+    plot_error = plotting.missing_matplotlib()
+    if plot_error:
+        note(f"Warning: {plot_error}; computing and writing the data anyway")
+    session = Session(config.scale, config.seed, backend, note)
+    started = time.perf_counter()
+    outcomes: list[FigureOutcome] = []
+    for figure in chosen:
+        if figure.prepare is not None:
+            figure.prepare(session)
+    for figure in chosen:
+        note(f"{figure.name}: {figure.description}")
+        began = time.perf_counter()
+        data = figure.compute(session)
+        data_path = out / f"{figure.name}.h5"
+        write_figure(data_path, data)
+        png_path = None
+        if not plot_error:
+            png_path = out / f"{figure.name}.png"
+            plotting.draw_figure(figure, data, png_path)
+        outcomes.append(FigureOutcome(figure.name, data_path, png_path, figure.summary(data),
+                                      time.perf_counter() - began))
+    result = ReproduceOutcome(outcomes, config.scale, time.perf_counter() - started, backend.name, backend.device)
+    if plot_error:
+        files = " ".join(str(o.data_path) for o in outcomes)
+        result.plot_error = (f"{plot_error}, so no PNG was drawn; the data is in {files}: "
+                             f"install it and run `popplay plot FILE.h5` to draw each figure")
+    return result
+
+
+def draw_data(data: FigureData, out: Path) -> Path:
+    """Draw a figure data file's figure again (``popplay plot FIGURE.h5``)."""
+    from popplay import plotting
+    from popplay.reproduce.registry import figures
+
+    figure: Figure | None = figures().get(data.figure)
+    if figure is None:
+        raise UsageProblem(f"figure {data.figure!r} is not known to this popplay version")
+    plotting.draw_figure(figure, data, out)
+    return out

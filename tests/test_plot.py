@@ -1,0 +1,146 @@
+"""`popplay plot RUN.h5`: the curves of any run file as one PNG; clear one-line errors."""
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from popplay.checkpoints.runfile import write_run
+from popplay.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _image(path: Path) -> np.ndarray:
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert (image[..., :3] < 0.9).mean() > 0.005  # something is drawn
+    assert len(np.unique(image.reshape(-1, image.shape[2]).round(2), axis=0)) >= 4
+    return image
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bandit_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "bandit.h5"
+    assert main(["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "16", "--agent-steps", "512",
+                 "--share-every", "16", "--out", str(out), "--json"]) == 0
+    return out
+
+
+def _fake_run(path: Path, domain: str, curves: dict, complete: bool = True) -> Path:
+    """A run file of another domain, written by the run-file writer every domain uses."""
+    write_run(path, domain=domain, config={"agents": 64, "games_per_agent": 4, "seed": 1},
+              state={"w": np.zeros((64, 3))}, state_counters={"episode": 7}, static={}, curves=curves,
+              results={}, result_attrs={}, attrs={"learning_seconds": 1.0, "phases": 3}, complete=complete)
+    return path
+
+
+def test_plot_a_bandit_run_beside_it_by_default(bandit_run, capsys):
+    code, stdout, _ = _run(capsys, ["plot", str(bandit_run)])
+    png = bandit_run.with_suffix(".png")
+    assert code == 0 and stdout.strip() == f"{bandit_run}: drew bandit run curves; wrote {png}"
+    image = _image(png)
+    assert image.shape[:2] == (360, 1100)  # one metric (quality): one row, two columns
+
+
+def test_plot_any_domain_one_row_per_metric(tmp_path, capsys):
+    steps = np.array([64, 128, 192], dtype=np.int64)
+    run = _fake_run(tmp_path / "knights.h5", "knights", {
+        "agent_steps": steps, "seconds": np.array([0.5, 1.0, 1.5]),
+        "best": np.array([0.5, 0.6, 0.7]), "mean": np.array([0.4, np.nan, 0.5]), "worst": np.array([0.1, 0.2, 0.3]),
+    }, complete=False)
+    png = tmp_path / "out.png"
+    code, stdout, _ = _run(capsys, ["plot", str(run), "--out", str(png), "--json"])
+    assert code == 0 and '"domain": "knights"' in stdout and f'"png": "{png}"' in stdout
+    assert _image(png).shape[:2] == (880, 1100)  # three metrics: three rows
+
+
+def test_plot_without_seconds_draws_against_agent_steps_only(tmp_path, capsys):
+    run = _fake_run(tmp_path / "cp.h5", "cartpole", {"agent_steps": np.arange(1, 4) * 10,
+                                                      "quality": np.array([10.0, 50.0, 90.0])})
+    code, _, _ = _run(capsys, ["plot", str(run)])
+    assert code == 0 and _image(run.with_suffix(".png")).shape[:2] == (360, 600)
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("missing", "no such file"),
+    ("text", "not an HDF5 file"),
+    ("foreign", "not a popplay run file"),
+    ("damaged", "damaged"),
+    ("empty curves", "no learning-curve points"),
+    ("external link", "ExternalLink"),
+])
+def test_bad_files_are_one_line_errors(tmp_path, capsys, bandit_run, case, fragment):
+    path = tmp_path / "bad.h5"
+    if case == "text":
+        path.write_text("hello")
+    elif case == "foreign":
+        with h5py.File(path, "w") as f:
+            f["x"] = np.arange(3)
+    elif case == "damaged":
+        data = bytearray(bandit_run.read_bytes())
+        with h5py.File(bandit_run) as f:
+            offset = f["curves/quality"].id.get_chunk_info(0).byte_offset  # chunked (fletcher32)
+        data[offset] ^= 0xFF  # flip bits inside the quality curve
+        path.write_bytes(bytes(data))
+    elif case == "empty curves":
+        _fake_run(path, "bandit", {"agent_steps": np.zeros(0, dtype=np.int64), "seconds": np.zeros(0),
+                                   "quality": np.zeros(0)})
+    elif case == "external link":
+        _fake_run(path, "knights", {"agent_steps": np.arange(3), "seconds": np.arange(3.0),
+                                    "quality": np.arange(3.0)})
+        with h5py.File(path, "a") as f:
+            f["curves/elsewhere"] = h5py.ExternalLink(str(bandit_run), "/curves/quality")
+    code, _, stderr = _run(capsys, ["plot", str(path)])
+    assert code == 2
+    assert fragment in _one_error_line(stderr)
+    assert not path.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize("out, fragment", [
+    ("nowhere/x.png", "does not exist"),
+    ("SELF", "overwrite"),
+])
+def test_bad_out_is_a_one_line_error(bandit_run, tmp_path, capsys, out, fragment):
+    target = bandit_run if out == "SELF" else tmp_path / out
+    before = bandit_run.read_bytes()
+    code, _, stderr = _run(capsys, ["plot", str(bandit_run), "--out", str(target)])
+    assert code == 2 and fragment in _one_error_line(stderr)
+    assert bandit_run.read_bytes() == before
+
+
+def test_missing_matplotlib_is_one_line_with_the_install_command(bandit_run, tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    png = tmp_path / "x.png"
+    code, _, stderr = _run(capsys, ["plot", str(bandit_run), "--out", str(png)])
+    assert code == 2
+    assert 'pip install "popplay[plot]"' in _one_error_line(stderr)
+    assert not png.exists()
+
+
+def test_console_script_in_a_real_process(bandit_run, tmp_path):
+    script = Path(sys.executable).with_name("popplay")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "popplay"]
+    png = tmp_path / "curves.png"
+    proc = subprocess.run(command + ["plot", str(bandit_run), "--out", str(png)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"wrote {png}")
+    _image(png)
