@@ -7,8 +7,6 @@ with the Agg canvas, never through pyplot, so no display or global state is invo
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,23 +51,11 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
 
 def save_png(fig: Any, path: Path) -> Path:
     """Write ``fig`` to ``path`` as PNG atomically (no half-written image under the name)."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        from popplay.reproduce.data import readable_by_others
+    from popplay.checkpoints.h5io import atomic_output
 
-        readable_by_others(tmp_name)
+    with atomic_output(Path(path)) as tmp_name:
         fig.savefig(tmp_name, format="png", dpi=_DPI)
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
-        raise
-    return path
+    return Path(path)
 
 
 def draw_figure(figure: Any, data: Any, path: Path) -> Path:
@@ -190,13 +176,12 @@ def plot_file(path: Path, out: Path | None = None) -> PlotResult:
 
 
 def _check_writable(png: Path) -> None:
+    from popplay.checkpoints.h5io import probe_directory
+
     directory = png.parent if str(png.parent) else Path(".")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".popplay-probe-", dir=directory)
-    except OSError as error:
-        raise PlotInputError(f"--out {png}: cannot write in {directory} ({error.strerror})") from None
-    os.close(fd)
-    os.unlink(probe)
+    problem = probe_directory(directory)
+    if problem:
+        raise PlotInputError(f"--out {png}: cannot write in {directory} ({problem})")
 
 
 __all__ = ["INSTALL_HINT", "PlotInputError", "PlotResult", "PlotUnavailable", "draw_figure", "missing_matplotlib",

@@ -19,15 +19,16 @@ before loading it.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
+                                      first_line, probe_directory)
 
 FORMAT = "popplay-run"
 SCHEMA_VERSION = 1
@@ -78,12 +79,9 @@ def check_writable(path: Path) -> None:
         raise RunFileError(f"--out {path}: is a directory")
     if not directory.exists():
         raise RunFileError(f"--out {path}: directory {directory} does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".popplay-probe-", dir=directory)
-    except OSError as error:
-        raise RunFileError(f"--out {path}: cannot write in {directory} ({error.strerror})") from None
-    os.close(fd)
-    os.unlink(probe)
+    problem = probe_directory(directory)
+    if problem:
+        raise RunFileError(f"--out {path}: cannot write in {directory} ({problem})")
 
 
 def write_run(
@@ -105,11 +103,7 @@ def write_run(
     leaves either the old file or the new one, never a half-written file."""
     import h5py
 
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
+    with atomic_output(Path(path)) as tmp_name:
         # libver v110: checksummed superblock and object headers; fletcher32 on every
         # dataset: a flipped bit anywhere that matters is detected when read.
         with h5py.File(tmp_name, "w", libver=("v110", "latest")) as f:
@@ -139,19 +133,6 @@ def write_run(
             _write_arrays(group, results)
         with h5py.File(tmp_name, "r+") as f:
             f.attrs[DIGEST] = _attr(content_digest(f))
-        fd = os.open(tmp_name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp_name, path)
-        _fsync_directory(directory)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
-        raise
 
 
 def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
@@ -203,25 +184,10 @@ def summarize_run(path: Path) -> dict[str, Any]:
 
 
 def _check_file(path: Path) -> None:
-    import h5py
-
-    if not path.exists():
-        raise RunFileError(f"{path}: no such file")
-    if path.is_dir():
-        raise RunFileError(f"{path}: is a directory, not a run file")
-    if path.stat().st_size == 0:
-        raise RunFileError(f"{path}: empty file, not a run file")
-    try:
-        hdf5 = h5py.is_hdf5(path)
-    except Exception:
-        hdf5 = False
-    if not hdf5:
-        raise RunFileError(f"{path}: not an HDF5 file")
+    check_hdf5_path(path, RunFileError, "a run file")
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error).splitlines()[0] if str(error) else ""
-    return text or type(error).__name__
+_reason = first_line
 
 
 def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
@@ -308,31 +274,10 @@ _MAX_ARRAY_BYTES = 64 * 2**30
 
 
 def _check_tree(f: Any, path: Path) -> None:
-    """Refuse anything that could make h5py read outside the file."""
-    import h5py
-
-    def visit(group: Any) -> None:
-        for name in group:
-            link = group.get(name, getlink=True)
-            if not isinstance(link, h5py.HardLink):
-                raise RunFileError(f"{path}: contains a {type(link).__name__} at {group.name}/{name}; refused")
-            item = group[name]
-            if isinstance(item, h5py.Group):
-                visit(item)
-            elif isinstance(item, h5py.Dataset):
-                if item.is_virtual:
-                    raise RunFileError(f"{path}: contains a virtual dataset at {item.name}; refused")
-                if item.external:
-                    raise RunFileError(f"{path}: contains external storage at {item.name}; refused")
-                if item.dtype.kind not in "biuf":
-                    raise RunFileError(f"{path}: unexpected data type {item.dtype} at {item.name}")
-                if item.size * item.dtype.itemsize > _MAX_ARRAY_BYTES:
-                    raise RunFileError(f"{path}: dataset {item.name} is implausibly large")
-
     for required in ("config", "state"):
         if required not in f:
             raise RunFileError(f"{path}: damaged run file (no /{required})")
-    visit(f)
+    check_tree(f, path, RunFileError, _MAX_ARRAY_BYTES)
 
 
 def _read_arrays(group: Any) -> dict[str, np.ndarray]:
@@ -354,36 +299,5 @@ def _write_arrays(group: Any, arrays: dict[str, np.ndarray]) -> None:
         group.create_dataset(name, data=array, **kwargs)
 
 
-def _attr(value: Any) -> Any:
-    """An attribute value as stored. Strings become fixed-length UTF-8 bytes: they
-    live inside the checksummed object header, whereas variable-length strings live
-    in HDF5's global heap, which has no checksum and whose corruption can hang the
-    reader."""
-    if value is None:
-        value = "none"
-    elif not isinstance(value, (bool, int, float, str, np.generic)):
-        value = json.dumps(value)
-    if isinstance(value, str):
-        return np.bytes_(value.encode("utf-8") or b"\0")
-    return value
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_attr = encode_attr
+_plain = decode_attr

@@ -14,7 +14,7 @@ train_app = typer.Typer(help="Train a population on a domain and write a run fil
 app.add_typer(train_app, name="train")
 
 
-from popplay.cli.common import CHECKPOINT_HELP, RESUME_HELP, given  # noqa: E402,F401  (re-exported)
+from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
 RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
 

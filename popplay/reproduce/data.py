@@ -14,14 +14,15 @@ external storage or virtual datasets; numeric datasets only; content digest).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
+                                      first_line)
 
 FORMAT = "popplay-figure"
 SCHEMA_VERSION = 1
@@ -59,12 +60,7 @@ def write_figure(path: Path, data: FigureData) -> None:
 
     from popplay.checkpoints.runfile import DIGEST, content_digest, library_versions
 
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        readable_by_others(tmp_name)
+    with atomic_output(Path(path)) as tmp_name:
         with h5py.File(tmp_name, "w", libver=("v110", "latest")) as f:
             f.attrs["format"] = _attr(FORMAT)
             f.attrs["schema_version"] = SCHEMA_VERSION
@@ -94,26 +90,6 @@ def write_figure(path: Path, data: FigureData) -> None:
                     target.create_dataset(key, data=array, fletcher32=bool(array.ndim and array.size))
         with h5py.File(tmp_name, "r+") as f:
             f.attrs[DIGEST] = _attr(content_digest(f))
-        fd = os.open(tmp_name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
-        raise
-
-
-def readable_by_others(path: str) -> None:
-    """Give a temporary file (mode 0600) the mode a plain ``open()`` would: these are
-    results to share, not secrets."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def read_figure(path: Path) -> FigureData:
@@ -184,67 +160,13 @@ def _read(f: Any, path: Path) -> FigureData:
 
 
 def _check_tree(f: Any, path: Path) -> None:
-    """Refuse anything that could make h5py read outside the file."""
-    import h5py
-
-    def visit(group: Any) -> None:
-        for name in group:
-            link = group.get(name, getlink=True)
-            if not isinstance(link, h5py.HardLink):
-                raise FigureFileError(f"{path}: contains a {type(link).__name__} at {group.name}/{name}; refused")
-            item = group[name]
-            if isinstance(item, h5py.Group):
-                visit(item)
-            elif isinstance(item, h5py.Dataset):
-                if item.is_virtual:
-                    raise FigureFileError(f"{path}: contains a virtual dataset at {item.name}; refused")
-                if item.external:
-                    raise FigureFileError(f"{path}: contains external storage at {item.name}; refused")
-                if item.dtype.kind not in "biuf":
-                    raise FigureFileError(f"{path}: unexpected data type {item.dtype} at {item.name}")
-                if item.size * item.dtype.itemsize > _MAX_ARRAY_BYTES:
-                    raise FigureFileError(f"{path}: dataset {item.name} is implausibly large")
-
-    visit(f)
+    check_tree(f, path, FigureFileError, _MAX_ARRAY_BYTES)
 
 
 def _check_file(path: Path) -> None:
-    import h5py
-
-    if not path.exists():
-        raise FigureFileError(f"{path}: no such file")
-    if path.is_dir():
-        raise FigureFileError(f"{path}: is a directory, not an HDF5 file")
-    if path.stat().st_size == 0:
-        raise FigureFileError(f"{path}: empty file, not an HDF5 file")
-    try:
-        hdf5 = h5py.is_hdf5(path)
-    except Exception:
-        hdf5 = False
-    if not hdf5:
-        raise FigureFileError(f"{path}: not an HDF5 file")
+    check_hdf5_path(path, FigureFileError, "an HDF5 file")
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error).splitlines()[0] if str(error) else ""
-    return text or type(error).__name__
-
-
-def _attr(value: Any) -> Any:
-    # Fixed-length UTF-8 bytes, as in run files: they live in the checksummed
-    # object header rather than in HDF5's unchecksummed global heap.
-    if value is None:
-        value = "none"
-    elif not isinstance(value, (bool, int, float, str, np.generic)):
-        value = json.dumps(value)
-    if isinstance(value, str):
-        return np.bytes_(value.encode("utf-8") or b"\0")
-    return value
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+_reason = first_line
+_attr = encode_attr
+_plain = decode_attr

@@ -1,13 +1,12 @@
 """The shared driver: compute the chosen figures, write their data, draw their PNGs."""
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from popplay.checkpoints.h5io import probe_directory
 from popplay.reproduce.data import FigureData, write_figure
 from popplay.reproduce.registry import SCALES, Figure, resolve
 from popplay.runner import UsageProblem
@@ -97,12 +96,9 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageProblem(f"--out {out}: cannot create the directory ({error.strerror})") from None
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".popplay-probe-", dir=out)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as error:
-        raise UsageProblem(f"--out {out}: cannot write there ({error.strerror})") from None
+    problem = probe_directory(out)
+    if problem:
+        raise UsageProblem(f"--out {out}: cannot write there ({problem})")
 
     plot_error = plotting.missing_matplotlib()
     if plot_error:
