@@ -66,6 +66,9 @@ class KnightsExperiment:
         self.eval_opponents = game.parse_opponents(p.eval_opponents)
         self._turns_per_episode = p.agents * p.games_per_agent * min(p.max_turns, 60)
         self._seen = (0, 0)  # (episode, turns) of the latest state, for the budget projection
+        # Plies of the ranking round robins this experiment has played (not agent steps:
+        # no agent learns from them; ``popplay reproduce knights`` counts them as compute).
+        self.ranking_turns = 0
 
     # -- the runner's interface -------------------------------------------------
 
@@ -170,6 +173,7 @@ class KnightsExperiment:
             result = round_robin(game.unpack(safe, p.inputs, p.hidden), np.arange(p.agents), p.tournament_games,
                                  params=p, seed=p.seed, tag=TAG_SELECTION,
                                  base=state.episode * self.words_per_game, backend=self.backend)
+            self.ranking_turns += int(result.turns)
             fitness = elo_ratings(result.wins, result.draws)
         else:
             recent = state.score_history[-p.replicate_every:]
