@@ -26,22 +26,24 @@ time one trial takes, so the two are measured apart, as Bell did:
   seed, trial and agent), so time and quality describe the same learning.
 
 The batch's own wall time divided by the trials (the amortised time per trial) is
-stored beside it as ``seconds_batch_per_trial``.
+stored beside it as ``seconds_batch_per_trial``. The machinery (batches kept per
+session, the timing loops, the drawing of curves and bars) is shared with the
+cart-pole figures: :mod:`popplay.reproduce.timing`.
 
 Figure 4: quality at the step budget and at ``T``, as bars.
 """
 from __future__ import annotations
 
 import math
-import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from popplay.reproduce import timing
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context, Figure, register
+from popplay.reproduce.timing import CurveData, agents_label
 
 REPORT_AGENT_STEPS = 131072
 REPORT_SINGLE_AGENT_SECONDS = 0.0377  # 131,072 single-agent steps on Bell's CPU
@@ -98,16 +100,14 @@ def scale_for(ctx: Context) -> BanditScale:
 
 
 # ---------------------------------------------------------------------------
-# Experiments shared by the figures (computed once per session)
+# Experiments shared by the figures (computed once per session; see timing.py)
 
 
-@dataclass
-class CurveData:
-    """One group's learning curve: agent-time steps per trial, seconds, quality."""
+def _params(scale: BanditScale, seed: int, agents: int, trials: int, steps_per_agent: int, share_every: int) -> Any:
+    from popplay.games.bandit import BanditParams
 
-    agent_steps: np.ndarray
-    seconds: np.ndarray
-    quality: np.ndarray
+    return BanditParams(arms=scale.arms, agents=agents, trials=trials, steps_per_agent=steps_per_agent,
+                        share_every=share_every, epsilon=scale.epsilon, seed=seed)
 
 
 def batch_curve(ctx: Context, scale: BanditScale, agents: int, share_every: int, steps_per_agent: int) -> CurveData:
@@ -116,25 +116,17 @@ def batch_curve(ctx: Context, scale: BanditScale, agents: int, share_every: int,
     A session keeps one batch per group and continues it (exactly, from its state)
     when a later figure needs more steps, so Figures 2 and 3 share their learning.
     """
-    from popplay.games.bandit import BanditParams
     from popplay.populations.bandit import BanditExperiment
-    from popplay.runner import run
 
-    record = ctx.memo(f"bandit/{scale.name}/{ctx.seed}/batch/{agents}/{share_every}",
-                      lambda: {"state": None, "curve": None, "seconds": 0.0, "steps": 0})
-    if record["steps"] < steps_per_agent:
-        params = BanditParams(arms=scale.arms, agents=agents, trials=scale.trials, steps_per_agent=steps_per_agent,
-                              share_every=share_every, epsilon=scale.epsilon, seed=ctx.seed)
-        result = run(BanditExperiment(params, ctx.backend), state=record["state"], curve=record["curve"],
-                     learning_seconds=record["seconds"])
-        record.update(state=result.state, curve=result.curve, seconds=result.learning_seconds, steps=steps_per_agent)
-        ctx.note(f"bandit: {_agents(agents)} x {scale.trials} trials, {steps_per_agent * agents:,} agent-steps: "
-                 f"quality {result.curve.metrics['quality'][-1]:.3f} ({result.learning_seconds:.1f}s)")
-    curve = record["curve"]
-    steps = np.asarray(curve.agent_steps, dtype=np.int64)
-    keep = steps <= steps_per_agent * agents
-    return CurveData(steps[keep], np.asarray(curve.seconds, dtype=np.float64)[keep],
-                     np.asarray(curve.metrics["quality"], dtype=np.float64)[keep])
+    def make(steps: int) -> BanditExperiment:
+        return BanditExperiment(_params(scale, ctx.seed, agents, scale.trials, steps, share_every), ctx.backend)
+
+    def describe(result: Any) -> str:
+        return (f"bandit: {agents_label(agents)} x {scale.trials} trials, {steps_per_agent * agents:,} agent-steps: "
+                f"quality {result.curve.metrics['quality'][-1]:.3f} ({result.learning_seconds:.1f}s)")
+
+    return timing.batch_curve(ctx, f"bandit/{scale.name}/{ctx.seed}/batch/{agents}/{share_every}", make,
+                              steps_per_agent, agents, describe=describe)
 
 
 def single_agent_timing(ctx: Context, scale: BanditScale) -> tuple[np.ndarray, np.ndarray]:
@@ -142,57 +134,18 @@ def single_agent_timing(ctx: Context, scale: BanditScale) -> tuple[np.ndarray, n
     uninterrupted run on the CPU (numba), the fastest of ``repeats``."""
 
     def measure() -> tuple[np.ndarray, np.ndarray]:
-        import numba
-
-        from popplay.games.bandit import BanditParams
         from popplay.populations.bandit import BanditExperiment
         from popplay.populations.base import Backend
-        from popplay.runner import run
 
         cpu = Backend("numba", "cpu")  # Bell's single agent ran on the CPU
         steps = np.arange(1, scale.single_points + 1, dtype=np.int64) * scale.single_every
-        best = np.full(len(steps), np.inf)
-        threads = numba.get_num_threads()
-        # A lone agent is sequential work: one thread. Letting numba wake a second
-        # thread it cannot use only adds a barrier (milliseconds when cores are busy).
-        numba.set_num_threads(1)
-        try:
-            for _ in range(scale.repeats):
-                for i, s in enumerate(steps):
-                    params = BanditParams(arms=scale.arms, agents=1, trials=1, steps_per_agent=int(s),
-                                          share_every=int(s), epsilon=scale.epsilon, seed=ctx.seed)
-                    best[i] = min(best[i], run(BanditExperiment(params, cpu)).learning_seconds)
-        finally:
-            numba.set_num_threads(threads)
-        # Separate runs may disagree by noise; a longer run never takes less time.
-        seconds = np.maximum.accumulate(best)
+        seconds = timing.time_single_agent(
+            lambda s: BanditExperiment(_params(scale, ctx.seed, 1, 1, s, s), cpu), steps, scale.repeats)
         ctx.note(f"bandit: one trial of 1 agent, {int(steps[-1]):,} steps: {1e3 * seconds[-1]:.2f} ms "
                  f"(fastest of {scale.repeats}; Bell: {1e3 * REPORT_SINGLE_AGENT_SECONDS:.1f} ms)")
         return steps, seconds
 
     return ctx.memo(f"bandit/{scale.name}/{ctx.seed}/single-timing", measure)
-
-
-def time_group_once(ctx: Context, scale: BanditScale, agents: int, share_every: int, budget: float) -> np.ndarray:
-    """Seconds at each sharing point of one trial of a group learning (time mode)
-    until it has used at least ``budget`` seconds."""
-    from popplay.games.bandit import BanditParams
-    from popplay.populations.bandit import BanditExperiment
-    from popplay.runner import run
-
-    params = BanditParams(arms=scale.arms, agents=agents, trials=1, steps_per_agent=share_every,
-                          share_every=share_every, epsilon=scale.epsilon, seed=ctx.seed)
-    return np.asarray(run(BanditExperiment(params, ctx.backend), time_budget=budget).curve.seconds)
-
-
-def fastest_until(runs: list[np.ndarray], budget: float) -> np.ndarray:
-    """Per sharing point the fastest of the runs that reached it, cut at the first
-    point whose time reaches ``budget`` (the last point of the longest run always
-    does: time mode stops a run only once it has reached the budget)."""
-    length = max(len(r) for r in runs)
-    best = np.array([min(r[i] for r in runs if len(r) > i) for i in range(length)])
-    end = int(np.argmax(best >= budget)) + 1
-    return best[:end]
 
 
 @dataclass
@@ -209,27 +162,25 @@ def timings(ctx: Context, scale: BanditScale) -> tuple[float, dict[int, tuple[np
     of the machine's CPU time that other processes used meanwhile)."""
 
     def measure() -> tuple[float, dict[int, tuple[np.ndarray, np.ndarray]], float]:
+        from popplay.populations.bandit import BanditExperiment
+
         ctx.note("bandit: timing one trial of each group alone (Figure 3's learning time)")
-        watch = OtherCpu()
+        watch = timing.OtherCpu()
         single = single_agent_timing(ctx, scale)
         reference = float(single[1][-1])
         timed = {1: single}
-        # Rounds over the groups rather than a group's repeats back to back, so that a
-        # passing disturbance slows one repeat of several groups, not all of one group's.
-        runs: dict[int, list[np.ndarray]] = {agents: [] for agents, _ in scale.groups}
-        for _ in range(scale.repeats):
-            for agents, every in scale.groups:
-                runs[agents].append(time_group_once(ctx, scale, agents, every, reference))
+        makes = {agents: (lambda a=agents, e=every: BanditExperiment(_params(scale, ctx.seed, a, 1, e, e),
+                                                                     ctx.backend))
+                 for agents, every in scale.groups}
+        timed_groups = timing.time_groups(makes, reference, scale.repeats)
         for agents, every in scale.groups:
-            seconds = fastest_until(runs[agents], reference)
+            seconds = timed_groups[agents]
             steps = np.arange(1, len(seconds) + 1, dtype=np.int64) * every * agents
             timed[agents] = (steps, seconds)
-            ctx.note(f"bandit: one trial of {_agents(agents)} reaches {int(steps[-1]):,} agent-steps in "
+            ctx.note(f"bandit: one trial of {agents_label(agents)} reaches {int(steps[-1]):,} agent-steps in "
                      f"{1e3 * seconds[-1]:.2f} ms (fastest of {scale.repeats})")
         other = watch.share()
-        if math.isfinite(other) and other > 0.05:
-            ctx.note(f"Warning: other processes used {100 * other:.0f}% of the CPU while timing; learning "
-                     "times are inflated (rerun on a quiet machine)")
+        timing.warn_if_busy(ctx, other)
         return reference, timed, other
 
     return ctx.memo(f"bandit/{scale.name}/{ctx.seed}/timings", measure)
@@ -254,39 +205,8 @@ def prepare_timings(ctx: Context) -> None:
     timings(ctx, scale_for(ctx))
 
 
-class OtherCpu:
-    """How much CPU other processes take from a measurement: the share of the
-    machine's CPU time, from the start until :meth:`share`, not spent by this
-    process (Linux /proc/stat; NaN elsewhere)."""
-
-    def __init__(self) -> None:
-        self._start = self._sample()
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                values = [int(v) for v in f.readline().split()[1:9]]
-            hz = float(os.sysconf("SC_CLK_TCK"))
-        except (OSError, ValueError, AttributeError):
-            return None
-        total, idle = sum(values), values[3] + values[4]
-        return total / hz, (total - idle) / hz, time.process_time()
-
-    def share(self) -> float:
-        end = self._sample()
-        if self._start is None or end is None or end[0] <= self._start[0]:
-            return float("nan")
-        total, busy, own = (b - a for a, b in zip(self._start, end))
-        return min(1.0, max(0.0, (busy - own) / total))
-
-
 # ---------------------------------------------------------------------------
 # Figures
-
-
-def _agents(n: int) -> str:
-    return "1 agent" if n == 1 else f"{n} agents"
 
 
 def _common_attrs(ctx: Context, scale: BanditScale) -> dict[str, Any]:
@@ -303,7 +223,7 @@ def compute_figure2(ctx: Context) -> FigureData:
         curve = batch_curve(ctx, scale, agents, every, scale.agent_steps // agents)
         data.groups[f"agents_{agents}"] = Group(
             arrays={"agent_steps": curve.agent_steps, "quality": curve.quality, "seconds_batch": curve.seconds},
-            attrs={"agents": agents, "share_every": every, "label": _agents(agents)},
+            attrs={"agents": agents, "share_every": every, "label": agents_label(agents)},
         )
     return data
 
@@ -319,7 +239,7 @@ def compute_figure3(ctx: Context) -> FigureData:
         data.groups[f"agents_{agents}"] = Group(
             arrays={"agent_steps": curve.agent_steps, "seconds": curve.seconds, "quality": curve.quality,
                     "seconds_batch_per_trial": batch_per_trial},
-            attrs={"agents": agents, "share_every": every, "label": _agents(agents)},
+            attrs={"agents": agents, "share_every": every, "label": agents_label(agents)},
         )
     return data
 
@@ -353,9 +273,7 @@ def compute_figure4(ctx: Context) -> FigureData:
 
 
 def _timing_attrs(timed: TimeCurves) -> dict[str, Any]:
-    return {"single_agent_seconds": timed.reference, "report_single_agent_seconds": REPORT_SINGLE_AGENT_SECONDS,
-            # Other work on the machine inflates timings: say how busy it was.
-            "other_cpu_while_timing": timed.other_cpu, "cpu_count": os.cpu_count() or 0}
+    return timing.timing_attrs(timed.reference, REPORT_SINGLE_AGENT_SECONDS, timed.other_cpu)
 
 
 def _stderr(quality: np.ndarray, trials: int) -> np.ndarray:
@@ -367,32 +285,15 @@ def _stderr(quality: np.ndarray, trials: int) -> np.ndarray:
 # Drawing (matplotlib is imported by the caller; ``fig`` is a matplotlib Figure)
 
 
-def _series(data: FigureData) -> list[tuple[str, Group]]:
-    return [(name, group) for name, group in data.groups.items() if "agents" in group.attrs]
-
-
-def _style(index: int, agents: int) -> dict[str, Any]:
-    markers = "osD^vP*X"
-    return {"marker": markers[index % len(markers)], "markersize": 4 if agents == 1 else 5, "linewidth": 1.4}
-
-
 def _subtitle(data: FigureData) -> str:
     a = data.attrs
-    text = (f"{a.get('arms')} arms, ε = {a.get('epsilon')}, quality over {a.get('trials')} trials "
-            f"(scale {data.scale}, {a.get('backend')} on {a.get('device')})")
-    other = a.get("other_cpu_while_timing")
-    if isinstance(other, float) and math.isfinite(other):
-        text += (f"\ntimed on {a.get('cpu_count')} CPU cores while other processes used "
-                 f"{100 * other:.0f}% of them")
-    return text
+    return (f"{a.get('arms')} arms, ε = {a.get('epsilon')}, quality over {a.get('trials')} trials "
+            f"(scale {data.scale}, {a.get('backend')} on {a.get('device')})") + timing.timing_note(data)
 
 
 def draw_figure2(data: FigureData, fig: Any) -> None:
     ax = fig.add_subplot(1, 1, 1)
-    for i, (_, group) in enumerate(_series(data)):
-        agents = int(group.attrs["agents"])
-        label = f"{group.attrs['label']}" + ("" if agents == 1 else f", share every {group.attrs['share_every']}")
-        ax.plot(group.arrays["agent_steps"], group.arrays["quality"], label=label, **_style(i, agents))
+    timing.plot_curves(ax, timing.series(data), "agent_steps", label=_share_label)
     ax.set_xlabel("agent-time steps per trial")
     ax.set_ylabel("learning quality (fraction of trials finding the best arm)")
     ax.set_xlim(0, float(data.attrs.get("agent_steps_budget", ax.get_xlim()[1])) * 1.02)
@@ -404,13 +305,8 @@ def draw_figure2(data: FigureData, fig: Any) -> None:
 def draw_figure3(data: FigureData, fig: Any) -> None:
     ax = fig.add_subplot(1, 1, 1)
     reference = float(data.attrs["single_agent_seconds"])
-    for i, (_, group) in enumerate(_series(data)):
-        agents = int(group.attrs["agents"])
-        ax.plot(1e3 * group.arrays["seconds"], group.arrays["quality"], label=group.attrs["label"],
-                **_style(i, agents))
-    ax.axvline(1e3 * reference, color="0.4", linestyle="--", linewidth=1,
-               label=f"single agent's time for {int(data.attrs['agent_steps_budget']):,} steps "
-                     f"({1e3 * reference:.2f} ms)")
+    timing.plot_curves(ax, timing.series(data), "seconds", x_scale=1e3)
+    timing.reference_time_line(ax, reference, int(data.attrs["agent_steps_budget"]))
     ax.set_xlabel("learning time of one trial (ms)")
     ax.set_ylabel("learning quality (fraction of trials finding the best arm)")
     ax.set_xlim(left=0)
@@ -424,25 +320,19 @@ def draw_figure4(data: FigureData, fig: Any) -> None:
     agents = bars["agents"]
     reference = float(data.attrs["single_agent_seconds"])
     ax = fig.add_subplot(1, 1, 1)
-    x = np.arange(len(agents))
-    width = 0.38
     budget = int(data.attrs["agent_steps_budget"])
-    for offset, key, colour, label in (
-        (-width / 2, "at_steps", "tab:blue", f"{budget:,} agent-time steps"),
-        (width / 2, "at_time", "tab:green", f"single agent's learning time ({1e3 * reference:.2f} ms)"),
-    ):
-        values = bars[f"quality_{key}"]
-        errors = bars[f"stderr_{key}"]
-        ax.bar(x + offset, values, width, yerr=errors, color=colour, label=label, capsize=2, ecolor="0.3")
-        for xi, value, error in zip(x + offset, values, errors):
-            ax.text(xi, value + error + 0.004, f"{value:.3f}", ha="center", va="bottom", fontsize=7)
     labels = []
     for a, seconds in zip(agents, bars["seconds_at_time"]):
         label = "1 (single)" if a == 1 else str(int(a))
         if seconds > 1.1 * reference:  # its first sharing point came well after T
             label += f"\n(green: first share\nat {1e3 * seconds:.1f} ms)"
         labels.append(label)
-    ax.set_xticks(x, labels)
+    timing.grouped_bars(ax, labels, [
+        {"values": bars["quality_at_steps"], "errors": bars["stderr_at_steps"], "color": "tab:blue",
+         "label": f"{budget:,} agent-time steps"},
+        {"values": bars["quality_at_time"], "errors": bars["stderr_at_time"], "color": "tab:green",
+         "label": f"single agent's learning time ({1e3 * reference:.2f} ms)"},
+    ], fmt=".3f", pad=0.004)
     ax.set_xlabel("agents per trial")
     ax.set_ylabel("learning quality")
     low = float(min(bars["quality_at_steps"].min(), bars["quality_at_time"].min()))
@@ -454,8 +344,13 @@ def draw_figure4(data: FigureData, fig: Any) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
+def _share_label(group: Group) -> str:
+    agents = int(group.attrs["agents"])
+    return f"{group.attrs['label']}" + ("" if agents == 1 else f", share every {group.attrs['share_every']}")
+
+
 def _final(data: FigureData) -> dict[str, Any]:
-    return {str(group.attrs["agents"]): float(group.arrays["quality"][-1]) for _, group in _series(data)}
+    return {str(group.attrs["agents"]): float(group.arrays["quality"][-1]) for _, group in timing.series(data)}
 
 
 def summary_figure2(data: FigureData) -> dict[str, Any]:
@@ -466,7 +361,7 @@ def summary_figure3(data: FigureData) -> dict[str, Any]:
     return {"single_agent_seconds": float(data.attrs["single_agent_seconds"]),
             "quality_at_single_agent_time": _final(data),
             "agent_steps_at_single_agent_time": {str(g.attrs["agents"]): int(g.arrays["agent_steps"][-1])
-                                                 for _, g in _series(data)}}
+                                                 for _, g in timing.series(data)}}
 
 
 def summary_figure4(data: FigureData) -> dict[str, Any]:
