@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,52 +20,83 @@ import numpy as np
 from popplay.games.bandit import BanditParams
 from popplay.populations.bandit import BanditExperiment
 from popplay.populations.base import Backend, cuda_available
-from popplay.runner import run
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Timing, machine_info, time_loop, time_phases  # noqa: E402
 
 REPORT_SINGLE_AGENT_STEPS_PER_SECOND = 131072 / 0.0377
 
 
-def numpy_population(agents: int, arms: int, epsilon: float, steps: int, share_every: int, seed: int = 0) -> float:
-    """A straightforward NumPy population; returns agent-steps per second."""
+def numpy_population(agents: int, arms: int, epsilon: float = 0.1, steps: int = 64, share_every: int = 16,
+                     seed: int = 0, *, trials: int = 1, repeats: int = 1, budget: float | None = None) -> Timing:
+    """A straightforward NumPy population: ``trials`` independent bandits, each with
+    ``agents`` ε-greedy agents (vectorised over all of them, first-index argmax) that
+    merge their tables with equations (1)-(4) every ``share_every`` steps.
+
+    Timed like :func:`popplay_timing`: rounds of ``steps`` per agent, each from empty
+    tables (one untimed sharing period first); the best round."""
     rng = np.random.default_rng(seed)
-    means = rng.normal(size=arms)
-    q = np.zeros((agents, arms))
-    n = np.zeros((agents, arms))
-    rows = np.arange(agents)
-    started = time.perf_counter()
-    for step in range(steps):
-        explore = rng.random(agents) < epsilon
-        arm = np.where(explore, rng.integers(0, arms, agents), q.argmax(axis=1))
-        reward = means[arm] + rng.normal(size=agents)
-        n[rows, arm] += 1
-        q[rows, arm] += (reward - q[rows, arm]) / n[rows, arm]
-        if (step + 1) % share_every == 0:
-            n_total = n.sum(axis=0)
-            q_total = np.where(n_total > 0, (n * q).sum(axis=0) / np.maximum(n_total, 1), q.mean(axis=0))
-            q[:] = q_total
-            n[:] = n_total / agents
-    return agents * steps / (time.perf_counter() - started)
+    means = rng.normal(size=(trials, arms))
+    q = np.zeros((trials * agents, arms))
+    n = np.zeros((trials * agents, arms))
+    rows = np.arange(trials * agents)
+    trial_of = rows // agents
+
+    def period() -> int:
+        for _ in range(share_every):
+            explore = rng.random(rows.size) < epsilon
+            arm = np.where(explore, rng.integers(0, arms, rows.size), q.argmax(axis=1))
+            reward = means[trial_of, arm] + rng.normal(size=rows.size)
+            n[rows, arm] += 1
+            q[rows, arm] += (reward - q[rows, arm]) / n[rows, arm]
+        qs, ns = q.reshape(trials, agents, arms), n.reshape(trials, agents, arms)
+        n_total = ns.sum(axis=1)
+        q_total = np.where(n_total > 0, (ns * qs).sum(axis=1) / np.maximum(n_total, 1), qs.mean(axis=1))
+        qs[:] = q_total[:, None, :]
+        ns[:] = (n_total / agents)[:, None, :]
+        return trials * agents * share_every
+
+    def empty() -> None:
+        q[:] = 0.0
+        n[:] = 0.0
+
+    return time_loop(period, calls=max(1, steps // share_every), repeats=repeats, budget=budget,
+                     before_round=empty)
+
+
+def popplay_timing(agents: int, arms: int, trials: int, share_every: int, backend: Backend, *, steps: int,
+                   epsilon: float = 0.1, repeats: int = 3, budget: float | None = None) -> Timing:
+    """Agent-steps per second of learning (sharing included): the best of ``repeats``
+    whole runs of ``steps`` per agent, each from the start (as ``popplay train``
+    times them), or of as many as fit in ``budget`` seconds; compilation and one
+    phase (first touch of the buffers) before the first run are not timed."""
+    params = BanditParams(arms=arms, agents=agents, trials=trials, steps_per_agent=steps,
+                          share_every=share_every, epsilon=epsilon)
+    return time_phases(BanditExperiment(params, backend), phases=max(1, steps // share_every), repeats=repeats,
+                       budget=budget, fresh=True)
 
 
 def popplay_rate(agents: int, arms: int, trials: int, steps: int, share_every: int, backend: Backend,
                  epsilon: float = 0.1, repeats: int = 3) -> float:
     """Best of ``repeats`` runs: agent-steps per second of learning (sharing included)."""
-    params = BanditParams(arms=arms, agents=agents, trials=trials, steps_per_agent=steps,
-                          share_every=share_every, epsilon=epsilon)
-    best = 0.0
-    for _ in range(repeats):
-        result = run(BanditExperiment(params, backend))
-        best = max(best, agents * trials * steps / result.learning_seconds)
-    return best
+    return popplay_timing(agents, arms, trials, share_every, backend, steps=steps, epsilon=epsilon,
+                          repeats=repeats).rate
+
+
+def single_agent(backend: Backend, repeats: int = 7, budget: float | None = None) -> Timing:
+    """Bell's single-agent CPU setting: 1 agent, 100 arms, whole runs of 131,072 steps
+    (compare with REPORT_SINGLE_AGENT_STEPS_PER_SECOND)."""
+    return popplay_timing(1, 100, 1, 131072, backend, steps=131072, repeats=repeats, budget=budget)
 
 
 def throughput(table: list[dict]) -> None:
     cpu = Backend("numba", "cpu")
-    numpy_rate = numpy_population(8192, 100, 0.1, steps=64, share_every=16)
+    numpy_rate = numpy_population(8192, 100, 0.1, steps=64, share_every=16).rate
     ours = popplay_rate(8192, 100, trials=4, steps=256, share_every=16, backend=cpu)
     table.append({"case": "100 arms, 8192 agents, eps 0.1, share every 16", "numpy": numpy_rate,
                   "popplay numba": ours, "ratio": ours / numpy_rate, "goal ratio": 5.0})
-    single = popplay_rate(1, 100, trials=1, steps=131072, share_every=131072, backend=cpu, repeats=7)
+    single = single_agent(cpu).rate
     table.append({"case": "1 agent, 100 arms, 131,072 steps", "report CPU": REPORT_SINGLE_AGENT_STEPS_PER_SECOND,
                   "popplay numba": single, "ratio": single / REPORT_SINGLE_AGENT_STEPS_PER_SECOND, "goal ratio": 3.0})
     for agents in (1, 256, 8192):
@@ -78,7 +106,7 @@ def throughput(table: list[dict]) -> None:
             rate = popplay_rate(agents, arms, trials, steps, min(16, steps), cpu, repeats=2)
             row = {"case": f"{arms} arms, {agents} agents x {trials} trials", "popplay numba": rate}
             if agents == 8192:
-                row["numpy"] = numpy_population(agents, arms, 0.1, steps=32, share_every=16)
+                row["numpy"] = numpy_population(agents, arms, 0.1, steps=32, share_every=16).rate
                 row["ratio"] = rate / row["numpy"]
             table.append(row)
     torch_cpu = popplay_rate(256, 100, trials=16, steps=64, share_every=16, backend=Backend("torch", "cpu"), repeats=1)
@@ -133,11 +161,8 @@ def main() -> None:
     parser.add_argument("--quality", action="store_true")
     parser.add_argument("--memory", action="store_true")
     args = parser.parse_args()
-    import numba
-
     table: list[dict] = []
-    report: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-                                "platform": platform.platform(), "gpu": cuda_available()}}
+    report: dict = {"machine": machine_info()}
     throughput(table)
     if args.quality:
         report["figure2"] = quality_curve(table)

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,45 +42,52 @@ from popplay.games.cartpole import CartPolePopulationParams
 from popplay.populations.base import Backend, resolve_backend
 from popplay.populations.cartpole import CartPoleExperiment
 
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Timing, time_loop, time_phases  # noqa: E402
+
 
 # ---------------------------------------------------------------------------
 # throughput
 
 
-def popplay_rate(params: CartPolePopulationParams, backend: Backend) -> tuple[float, dict[str, Any]]:
+def popplay_rate(params: CartPolePopulationParams, backend: Backend, *, repeats: int = 1,
+                 budget: float | None = None) -> tuple[Timing, dict[str, Any]]:
     """Agent-steps per second of learning phases (learning + sharing), as the runner
-    times them; testing excluded."""
-    ex = CartPoleExperiment(params, backend)
-    ex.warmup()
-    state = ex.initial_state()
-    state = ex.phase(state, time_left=None)  # first-touch of the buffers
-    seconds = 0.0
-    start_step = state.step
-    while not ex.finished(state, time_mode=False):
-        started = time.perf_counter()
-        state = ex.phase(state, time_left=None)
-        seconds += time.perf_counter() - started
-    steps = (state.step - start_step) * params.agents * params.trials
-    live = np.asarray(state.trace != 0).sum(-1)
-    return steps / seconds, {"live_traces_mean": float(live.mean()), "live_traces_max": int(live.max())}
+    times them; testing excluded. Each round is a run from the start whose first phase
+    (first touch of the buffers) is not timed, then ``steps_per_agent - share_every``
+    timed steps per agent; the best of ``repeats`` rounds (or of as many as fit in
+    ``budget`` seconds). Compilation is not timed."""
+    phases = max(1, params.steps_per_agent // params.share_every - 1)
+    timing = time_phases(CartPoleExperiment(params, backend), phases=phases, repeats=repeats, budget=budget,
+                         warm_phases=0, fresh=True, skip_phases=1)
+    live = (timing.state.trace != 0).sum(-1)
+    live = live.cpu().numpy() if hasattr(live, "cpu") else np.asarray(live)  # torch on CUDA, or NumPy
+    return timing, {"live_traces_mean": float(live.mean()), "live_traces_max": int(live.max())}
 
 
-def gymnasium_rate(num_envs: int, steps: int) -> float | None:
+def gymnasium_rate(num_envs: int, steps: int = 1000, *, repeats: int = 1, budget: float | None = None) -> Timing | None:
+    """gymnasium's vectorised CartPole-v1 stepping random actions (no learning): env-steps
+    per second, in rounds of ``steps`` steps (blocks of 50; one untimed block first).
+    None when gymnasium is not installed."""
     try:
         import gymnasium
     except ImportError:
         return None
     env = gymnasium.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="vector_entry_point")
     env.reset(seed=0)
-    actions = np.random.default_rng(0).integers(0, 2, size=(steps, num_envs))
-    for a in actions[:50]:
-        env.step(a)
-    started = time.perf_counter()
-    for a in actions:
-        env.step(a)
-    seconds = time.perf_counter() - started
-    env.close()
-    return steps * num_envs / seconds
+    block = 50
+    actions = np.random.default_rng(0).integers(0, 2, size=(block, num_envs))
+
+    def run_block() -> int:
+        for a in actions:
+            env.step(a)
+        return block * num_envs
+
+    try:
+        return time_loop(run_block, calls=max(1, steps // block), repeats=repeats, budget=budget)
+    finally:
+        env.close()
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -92,11 +100,11 @@ def throughput(args: argparse.Namespace) -> None:
           f"Sarsa(lambda) replacing traces, share every {args.share_every}, {args.steps} steps per agent")
     ours, gyms, info = [], [], {}
     for _ in range(args.rounds):
-        rate, info = popplay_rate(params, backend)
-        ours.append(rate)
+        timing, info = popplay_rate(params, backend)
+        ours.append(timing.rate)
         gym = gymnasium_rate(args.agents, args.gym_steps)
         if gym is not None:
-            gyms.append(gym)
+            gyms.append(gym.rate)
     best = max(ours)
     print(f"popplay learning: {best / 1e6:.1f} M agent-steps/s (rounds: "
           f"{', '.join(f'{r / 1e6:.1f}' for r in ours)}); live traces per agent: mean "
@@ -108,16 +116,16 @@ def throughput(args: argparse.Namespace) -> None:
     else:
         print("gymnasium is not installed (pip install gymnasium): no comparison made")
     if args.torch:
-        rate, _ = popplay_rate(dataclasses.replace(params, steps_per_agent=4 * args.share_every),
-                               Backend("torch", "cpu"))
-        print(f"torch CPU learning: {rate / 1e6:.2f} M agent-steps/s")
+        timing, _ = popplay_rate(dataclasses.replace(params, steps_per_agent=4 * args.share_every),
+                                 Backend("torch", "cpu"))
+        print(f"torch CPU learning: {timing.rate / 1e6:.2f} M agent-steps/s")
     from popplay.populations.base import cuda_available
 
     if cuda_available():
         big = CartPolePopulationParams(agents=8192, trials=1024, steps_per_agent=4 * args.share_every,
                                        share_every=args.share_every)
-        rate, _ = popplay_rate(big, Backend("torch", "cuda"))
-        print(f"torch CUDA learning, 8192 agents x 1024 trials: {rate / 1e9:.3f} G agent-steps/s")
+        timing, _ = popplay_rate(big, Backend("torch", "cuda"))
+        print(f"torch CUDA learning, 8192 agents x 1024 trials: {timing.rate / 1e9:.3f} G agent-steps/s")
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -34,8 +33,13 @@ from popplay.populations.base import Backend, cuda_available
 from popplay.populations.knights import KnightsExperiment
 from popplay.runner import run
 
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, time_phases  # noqa: E402
+
 CEILING_CODE = """
-import time, numpy as np
+import sys, time, numpy as np
+evaluations = int(sys.argv[1])
 rng = np.random.default_rng(0)
 best = {}
 for dt in (np.float32, np.float64):
@@ -43,7 +47,7 @@ for dt in (np.float32, np.float64):
         x = (rng.random((n, 70)) < 0.14).astype(dt)
         w1 = rng.standard_normal((70, 4)).astype(dt); b1 = np.zeros(4, dt)
         w2 = rng.standard_normal((4, 1)).astype(dt); b2 = np.zeros(1, dt)
-        reps = max(3, 1_500_000 // n)
+        reps = max(3, evaluations // n)
         rate = 0.0
         for _ in range(3):
             t = time.perf_counter()
@@ -56,12 +60,14 @@ print(max(best.values()))
 """
 
 
-def ceiling() -> dict:
-    """numpy 70-4-1 MLP evaluations per second, best over BLAS thread counts."""
+def ceiling(evaluations: int = 1_500_000) -> dict:
+    """numpy 70-4-1 MLP evaluations per second, best over BLAS thread counts (each
+    configuration: best of 3 rounds of about ``evaluations`` evaluations)."""
     out = {}
     for threads in ("1", str(os.cpu_count() or 1)):
         env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-        proc = subprocess.run([sys.executable, "-c", CEILING_CODE], capture_output=True, text=True, check=True, env=env)
+        proc = subprocess.run([sys.executable, "-c", CEILING_CODE, str(evaluations)], capture_output=True, text=True,
+                              check=True, env=env)
         out[f"blas threads {threads}"] = float(proc.stdout.split()[-1])
     return out
 
@@ -85,22 +91,27 @@ def moves_per_ply(state, params: KnightsParams, games: int = 40) -> float:
     return float(np.mean(counts))
 
 
-def learning_rate(params: KnightsParams, backend: Backend, episodes: int, warm_episodes: int = 200) -> dict:
+def turn_ceiling(state, params: KnightsParams, evaluations: int = 1_500_000, games: int = 40) -> dict:
+    """The turn rate of a player that only evaluated: the evaluation ceiling divided by
+    the mean legal moves per ply in games between ``state``'s agents."""
+    ceil = ceiling(evaluations)
+    branching = moves_per_ply(state, params, games)
+    return {"evaluations_per_second": ceil, "evaluations": max(ceil.values()), "moves_per_ply": branching,
+            "turns_per_second": max(ceil.values()) / branching}
+
+
+def learning_rate(params: KnightsParams, backend: Backend, episodes: int, warm_episodes: int = 200, *,
+                  repeats: int = 1, budget: float | None = None, state=None) -> dict:
     """Agent-turns per second of learning (episodes incl. weight updates), after a warm-up
-    that also lets the agents learn to finish games (early games run to the turn limit)."""
-    experiment = KnightsExperiment(params, backend)
-    experiment.warmup()
-    state = experiment.initial_state()
-    for _ in range(warm_episodes):
-        state = experiment.phase(state, time_left=None)
-    turns0 = state.turns
-    started = time.perf_counter()
-    for _ in range(episodes):
-        state = experiment.phase(state, time_left=None)
-    seconds = time.perf_counter() - started
-    return {"turns_per_second": (state.turns - turns0) / seconds, "seconds": seconds,
-            "plies_per_game": (state.turns - turns0) / (episodes * params.agents * params.games_per_agent),
-            "state": state}
+    that also lets the agents learn to finish games (early games run to the turn limit):
+    the best of ``repeats`` rounds of ``episodes`` episodes (or of as many as fit in
+    ``budget`` seconds), continuing ``state`` if given (then a short warm-up will do)."""
+    timing = time_phases(KnightsExperiment(params, backend), phases=episodes, repeats=repeats, budget=budget,
+                         warm_phases=warm_episodes, state=state)
+    return {"turns_per_second": timing.rate, "seconds": timing.seconds, "turns": timing.steps,
+            "episodes": timing.calls, "rounds": timing.rounds,
+            "plies_per_game": timing.steps / (timing.calls * params.agents * params.games_per_agent),
+            "state": timing.state}
 
 
 def quality_run(seconds: float) -> dict:
@@ -235,29 +246,24 @@ def main() -> None:
                 f"{'_'.join(names)}.json")
         (out / name).write_text(json.dumps(report, indent=2, default=float))
         return
-    import numba
-
-    report: dict = {"machine": {"cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-                                "platform": platform.platform(), "gpu": cuda_available()}}
+    report: dict = {"machine": machine_info()}
     rows = []
-    ceil = ceiling()
-    evals = max(ceil.values())
-    report["ceiling_evaluations_per_second"] = ceil
     params = KnightsParams(agents=64, games_per_agent=64)
     numba_rate = learning_rate(params, Backend("numba", "cpu"), args.episodes)
-    branching = moves_per_ply(numba_rate.pop("state"), params)
-    turn_ceiling = evals / branching
+    ceil = turn_ceiling(numba_rate.pop("state"), params)
+    evals, branching, turns_ceiling = ceil["evaluations"], ceil["moves_per_ply"], ceil["turns_per_second"]
+    report["ceiling_evaluations_per_second"] = ceil["evaluations_per_second"]
     report["moves_per_ply"] = branching
     rows.append({"case": "numpy 70-4-1 MLP, evaluations/s (ceiling)", "rate": evals})
-    rows.append({"case": f"turn ceiling = ceiling / {branching:.1f} moves per ply", "rate": turn_ceiling})
+    rows.append({"case": f"turn ceiling = ceiling / {branching:.1f} moves per ply", "rate": turns_ceiling})
     rows.append({"case": "64 agents x 64 games, numba, learning incl.", "rate": numba_rate["turns_per_second"],
-                 "of ceiling": numba_rate["turns_per_second"] / turn_ceiling,
+                 "of ceiling": numba_rate["turns_per_second"] / turns_ceiling,
                  "of ceiling at 20 moves/ply": numba_rate["turns_per_second"] / (evals / 20), "goal": 0.25,
                  "plies/game": numba_rate["plies_per_game"]})
     torch_rate = learning_rate(params, Backend("torch", "cpu"), 3, warm_episodes=2)
     torch_rate.pop("state")
     rows.append({"case": "64 agents x 64 games, torch CPU, learning incl.", "rate": torch_rate["turns_per_second"],
-                 "of ceiling": torch_rate["turns_per_second"] / turn_ceiling})
+                 "of ceiling": torch_rate["turns_per_second"] / turns_ceiling})
     if cuda_available():
         big = KnightsParams(agents=1024, games_per_agent=256)
         gpu = learning_rate(big, Backend("torch", "cuda"), 5, warm_episodes=2)

@@ -18,14 +18,16 @@ class Scale(str, Enum):
     paper = "paper"
 
 
-SCALE_HELP = ("paper: the report's sizes (1024 trials; minutes on a 2-core CPU); small: the same bandits "
-              "and groups with 128 trials (about a minute); tiny: a seconds-long smoke run.")
+SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit about a minute, cart-pole several minutes and "
+              "~20 GB of memory, knights about 10 minutes on a 2-core CPU); small: the report's groups with fewer "
+              "trials or a shorter run (a couple of minutes in all); tiny: a seconds-long smoke run.")
 
 
 @app.command("reproduce", short_help="Regenerate a figure of the report: data (HDF5) and a PNG.")
 def reproduce(
     figure: Annotated[str, typer.Argument(
-        help="figure2, figure3 or figure4 (bandit, report §1.4); bandit for all three; all for every figure.",
+        help="figure2-figure4 (bandit, report §1.4), figure6-figure9 (cart-pole, §2.5), knights_replication "
+             "(knights, §3.4); a domain (bandit, cartpole, knights) for all its figures; all for every figure.",
         metavar="FIGURE")],
     scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,
     out: Annotated[Path, typer.Option(

@@ -3,7 +3,10 @@
 * :mod:`popplay.reproduce.registry`: the figures known, one definitions module per domain;
 * :mod:`popplay.reproduce.driver`: computes the chosen figures, writes and draws them;
 * :mod:`popplay.reproduce.data`: the figure data files (h5py only, no pickle);
-* :mod:`popplay.reproduce.bandit`: Bell's Figures 2–4.
+* :mod:`popplay.reproduce.timing`: what the domains share: batches, one-trial timing, drawing;
+* :mod:`popplay.reproduce.bandit`: Bell's Figures 2–4;
+* :mod:`popplay.reproduce.cartpole`: Bell's Figures 6–9;
+* :mod:`popplay.reproduce.knights`: best/mean/worst of a population with and without selective replication (§3.4).
 """
 from __future__ import annotations
 

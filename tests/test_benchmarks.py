@@ -1,0 +1,79 @@
+"""``python benchmarks/run.py --quick``: runs, and writes the report it promises.
+
+No timing assertions (the machine running the tests may be busy); only that every
+section produces rows that say what was measured, with positive rates and ratios.
+The gymnasium peer of cart-pole is left out when gymnasium is not installed.
+"""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench_run():
+    """benchmarks/run.py as a module; sys.path and sys.modules restored afterwards."""
+    path, modules = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("popplay_benchmarks_run", ROOT / "benchmarks" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        if name in ("bandit", "cartpole", "knights", "_common", "popplay_benchmarks_run"):
+            del sys.modules[name]
+
+
+def test_quick_run_writes_json_and_markdown(bench_run, tmp_path, capsys):
+    from popplay.populations.base import cuda_available
+
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    report = bench_run.main(["--quick", "--quiet", "--json", str(out_json), "--markdown", str(out_md)])
+    printed = capsys.readouterr().out
+
+    data = json.loads(out_json.read_text())
+    assert data["quick"] is True
+    machine = data["machine"]
+    for key in ("cpu", "cores", "numba_threads", "torch", "numba", "numpy", "gpu"):
+        assert key in machine
+    expected = ["bandit", "cartpole", "knights", "scaling-population", "scaling-threads"]
+    assert data["sections"] == expected + (["gpu"] if cuda_available() else [])
+    if not cuda_available():
+        assert "no CUDA GPU: GPU rows skipped" in printed
+
+    rows = data["rows"]
+    assert len(rows) == len(report["rows"])
+    assert {r["section"] for r in rows} == set(data["sections"])
+    for row in rows:
+        for key in ("domain", "backend", "device", "agents", "steps", "seconds", "rate", "rounds", "peer", "ratio",
+                    "unit"):
+            assert key in row, (key, row)
+        assert row["steps"] > 0 and row["seconds"] > 0 and row["rate"] > 0
+        assert row["rate"] == pytest.approx(row["steps"] / row["seconds"])
+        if row["domain"] == "bandit":
+            assert row["arms"] and row["trials"]
+        if row["domain"] == "knights":
+            assert row["games_per_agent"] and row["unit"] == "agent-turns/s"
+        peer = row["peer"]
+        if peer is None:  # only the gymnasium peer may be missing
+            assert row["domain"] == "cartpole" and row["section"] != "scaling-threads"
+            continue
+        assert peer["rate"] > 0 and peer["name"]
+        assert row["ratio"] == pytest.approx(row["rate"] / peer["rate"])
+
+    bandit = [r for r in rows if r["section"] == "bandit"]
+    assert {r["backend"] for r in bandit} >= {"numba", "torch"}
+    assert any(r["peer"]["name"].startswith("Bell's report") for r in bandit)
+    assert any(r["peer"]["name"].startswith("numpy") for r in bandit)
+    threads = [r for r in rows if r["section"] == "scaling-threads"]
+    assert {r["threads"] for r in threads} >= {1}
+    assert data["knights_ceiling"]["turns_per_second"] > 0
+
+    markdown = out_md.read_text()
+    assert markdown.count("| domain | backend |") == len(data["sections"])
+    assert "best of" in printed and "ratio" in printed
