@@ -49,6 +49,30 @@ def test_backends_equal_reference_bit_for_bit(differentiation):
             assert np.array_equal(n, np.array(n_ref)), backend
 
 
+def _scanning(experiment: BanditExperiment) -> BanditExperiment:
+    """The same experiment with the ranked rescans of the numba engine turned off."""
+    experiment._ranked = False
+    return experiment
+
+
+def test_ranked_rescans_choose_exactly_what_full_scans_choose():
+    # Greedy agents on tables full of ties, where the ranked shortcut is taken most.
+    params = BanditParams(arms=40, agents=24, trials=3, steps_per_agent=60, share_every=5, epsilon=0.05, seed=4)
+    ranked = BanditExperiment(params, NUMBA)
+    assert ranked._ranked
+    scanning = _scanning(BanditExperiment(params, NUMBA))
+    states = []
+    for experiment in (ranked, scanning):
+        state = experiment.initial_state()
+        while not experiment.finished(state, time_mode=False):
+            state = experiment.phase(state, time_left=None)
+        states.append(state)
+    assert np.array_equal(states[0].q, states[1].q) and np.array_equal(states[0].n, states[1].n)
+    small = BanditParams(arms=12, agents=6, trials=2, steps_per_agent=30, share_every=5, epsilon=0.0, seed=9)
+    for (q, n), (q_ref, n_ref) in zip(_history(small, NUMBA), _reference_history(small)):
+        assert np.array_equal(q, np.array(q_ref)) and np.array_equal(n, np.array(n_ref))
+
+
 def test_ties_at_the_start_are_broken_at_random():
     # all estimates start equal: greedy first pulls must spread over the arms
     params = BanditParams(arms=10, agents=200, trials=1, steps_per_agent=1, share_every=1, epsilon=0.0)

@@ -1,6 +1,5 @@
 """Checkpoints, resume, stop requests, a second writer, kills and corrupted files."""
 import json
-import os
 import random
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.checkpoints.runfile import RunFileError, read_run
+from popplay.checkpoints.runfile import read_run
 from popplay.cli import main
 from popplay.games.bandit import BanditParams
 from popplay.runner import RunLock, TrainOptions, train

@@ -18,8 +18,8 @@ class Scale(str, Enum):
     paper = "paper"
 
 
-SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit about a minute, cart-pole several minutes and "
-              "~20 GB of memory, knights about 10 minutes on a 2-core CPU); small: the report's groups with fewer "
+SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit under a minute, cart-pole about 4 minutes and "
+              "16 GB of memory, knights about 8 minutes on a 2-core CPU); small: the report's groups with fewer "
               "trials or a shorter run (a couple of minutes in all); tiny: a seconds-long smoke run.")
 
 

@@ -4,8 +4,11 @@ A learning phase runs every (trial, agent) pair for a block of steps in fused
 parallel loops. Each thread keeps one scratch copy of the current trial's shared
 table and restores only the arms an agent touched, so a phase costs O(steps), not
 O(arms), per agent. The greedy arm is kept incrementally (best arm, its value and an
-upper bound on the runner-up), so an argmax over all arms is needed only when the
-leader falls below the runner-up or values tie. The share then sums the agents'
+upper bound on the runner-up), so a new argmax is needed only when the leader falls
+below the runner-up or values tie. Where phases are long enough to pay for it, each
+trial's arms are ranked by shared value before the phase, and an agent finds its new
+greedy arm from that ranking in O(arms it pulled) instead of scanning every arm: on
+tables still full of ties that is most steps. The share then sums the agents'
 integer pull counts and fixed-point reward sums per trial.
 """
 from __future__ import annotations
@@ -64,24 +67,124 @@ def _top2(shared_row, own, pulls, bias, arms):
 
 
 @numba.njit(cache=True)
-def _random_argmax(shared_row, own, pulls, bias, arms, u):
-    """The floor(u * c)-th (in index order) of the c arms holding the maximum value."""
+def _random_argmax(shared_row, own, pulls, bias, arms, u, tied):
+    """The floor(u * c)-th (in index order) of the c arms holding the maximum value.
+
+    One pass: the arms tied at the running maximum are collected in ``tied`` (a
+    scratch buffer of ``arms`` entries), since a second pass over every arm costs as
+    much as the first and ties are common while tables are still empty."""
     best = _value(0, shared_row, own, pulls, bias)
+    tied[0] = 0
     ties = 1
     for a in range(1, arms):
         v = _value(a, shared_row, own, pulls, bias)
         if v > best:
             best = v
+            tied[0] = a
             ties = 1
         elif v == best:
+            tied[ties] = a
             ties += 1
-    pick = np.int64(np.floor(u * ties))
-    for a in range(arms):
-        if _value(a, shared_row, own, pulls, bias) == best:
-            if pick == 0:
-                return a
-            pick -= 1
-    return arms - 1  # unreachable
+    return tied[np.int64(np.floor(u * ties))]
+
+
+@numba.njit(cache=True, parallel=True)
+def _rank_arms(q_shared, order, rank, tie_top, n_chunks):
+    """Per trial: the arms by descending shared value (equal values by index), each
+    arm's position in that order, and how many arms hold the top value."""
+    trials, arms = q_shared.shape
+    for chunk in prange(n_chunks):
+        for t in range(chunk * trials // n_chunks, (chunk + 1) * trials // n_chunks):
+            row = q_shared[t]
+            sorted_arms = np.argsort(-row, kind="mergesort")
+            top = row[sorted_arms[0]]
+            tied = 0
+            for i in range(arms):
+                a = sorted_arms[i]
+                order[t, i] = a
+                rank[t, a] = i
+                if row[a] == top:
+                    tied += 1
+            tie_top[t] = tied
+
+
+@numba.njit(cache=True)
+def _two_untouched(order_row, pulls, arms):
+    """The first two arms of the trial's order that the agent has not pulled (-1: none)."""
+    first = -1
+    for i in range(arms):
+        a = order_row[i]
+        if pulls[a] == 0:
+            if first >= 0:
+                return first, a
+            first = a
+    return first, -1
+
+
+@numba.njit(cache=True)
+def _top2_ranked(order_row, shared_row, own, pulls, touched, used, arms):
+    """:func:`_top2` of an agent without bias, in O(arms it pulled): its values are the
+    shared ones except on those arms, and the trial's order gives the best two others."""
+    u1, u2 = _two_untouched(order_row, pulls, arms)
+    best_arm = arms
+    best = -np.inf
+    if u1 >= 0:
+        best_arm = u1
+        best = shared_row[u1]
+    for i in range(used):
+        a = touched[i]
+        v = own[a]
+        if v > best or (v == best and a < best_arm):
+            best = v
+            best_arm = a
+    second = -np.inf
+    if u1 >= 0 and u1 != best_arm:
+        second = shared_row[u1]
+    elif u2 >= 0:
+        second = shared_row[u2]
+    for i in range(used):
+        a = touched[i]
+        if a != best_arm and own[a] > second:
+            second = own[a]
+    return best_arm, best, second
+
+
+@numba.njit(cache=True)
+def _random_argmax_ranked(order_row, rank_row, tie_top, shared_row, own, pulls, touched, used, arms, u,
+                          skipped):
+    """:func:`_random_argmax` of an agent without bias in O(arms it pulled), or -1
+    where that shortcut does not apply (the caller then scans every arm).
+
+    Applies when the maximum is held only by arms the agent has not pulled and is the
+    shared top value: the tied arms are then the first ``tie_top`` of the trial's
+    order (in index order) less the pulled ones, and the k-th of them is found by
+    stepping over the pulled arms' positions."""
+    u1, _ = _two_untouched(order_row, pulls, arms)
+    if u1 < 0 or shared_row[u1] != shared_row[order_row[0]]:
+        return -1
+    top = shared_row[u1]
+    n_skipped = 0
+    for i in range(used):
+        a = touched[i]
+        if own[a] >= top:
+            return -1
+        r = rank_row[a]
+        if r < tie_top:
+            if n_skipped == skipped.size:
+                return -1
+            j = n_skipped  # insertion sort: few arms are pulled between shares
+            while j > 0 and skipped[j - 1] > r:
+                skipped[j] = skipped[j - 1]
+                j -= 1
+            skipped[j] = r
+            n_skipped += 1
+    position = np.int64(np.floor(u * (tie_top - n_skipped)))
+    for j in range(n_skipped):
+        if skipped[j] <= position:
+            position += 1
+        else:
+            break
+    return order_row[position]
 
 
 @numba.njit(cache=True)
@@ -109,7 +212,7 @@ def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
 def _learn_phase(
     q_shared, n_shared, top_arm, top_val, second_val, means, keys, static_keys,
     epsilons, topk, groups, n_groups, bias_scale, use_bias, first_counter, mixed_counters, n_steps,
-    n_chunks, out_arm, out_pulls, out_rewards, out_used,
+    n_chunks, out_arm, out_pulls, out_rewards, out_used, ranked, order, rank, tie_top,
 ):
     """One learning phase of every agent; writes each agent's touched arms.
 
@@ -127,6 +230,8 @@ def _learn_phase(
         rewards = np.zeros(arms, dtype=np.int64)
         bias = np.zeros(arms)
         touched = np.empty(out_arm.shape[2], dtype=np.int64)
+        tied = np.empty(arms, dtype=np.int64)
+        skipped = np.empty(32, dtype=np.int64)
         for index in range(lo, hi):
             t = index // agents
             p = index - t * agents
@@ -155,7 +260,12 @@ def _learn_phase(
                 elif best > second:
                     arm = best_arm
                 else:
-                    arm = _random_argmax(shared_row, own, pulls, bias, arms, u_choice)
+                    arm = -1
+                    if ranked:
+                        arm = _random_argmax_ranked(order[t], rank[t], tie_top[t], shared_row, own, pulls,
+                                                    touched, used, arms, u_choice, skipped)
+                    if arm < 0:
+                        arm = _random_argmax(shared_row, own, pulls, bias, arms, u_choice, tied)
                 reward = _reward_fixed(means[t, arm], _normal(key, first_counter + 2 * s + 1, w1))
                 if pulls[arm] == 0:
                     touched[used] = arm
@@ -165,7 +275,10 @@ def _learn_phase(
                 own[arm] = _estimate(shared_row[arm], n_shared[t, arm] / agents, pulls[arm], rewards[arm])
                 best_arm, best, second, rescan = _update_greedy(arm, own[arm] + bias[arm], best_arm, best, second)
                 if rescan:
-                    best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
+                    if ranked:
+                        best_arm, best, second = _top2_ranked(order[t], shared_row, own, pulls, touched, used, arms)
+                    else:
+                        best_arm, best, second = _top2(shared_row, own, pulls, bias, arms)
             for i in range(used):
                 a = touched[i]
                 out_arm[t, p, i] = a

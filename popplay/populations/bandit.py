@@ -46,6 +46,15 @@ class BanditExperiment:
             self._keys = keys
             self._static_keys = static_keys
             self._scratch: dict[int, tuple[np.ndarray, ...]] = {}
+            # Ranking every trial's arms at each phase lets an agent rescan its greedy
+            # choice in O(arms it pulled) instead of O(arms); worth its sort only when
+            # a phase does more agent-steps per trial than there are arms. A per-agent
+            # bias gives every agent its own order, so it scans.
+            self._ranked = not self.use_bias and p.agents * p.share_every >= 2 * p.arms
+            shape = (p.trials, p.arms) if self._ranked else (1, 1)
+            self._order = np.zeros(shape, dtype=np.int64)
+            self._rank = np.zeros(shape, dtype=np.int64)
+            self._tie_top = np.zeros(shape[0], dtype=np.int64)
 
     # -- the runner's interface -------------------------------------------------
 
@@ -129,11 +138,14 @@ class BanditExperiment:
         p = self.params
         out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(min(p.arms, n_steps))
         counters = kernels._mixed_counters(state.step, n_steps, game.WORDS_PER_STEP)
+        if self._ranked:
+            kernels._rank_arms(state.q, self._order, self._rank, self._tie_top, self.backend.chunks(p.trials))
         kernels._learn_phase(
             state.q, state.n, state.top_arm, state.top_value, state.second_value, self.means, self._keys,
             self._static_keys, self.epsilons, self.topk, self.groups, self.n_groups, p.bias_scale,
             self.use_bias, state.step * game.WORDS_PER_STEP, counters, n_steps,
             self.backend.chunks(p.trials * p.agents), out_arm, out_pulls, out_rewards, out_used,
+            self._ranked, self._order, self._rank, self._tie_top,
         )
         kernels._share(state.q, state.n, state.top_arm, state.top_value, state.second_value,
                        self.backend.chunks(p.trials), out_arm, out_pulls, out_rewards, out_used)
