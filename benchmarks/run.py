@@ -395,11 +395,13 @@ class Bench:
 
     # -- GPU --------------------------------------------------------------------
 
-    def gpu(self) -> None:
+    def gpu(self, device: str = "cuda") -> None:
+        """The GPU section; ``device="cpu"`` runs the same rows on torch's CPU (the test
+        suite's way of exercising this path on machines without a GPU)."""
         import torch
 
         s = self.sizes
-        cuda = Backend("torch", "cuda")
+        cuda = Backend("torch", device)
         largest_gym = max(s.cartpole_agents)
         for agents, trials, arms in s.gpu_bandit:
             (timing, mib), used = _shrink_on_oom(

@@ -77,3 +77,18 @@ def test_quick_run_writes_json_and_markdown(bench_run, tmp_path, capsys):
     markdown = out_md.read_text()
     assert markdown.count("| domain | backend |") == len(data["sections"])
     assert "best of" in printed and "ratio" in printed
+
+
+def test_gpu_section_runs_its_rows_on_torch_cpu(bench_run):
+    """Without a GPU the GPU section's plumbing (sizes, OOM halving, rows, notes) still
+    runs, on torch's CPU, so that a lent GPU does not meet it for the first time."""
+    bench = bench_run.Bench(bench_run.QUICK, lambda text: None)
+    bench.gpu(device="cpu")
+    rows = [r for r in bench.rows if r["section"] == "gpu"]
+    assert [r["domain"] for r in rows] == ["bandit", "cartpole", "knights"]
+    for row in rows:
+        assert row["backend"] == "torch" and row["device"] == "cpu"
+        assert row["rate"] > 0 and row["peer"]["rate"] > 0
+    assert rows[0]["agents"] * rows[0]["trials"] == 256 * 16
+    assert "games per episode" in rows[2]["notes"]
+    assert any("GPU memory" in note for note in bench.notes["gpu"])
