@@ -112,10 +112,12 @@ def cpu_model() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, cores, numba threads, library versions and the GPU (None without one)."""
+    """CPU, cores, numba threads, library versions (as run files record them) and the
+    GPU (None without one)."""
     import numba
-    import numpy
     import torch
+
+    from popplay.checkpoints.runfile import library_versions
 
     gpu = None
     if torch.cuda.is_available():
@@ -129,6 +131,5 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         gym_version = None
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": numpy.__version__, "numba": numba.__version__,
-            "torch": torch.__version__, "gymnasium": gym_version, "gpu": gpu}
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(), **library_versions(),
+            "gymnasium": gym_version, "gpu": gpu}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 import time
@@ -272,16 +273,8 @@ class Bench:
         self.notes.setdefault("cartpole", []).append(
             "the peer: gymnasium.make_vec('CartPole-v1', num_envs=agents, vectorization_mode='vector_entry_point') "
             f"stepping random actions, no learning; a round: a run from the start, its first phase untimed, then "
-            f"{self.sizes.cartpole_steps} timed steps per agent" + ("" if self._has_gymnasium() else
+            f"{self.sizes.cartpole_steps} timed steps per agent" + ("" if importlib.util.find_spec("gymnasium") is not None else
                                                      " (gymnasium is not installed: pip install gymnasium)"))
-
-    @staticmethod
-    def _has_gymnasium() -> bool:
-        try:
-            import gymnasium  # noqa: F401
-        except ImportError:
-            return False
-        return True
 
     # -- knights ----------------------------------------------------------------
 

@@ -105,6 +105,23 @@ def first_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+def read_header(f: Any, path: Path, error: type[Exception], noun: str, file_format: str, schema_version: int,
+                advice: bool = False) -> dict[str, Any]:
+    """The root attributes of a popplay HDF5 file, decoded, once its ``format`` and
+    ``schema_version`` are the ones this popplay writes; otherwise ``error`` naming
+    the file (with ``advice``: and what to do about a newer or older schema)."""
+    attrs = {name: decode_attr(f.attrs[name]) for name in f.attrs}
+    if attrs.get("format") != file_format:
+        raise error(f"{path}: not a popplay {noun} file")
+    version = attrs.get("schema_version")
+    if version != schema_version:
+        newer = isinstance(version, int) and version > schema_version
+        what_now = f"; {'upgrade popplay' if newer else 'it cannot be loaded'}" if advice else ""
+        raise error(f"{path}: {noun} file schema {version} is {'newer' if newer else 'older'} than this "
+                    f"popplay reads ({schema_version}){what_now}")
+    return attrs
+
+
 def check_hdf5_path(path: Path, error: type[Exception], noun: str) -> None:
     """Raise ``error`` with a one-line reason unless ``path`` is a non-empty HDF5 file."""
     import h5py

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
-                                      first_line, probe_directory)
+                                      first_line, probe_directory, read_header)
 
 FORMAT = "popplay-run"
 SCHEMA_VERSION = 1
@@ -191,16 +191,7 @@ _reason = first_line
 
 
 def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
-    attrs = {name: _plain(f.attrs[name]) for name in f.attrs}
-    if attrs.get("format") != FORMAT:
-        raise RunFileError(f"{path}: not a popplay run file")
-    version = attrs.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > SCHEMA_VERSION
-        raise RunFileError(
-            f"{path}: run file schema {version} is {'newer' if newer else 'older'} than this "
-            f"popplay reads ({SCHEMA_VERSION}); {'upgrade popplay' if newer else 'it cannot be loaded'}"
-        )
+    attrs = read_header(f, path, RunFileError, "run", FORMAT, SCHEMA_VERSION, advice=True)
     domain = attrs.get("domain")
     if expected_domain is not None and domain != expected_domain:
         raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")

@@ -43,7 +43,7 @@ import numpy as np
 from popplay.reproduce import timing
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context, Figure, register
-from popplay.reproduce.timing import CurveData, agents_label
+from popplay.reproduce.timing import CurveData, GroupScale, agents_label
 
 REPORT_AGENT_STEPS = 131072
 REPORT_SINGLE_AGENT_SECONDS = 0.0377  # 131,072 single-agent steps on Bell's CPU
@@ -51,34 +51,11 @@ PAPER_GROUPS = ((16, 128), (64, 64), (256, 16), (1024, 8), (8192, 4))  # (agents
 
 
 @dataclass(frozen=True)
-class BanditScale:
+class BanditScale(GroupScale):
     """Sizes of one reproduction scale."""
 
-    name: str
-    arms: int
-    agent_steps: int  # agent-time steps per trial (Figure 2's budget)
-    trials: int
-    groups: tuple[tuple[int, int], ...]  # (agents, steps per agent between shares)
-    single_points: int  # measurement points on the single agent's curve
-    repeats: int  # timing runs per curve; the fastest counts
+    arms: int = 100
     epsilon: float = 0.1
-
-    @property
-    def single_every(self) -> int:
-        return self.agent_steps // self.single_points
-
-    def series(self) -> list[tuple[int, int]]:
-        """(agents, share every) of every curve, the single agent first."""
-        return [(1, self.single_every), *self.groups]
-
-    def validate(self) -> None:
-        # Sharing points must fall on the budget exactly, so that a batch continued
-        # past the budget (Figure 3) has the same points as one stopped on it.
-        for agents, every in self.series():
-            per_agent = self.agent_steps // agents
-            if self.agent_steps % agents or per_agent % every:
-                raise ValueError(f"scale {self.name}: {agents} agents sharing every {every} steps do not "
-                                 f"divide {self.agent_steps} agent-steps evenly")
 
 
 SCALES: dict[str, BanditScale] = {

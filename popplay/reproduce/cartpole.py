@@ -60,7 +60,7 @@ import numpy as np
 from popplay.reproduce import timing
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context, Figure, register
-from popplay.reproduce.timing import CurveData, agents_label
+from popplay.reproduce.timing import CurveData, GroupScale, agents_label
 
 REPORT_AGENT_STEPS = 262144
 REPORT_TEST_STEPS = 8192
@@ -69,39 +69,19 @@ PAPER_GROUPS = ((16, 64), (64, 64), (256, 64), (1024, 32), (4096, 16))  # (agent
 
 
 @dataclass(frozen=True)
-class CartPoleScale:
+class CartPoleScale(GroupScale):
     """Sizes of one reproduction scale."""
 
-    name: str
-    agent_steps: int  # agent-time steps per trial (Figure 6's budget)
-    trials: int
-    groups: tuple[tuple[int, int], ...]  # (agents, steps per agent between shares)
-    single_points: int  # measurement points on the single agent's curve
-    repeats: int  # timing runs per curve; the fastest counts
-    test_steps: int  # the quality ceiling: steps of each greedy test
+    test_steps: int = REPORT_TEST_STEPS  # the quality ceiling: steps of each greedy test
     bias: float = 0.1  # max bias of differentiation, equation (9)
     bias_decay: float = 1.2  # equation (10)
-
-    @property
-    def single_every(self) -> int:
-        return self.agent_steps // self.single_points
-
-    def series(self) -> list[tuple[int, int]]:
-        """(agents, share every) of every curve, the single agent first."""
-        return [(1, self.single_every), *self.groups]
 
     def biases(self) -> tuple[float, float]:
         """Without and with differentiation."""
         return (0.0, self.bias)
 
     def validate(self) -> None:
-        # Sharing points must fall on the budget exactly, so that a batch continued
-        # past the budget (Figures 7 and 8) has the same points as one stopped on it.
-        for agents, every in self.series():
-            per_agent = self.agent_steps // agents
-            if self.agent_steps % agents or per_agent % every:
-                raise ValueError(f"scale {self.name}: {agents} agents sharing every {every} steps do not "
-                                 f"divide {self.agent_steps} agent-steps evenly")
+        super().validate()
         if not self.bias > 0.0:
             raise ValueError(f"scale {self.name}: differentiation needs a positive bias")
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
-                                      first_line)
+                                      first_line, read_header)
 
 FORMAT = "popplay-figure"
 SCHEMA_VERSION = 1
@@ -128,14 +128,7 @@ def _read(f: Any, path: Path) -> FigureData:
 
     from popplay.checkpoints.runfile import DIGEST, content_digest
 
-    attrs = {name: _plain(f.attrs[name]) for name in f.attrs}
-    if attrs.get("format") != FORMAT:
-        raise FigureFileError(f"{path}: not a popplay figure file")
-    version = attrs.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > SCHEMA_VERSION
-        raise FigureFileError(f"{path}: figure file schema {version} is {'newer' if newer else 'older'} than "
-                              f"this popplay reads ({SCHEMA_VERSION})")
+    attrs = read_header(f, path, FigureFileError, "figure", FORMAT, SCHEMA_VERSION)
     _check_tree(f, path)
     if attrs.get(DIGEST) != content_digest(f):
         raise FigureFileError(f"{path}: damaged figure file (content checksum mismatch)")

@@ -37,6 +37,37 @@ from popplay.reproduce.registry import Context
 MakeExperiment = Callable[[int], Any]  # steps per agent -> a popplay.runner.Experiment
 
 
+@dataclass(frozen=True)
+class GroupScale:
+    """Sizes of one reproduction scale of a figure set comparing a single agent with
+    sharing groups under one budget of agent-time steps per trial."""
+
+    name: str
+    agent_steps: int  # agent-time steps per trial (the figures' budget)
+    trials: int
+    groups: tuple[tuple[int, int], ...]  # (agents, steps per agent between shares)
+    single_points: int  # measurement points on the single agent's curve
+    repeats: int  # timing runs per curve; the fastest counts
+
+    @property
+    def single_every(self) -> int:
+        return self.agent_steps // self.single_points
+
+    def series(self) -> list[tuple[int, int]]:
+        """(agents, share every) of every curve, the single agent first."""
+        return [(1, self.single_every), *self.groups]
+
+    def validate(self) -> None:
+        # Sharing points must fall on the budget exactly, so that a batch continued
+        # past the budget (the learning-time figures) has the same points as one
+        # stopped on it.
+        for agents, every in self.series():
+            per_agent = self.agent_steps // agents
+            if self.agent_steps % agents or per_agent % every:
+                raise ValueError(f"scale {self.name}: {agents} agents sharing every {every} steps do not "
+                                 f"divide {self.agent_steps} agent-steps evenly")
+
+
 @dataclass
 class CurveData:
     """One learning curve: agent-time steps per trial, seconds, quality, and any
