@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import import_module
 
-import click
 import typer
 
 app = typer.Typer(
@@ -24,14 +24,17 @@ def _register() -> None:
 
 
 def _click_exceptions(name: str) -> tuple[type[BaseException], ...]:
-    """``name`` from click and from the copy of click that newer typer releases vendor."""
-    found = [getattr(click.exceptions, name)]
-    try:
-        from typer._click import exceptions as vendored
-    except ImportError:
-        vendored = None
-    if vendored is not None and hasattr(vendored, name):
-        found.append(getattr(vendored, name))
+    """``name`` from whichever click typer runs on: typer 0.29 and newer vendor their own
+    copy (``typer._click``) and no longer depend on click; older releases use click itself,
+    which they then install. Importing click unconditionally broke fresh machines."""
+    found: list[type[BaseException]] = []
+    for module_name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            module = import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            found.append(getattr(module, name))
     for module in (typer, getattr(typer, "exceptions", None)):
         if module is not None and hasattr(module, name):
             found.append(getattr(module, name))
