@@ -97,7 +97,10 @@ class CartPoleVectorEnv(VectorEnv):
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
               ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed if not isinstance(seed, list) else seed[0])
+        if isinstance(seed, (list, tuple)):
+            # One stream for all copies, determined by every copy's seed.
+            seed = int(np.random.SeedSequence([int(s) for s in seed]).generate_state(1)[0])
+        super().reset(seed=seed)
         self._state[:] = self.np_random.uniform(low=-_START, high=_START, size=(self.num_envs, 4))
         self._steps[:] = 0
         return self._state.astype(np.float32), {}
