@@ -146,8 +146,14 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
         raise CommandError(option_message(str(error))) from None
     except EnvError as error:
         raise CommandError(str(error)) from None
-    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
     target = out if out is not None else default_out(domain)
+    if params.ranks > 1:
+        from popplay.distributed.launch import in_rank
+
+        if not in_rank():
+            _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume)
+            return
+    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
     try:
         with stop_on_signals() as should_stop:
             summary = train_deep(domain, params, out=target, overwrite=overwrite, checkpoint_every=checkpoint_every,
@@ -156,6 +162,8 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
         raise CommandError(str(error), error.exit_code) from None
     finally:
         reporter.close()
+    if summary is None:
+        return  # not rank 0
     if json_output:
         print_json(summary)
     else:
@@ -168,3 +176,21 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: bool, checkpoint_every: Optional[str],
+            resume: Any) -> None:
+    """Run this command as ``params.ranks`` local processes (rank 0 prints the results)."""
+    from popplay.checkpoints.runfile import RunFileError, check_writable
+    from popplay.topologies.launch import launch
+
+    if resume is None and Path(out).exists() and not overwrite:
+        raise CommandError(f"--out {out}: file exists (pass --overwrite to replace it)")
+    try:
+        check_writable(Path(out))
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+    code = launch(domain, params, out=Path(out), overwrite=overwrite, checkpoint_every=checkpoint_every,
+                  json_output=json_output, resume=resume.path if resume is not None else None)
+    if code:
+        raise typer.Exit(code)

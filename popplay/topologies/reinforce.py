@@ -123,9 +123,20 @@ class ReinforceExperiment:
         self.info = envs.describe(self._env, params.env)
         envs.require_discrete(self.info, "reinforce")
         self._dist: Any = None  # the process group when the workers are ranks
+        if params.topology == "server":
+            from popplay.distributed.group import current
 
-    def attach(self, dist: Any) -> None:
-        self._dist = dist
+            if current().distributed:
+                self._dist = current()
+        self._closed = False
+
+    def close(self, state: ReinforceState) -> None:
+        """Tell the workers to stop (once; nothing to do in one process)."""
+        if self._dist is not None and not self._closed:
+            from popplay.topologies.reinforce_ranks import server_stop
+
+            server_stop(self._dist, state.policy)
+        self._closed = True
 
     def initial_state(self) -> ReinforceState:
         import torch

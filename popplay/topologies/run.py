@@ -22,8 +22,10 @@ class DeepRunError(Exception):
 
 def train_deep(domain: str, params: Any, *, out: Path, overwrite: bool = False,
                checkpoint_every: str | None = None, resume: Any = None, reporter: Any = None,
-               should_stop: Callable[[], bool] | None = None, device: str = "cpu") -> dict[str, Any]:
-    """Train ``params`` (a DQN or REINFORCE parameter set) and write ``out``; return the summary."""
+               should_stop: Callable[[], bool] | None = None, device: str = "cpu") -> dict[str, Any] | None:
+    """Train ``params`` (a DQN or REINFORCE parameter set) and write ``out``; return the
+    summary (None on ranks other than 0 of a multi-rank run)."""
+    from popplay.distributed.collectives import CollectiveError
     from popplay.envs import EnvError
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
 
@@ -40,10 +42,14 @@ def train_deep(domain: str, params: Any, *, out: Path, overwrite: bool = False,
         else:
             from popplay.topologies.launch import train_multirank
 
-            outcome, backend_name = train_multirank(domain, params, options, reporter=reporter,
-                                                    should_stop=should_stop, resume=resume)
+            ran = train_multirank(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
+            if ran is None:
+                return None  # a simulator or worker rank: rank 0 reports
+            outcome, backend_name = ran
     except (UsageProblem, EnvError) as error:
         raise DeepRunError(str(error)) from None
+    except CollectiveError as error:
+        raise DeepRunError(str(error), error.exit_code) from None
     experiment, state = outcome.experiment, outcome.result.state
     quality = experiment.quality(state)
     summary: dict[str, Any] = {
