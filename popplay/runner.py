@@ -316,8 +316,6 @@ class RunWriter:
     def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
         from popplay.checkpoints import runfile
 
-        if hasattr(self.experiment, "gather_state"):
-            state = self.experiment.gather_state(state)  # a collective: every rank takes part
         if not self.enabled:
             return
 

@@ -70,6 +70,10 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     if sharded.wants_launch(nproc):
         from popplay.cli import ARGV
 
+        try:
+            sharded.check_divisible(params, nproc)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
         if ARGV is None:
             raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
         raise typer.Exit(sharded.launch_training(ARGV, nproc, timeout, out))

@@ -48,6 +48,14 @@ def launch_training(argv: list[str], nproc: int, timeout: float, out: Path) -> i
     return launch_local(argv, nproc, timeout=timeout, describe_lost=lambda: describe_checkpoint(out))
 
 
+def check_divisible(params: Any, nproc: int) -> None:
+    """Refuse, before starting anything, a number of ranks that does not divide the agents."""
+    agents = getattr(params, "agents", None)
+    if nproc > 1 and isinstance(agents, int) and agents % nproc:
+        raise ValueError(f"{agents} agents cannot be split evenly over {nproc} ranks "
+                         "(the number of ranks must divide the number of agents)")
+
+
 def wants_launch(nproc: int) -> bool:
     """True when this process should launch ranks rather than be one."""
     return nproc > 1 and not in_rank()
@@ -83,7 +91,7 @@ def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], boo
 
 
 #: Domains whose experiments shard their agents over ranks.
-SHARDED_DOMAINS = ("bandit",)
+SHARDED_DOMAINS = ("bandit", "cartpole")
 
 
 def check_supported(dist: Dist, *, domain: str, time_budget: float | None) -> None:
