@@ -91,7 +91,7 @@ def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], boo
 
 
 #: Domains whose experiments shard their agents over ranks.
-SHARDED_DOMAINS = ("bandit", "cartpole")
+SHARDED_DOMAINS = ("bandit", "cartpole", "knights")
 
 
 def check_supported(dist: Dist, *, domain: str, time_budget: float | None) -> None:

@@ -1,0 +1,24 @@
+"""Knights populations sharded over real ranks (gloo): opponents from the whole
+population, selection by a round robin, evaluation; bit-identical to one process."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests._dist_helpers import assert_same_run, popplay
+
+TINY = ["train", "knights", "--agents", "4", "--games-per-agent", "4", "--episodes", "4", "--hidden", "4",
+        "--max-turns", "12", "--eval-every", "2", "--eval-games", "2", "--replicate-every", "2",
+        "--tournament-games", "2", "--mutate-weights", "0.01", "--mutate-params", "1.5", "--seed", "2",
+        "--backend", "numba"]
+
+
+def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
+    from popplay.cli import main
+
+    one = tmp_path / "one.h5"
+    assert main([*TINY, "--out", str(one), "--json"]) == 0
+    out = tmp_path / "n2.h5"
+    done = popplay(*TINY, "--nproc", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks" in done.stdout
+    assert_same_run(one, out)
