@@ -22,3 +22,28 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "2 ranks" in done.stdout
     assert_same_run(one, out)
+
+
+def test_tournament_three_ranks_equal_one_process(tmp_path: Path) -> None:
+    """10 pairs over 3 ranks: uneven blocks, the counts still land in pair order."""
+    import json
+
+    from popplay.cli import main
+
+    run = tmp_path / "run.h5"
+    assert main([*TINY, "--episodes", "2", "--out", str(run), "--json"]) == 0
+    args = ["tournament", str(run), "--games", "3", "--anchor", "greedy", "--json"]
+    done = popplay(*args, "--nproc", "3")
+    assert done.returncode == 0, done.stderr
+    sharded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sharded.pop("world_size") == 3
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(args) == 0
+    single = json.loads(buffer.getvalue().strip().splitlines()[-1])
+    assert single.pop("world_size") == 1
+    assert sharded == single
+    assert sum(map(sum, single["wins"])) + sum(map(sum, single["draws"])) > 0

@@ -56,6 +56,13 @@ def check_divisible(params: Any, nproc: int) -> None:
                          "(the number of ranks must divide the number of agents)")
 
 
+def launch_command(argv: list[str], nproc: int, timeout: float) -> int:
+    """Start ``nproc`` local ranks of a command that writes no run file (a tournament)."""
+    from popplay.distributed.launch import launch_local
+
+    return launch_local(argv, nproc, timeout=timeout)
+
+
 def wants_launch(nproc: int) -> bool:
     """True when this process should launch ranks rather than be one."""
     return nproc > 1 and not in_rank()
