@@ -81,6 +81,7 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     try:
         with sharded.rank_session(nproc, timeout, device) as dist:
             sharded.check_supported(dist, domain=domain, time_budget=time_budget)
+            resume = sharded.restarted_resume(domain, params, out, resume)
             options = TrainOptions(backend=backend, device=device, time_budget=time_budget, out=out,
                                    overwrite=overwrite, checkpoint_every=every, writer=dist.is_writer)
             reporter = reporter_for(sys.stderr if json_output else sys.stdout,

@@ -82,10 +82,60 @@ def rank_session(nproc: int, timeout: float = DEFAULT_TIMEOUT, device: str = "cp
         if int(os.environ["WORLD_SIZE"]) != nproc:
             raise ValueError(f"--nproc {nproc} but this job has {os.environ['WORLD_SIZE']} ranks")
     dist = init_from_env(device="cuda" if str(device).startswith("cuda") else "cpu", timeout=timeout)
+    split_numba_threads(dist)
     try:
         yield dist
     finally:
         shutdown()
+
+
+def restarted_resume(domain: str, params: Any, out: Path, resume: Any) -> Any:
+    """Under ``torchrun --max-restarts K``, a restarted job (``TORCHELASTIC_RESTART_COUNT``
+    > 0) continues from its last checkpoint at ``--out`` instead of starting over.
+
+    Returns the run file to resume (or ``resume`` unchanged when this is not a restart,
+    a resume was asked for, or no checkpoint exists yet). Raises ``ValueError`` when
+    the checkpoint belongs to other settings.
+    """
+    import os
+
+    if resume is not None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0:
+        return resume
+    if not Path(out).exists():
+        return resume
+    from popplay.checkpoints.runfile import RunFileError, read_run
+
+    try:
+        stored = read_run(Path(out), expected_domain=domain)
+    except RunFileError as error:
+        raise ValueError(f"restart: cannot continue from {out} ({error})") from None
+    mine = {key: value for key, value in params.to_dict().items()}
+    theirs = {key: stored.config.get(key) for key in mine}
+    if json_safe(mine) != json_safe(theirs):
+        raise ValueError(f"restart: {out} was written with other settings; not continuing it")
+    return stored
+
+
+def json_safe(values: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def split_numba_threads(dist: Dist) -> None:
+    """Under torchrun (which sets OMP_NUM_THREADS only) share the cores between the
+    local ranks, as ``--nproc`` does, unless NUMBA_NUM_THREADS was given."""
+    import os
+
+    if not dist.distributed or "NUMBA_NUM_THREADS" in os.environ:
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    try:
+        import numba
+
+        numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, (os.cpu_count() or 1) // max(1, local))))
+    except (ImportError, ValueError):
+        pass
 
 
 def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], bool]:
