@@ -98,3 +98,35 @@ def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
     assert summary["world_size"] == 2 and summary["complete"] is False
     stored = summarize_run(out)
     assert not stored["complete"] and stored["progress"]["step"] == summary["agent_steps_per_trial"] // 4
+
+
+def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    """An injected failure (SIGKILL of a worker) under ``torchrun --max-restarts 1``: the
+    restarted workers continue from the checkpoint at --out, and the finished run file
+    equals an uninterrupted one-process run."""
+    from popplay.cli import main
+
+    budget = ["--agent-steps", "40000"]
+    base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]
+    out = tmp_path / "run.h5"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--max-restarts", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                "-m", "popplay", *base, "--out", str(out), "--json"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(process, out)
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    assert workers and process.poll() is None, "the job ended before the failure could be injected"
+    os.kill(int(workers[-1]), signal.SIGKILL)
+    code, stdout, err = _finish(process)
+    assert code == 0, err
+    assert json.loads(stdout.strip().splitlines()[-1])["complete"] is True
+    fresh = tmp_path / "fresh.h5"
+    assert main([*base[:base.index("--checkpoint-every")], "--out", str(fresh), "--json"]) == 0
+    assert_same_run(fresh, out)

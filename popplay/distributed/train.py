@@ -163,4 +163,13 @@ def check_supported(dist: Dist, *, domain: str, time_budget: float | None) -> No
 
 
 def summary_fields(dist: Dist) -> dict[str, Any]:
-    return {"world_size": dist.world_size}
+    """What the summary adds: the world size and, with several ranks, rank 0's traffic
+    in collectives (payload bytes it sent, calls, seconds inside them)."""
+    fields: dict[str, Any] = {"world_size": dist.world_size}
+    if dist.distributed:
+        from popplay.distributed.collectives import traffic
+
+        sent = traffic()
+        fields.update(comm_calls=int(sent["calls"]), comm_bytes=int(sent["bytes"]),
+                      comm_seconds=float(sent["seconds"]))
+    return fields
