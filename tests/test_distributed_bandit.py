@@ -43,9 +43,10 @@ def test_torch_backend_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert_same_run(one, out)
 
 
-def test_ranks_must_divide_the_agents(tmp_path: Path) -> None:
-    done = popplay(*TINY, "--nproc", "3", "--out", str(tmp_path / "x.h5"))
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "cannot be split evenly over 3 ranks" in errors[0], done.stderr
+def test_ranks_must_divide_the_agents(tmp_path: Path, capsys) -> None:
+    from popplay.cli import main
+
+    assert main([*TINY, "--nproc", "3", "--out", str(tmp_path / "x.h5")]) == 2  # refused before any rank starts
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "cannot be split evenly over 3 ranks" in errors[0]
     assert not (tmp_path / "x.h5").exists()
