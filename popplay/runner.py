@@ -252,6 +252,7 @@ class TrainOptions:
     out: Any = None  # pathlib.Path
     overwrite: bool = False
     checkpoint_every: CheckpointEvery | None = None
+    writer: bool = True  # False on ranks other than 0: they neither lock nor write the run file
 
 
 @dataclass
@@ -310,9 +311,13 @@ class RunWriter:
                        "time_budget": options.time_budget}
         self.experiment = experiment
         self.events: list[str] = []
+        self.enabled = bool(getattr(options, "writer", True))
 
     def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
         from popplay.checkpoints import runfile
+
+        if not self.enabled:
+            return
 
         metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
         runfile.write_run(
@@ -362,7 +367,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         runfile.check_writable(out)
     except runfile.RunFileError as error:
         raise UsageProblem(str(error)) from None
-    with RunLock(out):
+    import contextlib
+
+    with RunLock(out) if options.writer else contextlib.nullcontext():
         experiment = registry.build(domain, params, backend)
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:

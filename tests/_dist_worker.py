@@ -9,6 +9,26 @@ import time
 import numpy as np
 
 
+def _gather(dist, outdir: str) -> None:
+    """Every collective once; rank 0 stores what it got."""
+    from popplay.distributed import collectives as C
+
+    agents = 12
+    values = np.random.default_rng(5).standard_normal((3, agents, 4))
+    mine = values[:, C.shard(agents, dist), :]
+    whole = C.all_gather_axis(mine, axis=1)
+    total = C.tree_sum(mine, axis=1)
+    keys = C.all_gather_axis(np.arange(agents, dtype=np.uint64)[C.shard(agents, dist)] * np.uint64(2**63 + 1), 0)
+    flag = C.any_flag(dist.rank == dist.world_size - 1)
+    count = C.sum_int(dist.rank + 1)
+    if dist.rank == 0:
+        np.save(os.path.join(outdir, "whole.npy"), whole)
+        np.save(os.path.join(outdir, "total.npy"), total)
+        np.save(os.path.join(outdir, "keys.npy"), keys)
+        with open(os.path.join(outdir, "scalars.txt"), "w") as f:
+            f.write(f"{flag} {count} {os.environ['POPPLAY_ROLE']}")
+
+
 def main() -> int:
     role, scenario, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     assert role.startswith("popplay rank ")
@@ -17,23 +37,6 @@ def main() -> int:
 
     dist = init_from_env(timeout=float(os.environ.get("TEST_TIMEOUT", "10")))
     try:
-        if scenario == "gather":
-            agents = 12
-            rng = np.random.default_rng(5)
-            values = rng.standard_normal((3, agents, 4))
-            mine = values[:, C.shard(agents, dist), :]
-            whole = C.all_gather_axis(mine, axis=1)
-            total = C.tree_sum(mine, axis=1)
-            keys = C.all_gather_axis(np.arange(agents, dtype=np.uint64)[C.shard(agents, dist)] * np.uint64(2**63 + 1), 0)
-            flag = C.any_flag(dist.rank == dist.world_size - 1)
-            count = C.sum_int(dist.rank + 1)
-            if dist.rank == 0:
-                np.save(os.path.join(outdir, "whole.npy"), whole)
-                np.save(os.path.join(outdir, "total.npy"), total)
-                np.save(os.path.join(outdir, "keys.npy"), keys)
-                with open(os.path.join(outdir, "scalars.txt"), "w") as f:
-                    f.write(f"{flag} {count} {os.environ['POPPLAY_ROLE']} {os.environ['NUMBA_NUM_THREADS']}")
-            return 0
         if scenario == "die":
             if dist.rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -46,7 +49,8 @@ def main() -> int:
                 time.sleep(600)
             C.barrier()
             return 0
-        if scenario == "stop":
+        if scenario == "gather_then_stop":
+            _gather(dist, outdir)
             requested = {"stop": False}
             signal.signal(signal.SIGINT, lambda *a: requested.update(stop=True))
             open(os.path.join(outdir, f"ready{dist.rank}"), "w").close()

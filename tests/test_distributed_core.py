@@ -36,27 +36,6 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
-def test_gather_and_tree_sum_match_one_process(tmp_path: Path) -> None:
-    from popplay.distributed.collectives import tree_sum
-    from popplay.operators import _tree_sum_th
-
-    code, out, err = _finish(_launcher("gather", tmp_path))
-    assert code == 0, err
-    values = np.random.default_rng(5).standard_normal((3, 12, 4))
-    np.testing.assert_array_equal(np.load(tmp_path / "whole.npy"), values)
-    import torch
-
-    single = _tree_sum_th(torch.from_numpy(values)).numpy()
-    # Bit for bit the one-process tree, though each rank summed its own 6 agents.
-    assert np.load(tmp_path / "total.npy").tobytes() == single.tobytes()
-    assert tree_sum(values, axis=1).tobytes() == single.tobytes()
-    keys = np.arange(12, dtype=np.uint64) * np.uint64(2**63 + 1)
-    assert np.load(tmp_path / "keys.npy").dtype == np.uint64
-    np.testing.assert_array_equal(np.load(tmp_path / "keys.npy"), keys)
-    flag, count, *role = (tmp_path / "scalars.txt").read_text().split()
-    assert (flag, count, " ".join(role[:3])) == ("True", "3", "popplay rank 0/2")
-
-
 def test_tree_sum_power_of_two_blocks_equal_numba_share() -> None:
     """The tree collectives rebuild is the one operators.share_weighted uses."""
     from popplay.distributed.collectives import tree_sum
@@ -95,8 +74,13 @@ def test_silent_rank_times_out(tmp_path: Path) -> None:
     assert elapsed < 60, elapsed  # bounded by the 3 s timeout (plus start-up), not 30 minutes
 
 
-def test_ctrl_c_reaches_every_rank_once_and_ps_shows_roles(tmp_path: Path) -> None:
-    process = _launcher("stop", tmp_path)
+def test_collectives_ps_roles_and_ctrl_c(tmp_path: Path) -> None:
+    """Two ranks: every collective against the one-process answer, each rank's role in
+    ``ps``, then Ctrl-C on the launcher reaches both once and rank 0 saves once."""
+    from popplay.distributed.collectives import tree_sum
+    from popplay.operators import _tree_sum_th
+
+    process = _launcher("gather_then_stop", tmp_path)
     deadline = time.monotonic() + WAIT
     while not ((tmp_path / "ready0").exists() and (tmp_path / "ready1").exists()):
         assert process.poll() is None, process.communicate()
@@ -109,3 +93,17 @@ def test_ctrl_c_reaches_every_rank_once_and_ps_shows_roles(tmp_path: Path) -> No
     code, out, err = _finish(process)
     assert code == 130, err
     assert (tmp_path / "saved").read_text() == "saved\n"  # rank 0 saved, once
+
+    values = np.random.default_rng(5).standard_normal((3, 12, 4))
+    np.testing.assert_array_equal(np.load(tmp_path / "whole.npy"), values)
+    import torch
+
+    single = _tree_sum_th(torch.from_numpy(values)).numpy()
+    # Bit for bit the one-process tree, though each rank summed its own 6 agents.
+    assert np.load(tmp_path / "total.npy").tobytes() == single.tobytes()
+    assert tree_sum(values, axis=1).tobytes() == single.tobytes()
+    keys = np.arange(12, dtype=np.uint64) * np.uint64(2**63 + 1)
+    assert np.load(tmp_path / "keys.npy").dtype == np.uint64
+    np.testing.assert_array_equal(np.load(tmp_path / "keys.npy"), keys)
+    flag, count, *role = (tmp_path / "scalars.txt").read_text().split()
+    assert (flag, count, " ".join(role)) == ("True", "3", "popplay rank 0/2")

@@ -47,10 +47,16 @@ _ABORT = _click_exceptions("Abort")
 _CLICK = _click_exceptions("ClickException")
 
 
+#: The command line being run (after ``popplay``): ``--nproc`` hands it to every rank.
+ARGV: list[str] | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
     from popplay.cli.common import CommandError
 
+    global ARGV
+    ARGV = list(sys.argv[1:] if argv is None else argv)
     _register()
     try:
         result = app(args=argv, prog_name="popplay", standalone_mode=False)

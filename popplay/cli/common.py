@@ -55,6 +55,12 @@ OverwriteOption = Annotated[bool, typer.Option(help="Replace --out if it exists.
 JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 CheckpointOption = Annotated[Optional[str], typer.Option(help=CHECKPOINT_HELP)]
 ResumeOption = Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")]
+NprocOption = Annotated[int, typer.Option(
+    min=1, help="Local processes (ranks) to shard the agents over (loopback only); the number must divide "
+                "the agents. Under torchrun the world size comes from torchrun instead.")]
+DistTimeoutOption = Annotated[float, typer.Option(
+    "--timeout", min=1.0, max=3600.0,
+    help="Seconds a rank may go silent before the job stops (with several ranks).")]
 
 
 def given(ctx: typer.Context, name: str) -> bool:

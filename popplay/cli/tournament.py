@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from popplay.cli import app
-from popplay.cli.common import CommandError, print_json
+from popplay.cli.common import CommandError, DistTimeoutOption, NprocOption, print_json
 
 CONVENTION = ("Elo scale, fitted by maximum likelihood (Bradley-Terry, a draw counts half a win): "
               "P(i scores against j) = 1 / (1 + 10^((R_j - R_i) / 400)); mean rating 0, or the anchor at 0; "
@@ -36,6 +36,8 @@ def tournament(
         help="A benchmark opponent that joins as the fixed anchor of the rating scale (rated 0).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tournament's games (starting positions and dice).")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+    nproc: NprocOption = 1,
+    timeout: DistTimeoutOption = 60.0,
 ) -> None:
     """Round robin: every pair plays G games (half moving first, all batched on the
     engine, greedy play); ranks by Elo rating from the win/draw matrices."""
@@ -53,7 +55,24 @@ def tournament(
         raise CommandError(str(error)) from None
     if len(field.players) < 2:
         raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
-    result = round_robin(field.nets, field.players, games, params=field.params, seed=seed, tag=TAG_TOURNAMENT)
+    from popplay.distributed import train as sharded
+
+    if sharded.wants_launch(nproc):  # ranks split the pairs (popplay.tournaments.roundrobin)
+        from popplay.cli import ARGV
+
+        if ARGV is None:
+            raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
+        raise typer.Exit(sharded.launch_command(ARGV, nproc, timeout))
+    try:
+        with sharded.rank_session(nproc, timeout) as dist:
+            result = round_robin(field.nets, field.players, games, params=field.params, seed=seed,
+                                 tag=TAG_TOURNAMENT)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    except RuntimeError as error:
+        raise CommandError(str(error), exit_code=getattr(error, "exit_code", 1)) from None
+    if not dist.is_writer:
+        return
     ratings = result.ratings(anchor=field.anchor)
     names = [e.name for e in field.entrants]
     score = result.score
@@ -66,6 +85,7 @@ def tournament(
         "wins": result.wins.tolist(), "draws": result.draws.tolist(), "losses": result.losses.tolist(),
         "games": games, "seed": seed, "anchor": anchor.value if anchor is not None else None,
         "convention": CONVENTION, "game": describe_game(field.params), "turns": result.turns,
+        "world_size": dist.world_size,
     }
     if json_output:
         print_json(payload)

@@ -16,7 +16,8 @@ app.add_typer(train_app, name="train")
 
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
+RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output",
+                  "nproc", "timeout"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
@@ -28,7 +29,7 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
             continue
         if given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
-                               "--checkpoint-every, --backend, --device and --json may be given")
+                               "--checkpoint-every, --backend, --device, --nproc, --timeout and --json may be given")
     try:
         return read_run(path, expected_domain=domain)
     except RunFileError as error:
@@ -50,9 +51,13 @@ def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
 
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
-                 resume: Any = None) -> None:
-    """Shared tail of every ``train`` command: run, report, exit 130 if stopped."""
+                 resume: Any = None, nproc: int = 1, timeout: float = 60.0) -> None:
+    """Shared tail of every ``train`` command: run, report, exit 130 if stopped.
+
+    ``nproc`` > 1 launches that many ranks of this command (popplay.distributed.train);
+    inside a rank (ours or torchrun's) the run is sharded over the job."""
     from popplay.console import reporter_for
+    from popplay.distributed import train as sharded
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
 
     try:
@@ -61,17 +66,39 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         raise CommandError(str(error)) from None
     if resume is not None:
         out = resume.path
-    options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
-                           out=out if out is not None else default_out(domain), overwrite=overwrite,
-                           checkpoint_every=every)
-    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
+    out = out if out is not None else default_out(domain)
+    if sharded.wants_launch(nproc):
+        from popplay.cli import ARGV
+
+        try:
+            sharded.check_divisible(params, nproc)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        if ARGV is None:
+            raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
+        raise typer.Exit(sharded.launch_training(ARGV, nproc, timeout, out))
+    reporter = None
     try:
-        with stop_on_signals() as should_stop:
-            outcome = train(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
-    except UsageProblem as error:
+        with sharded.rank_session(nproc, timeout, device) as dist:
+            sharded.check_supported(dist, domain=domain, time_budget=time_budget)
+            resume = sharded.restarted_resume(domain, params, out, resume)
+            options = TrainOptions(backend=backend, device=device, time_budget=time_budget, out=out,
+                                   overwrite=overwrite, checkpoint_every=every, writer=dist.is_writer)
+            reporter = reporter_for(sys.stderr if json_output else sys.stdout,
+                                    quiet=(json_output and not sys.stderr.isatty()) or not dist.is_writer)
+            with stop_on_signals() as should_stop:
+                outcome = train(domain, params, options, reporter=reporter,
+                                should_stop=sharded.agreed_stop(should_stop, dist), resume=resume)
+    except (UsageProblem, ValueError) as error:
         raise CommandError(str(error)) from None
+    except RuntimeError as error:
+        raise CommandError(str(error), exit_code=getattr(error, "exit_code", 1)) from None
     finally:
-        reporter.close()
+        if reporter is not None:
+            reporter.close()
+    if not dist.is_writer:
+        raise typer.Exit(0 if outcome.summary["complete"] else 130)
+    outcome.summary.update(sharded.summary_fields(dist))
     for warning in outcome.warnings:
         print(f"Warning: {warning}", file=sys.stderr)
     summary = outcome.summary
@@ -81,10 +108,15 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         metrics = ", ".join(f"{k} {summary[k]:.4g}" for k in outcome.result.curve.metrics)
         print(f"{domain}: {metrics} after {summary['agent_steps']:,} agent-steps in "
               f"{summary['seconds']:.2f}s of learning ({summary['agent_steps_per_second']:,.0f} agent-steps/s, "
-              f"{summary['backend']} on {summary['device']}); wrote {summary['out']}")
+              f"{summary['backend']} on {summary['device']}{ranks_note(summary)}); wrote {summary['out']}")
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def ranks_note(summary: dict[str, Any]) -> str:
+    world = int(summary.get("world_size", 1))
+    return f", {world} ranks" if world > 1 else ""
 
 
 # Each domain module registers its `popplay train <domain>` subcommand on import.

@@ -9,6 +9,7 @@ import typer
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 TimeBudgetOption, given)
+from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 
 
@@ -48,6 +49,8 @@ def train_bandit(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    nproc: NprocOption = 1,
+    timeout: DistTimeoutOption = 60.0,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
@@ -65,7 +68,8 @@ def train_bandit(
         run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
-                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
+                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
+                     nproc=nproc, timeout=timeout)
         return
     if agent_steps < agents:
         raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
@@ -77,5 +81,6 @@ def train_bandit(
         topk_fraction=topk_fraction, seed=seed,
     )
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 nproc=nproc, timeout=timeout)
 

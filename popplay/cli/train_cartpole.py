@@ -9,6 +9,7 @@ import typer
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 TimeBudgetOption, given)
+from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 
 
@@ -78,6 +79,8 @@ def train_cartpole(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    nproc: NprocOption = 1,
+    timeout: DistTimeoutOption = 60.0,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
     sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional
@@ -98,7 +101,8 @@ def train_cartpole(
                      backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
-                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
+                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
+                     nproc=nproc, timeout=timeout)
         return
     if agent_steps < agents:
         raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
@@ -123,7 +127,8 @@ def train_cartpole(
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
     run_training("cartpole", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 nproc=nproc, timeout=timeout)
 
 
 _OPTIONS = {"angle_boundary_degrees": "--angle-boundary", "steps_per_agent": "--agent-steps"}

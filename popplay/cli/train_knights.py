@@ -7,6 +7,7 @@ import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
+from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
@@ -65,6 +66,8 @@ def train_knights(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    nproc: NprocOption = 1,
+    timeout: DistTimeoutOption = 60.0,
 ) -> None:
     """Train a knights population by TD(λ) self-play. Quality = best agent's
     (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
@@ -78,7 +81,8 @@ def train_knights(
         run_training("knights", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
-                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
+                     json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
+                     nproc=nproc, timeout=timeout)
         return
     params = KnightsParams(
         rows=rows, cols=cols, pieces=pieces, jumps=jumps, max_turns=max_turns, agents=agents,
@@ -94,5 +98,6 @@ def train_knights(
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
     run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 nproc=nproc, timeout=timeout)
 

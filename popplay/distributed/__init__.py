@@ -38,6 +38,7 @@ the timeout) when a peer is lost:
   order along ``axis`` (NumPy arrays or tensors).
 - ``tree_sum(local, axis=-2)``: the sum over the whole (sharded) agent axis in exactly the
   order of the one-process pairwise tree (pairs (0, 1), (2, 3), ... at every level).
+- ``sum_int_array(array)``: element-wise integer sum over ranks (exact in any order).
 - ``broadcast(array, src=0)``, ``any_flag(flag) -> bool``, ``sum_int(value) -> int``,
   ``max_float(value) -> float``, ``barrier()``.
 - ``traffic()``: bytes and seconds spent in collectives so far (for benchmarks).

@@ -165,6 +165,24 @@ def max_float(value: float, dist: Dist | None = None) -> float:
     return float(_reduce_scalar(float(value), "max", torch.float64, dist))
 
 
+def sum_int_array(array: Any, dist: Dist | None = None) -> Any:
+    """The element-wise sum over ranks of an integer array (exact in any order, so
+    no fixed order is needed); same kind, shape and dtype as ``array``."""
+    dist = dist or current()
+    if not dist.distributed:
+        return array
+    import torch
+    import torch.distributed as c10d
+
+    tensor, numpy_in, dtype = _to_tensor(array, dist)
+    if tensor.is_floating_point():
+        raise TypeError("sum_int_array sums integers only (float sums depend on their order: use tree_sum)")
+    tensor = tensor.contiguous().clone()
+    _run(dist, "all_reduce(sum)", tensor.numel() * tensor.element_size(),
+         lambda: c10d.all_reduce(tensor, op=c10d.ReduceOp.SUM))
+    return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
+
+
 def barrier(dist: Dist | None = None) -> None:
     """Wait for every rank (bounded by the timeout)."""
     dist = dist or current()

@@ -79,6 +79,9 @@ def init_from_env(*, device: str = "cpu", timeout: float = DEFAULT_TIMEOUT) -> D
     if not timeout > 0:
         raise ValueError(f"timeout must be positive (got {timeout})")
     rank, world, local = found
+    from popplay.distributed.rank import die_with_parent
+
+    die_with_parent()  # under torchrun too: a killed agent must not leave its workers running
     import datetime
 
     import torch

@@ -11,7 +11,7 @@ import signal
 import sys
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this rank when the launcher dies, so that a killed
     launcher never leaves orphan ranks behind (best effort elsewhere)."""
     try:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or not args[0].startswith("popplay rank "):
         print("Error: usage: python -m popplay.distributed.rank 'popplay rank R/N' ARGV...", file=sys.stderr)
         return 2
-    _die_with_parent()
+    die_with_parent()
     from popplay.cli import main as cli_main
 
     return cli_main(args[1:])

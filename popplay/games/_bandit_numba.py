@@ -212,12 +212,13 @@ def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
 def _learn_phase(
     q_shared, n_shared, top_arm, top_val, second_val, means, keys, static_keys,
     epsilons, topk, groups, n_groups, bias_scale, use_bias, first_counter, mixed_counters, n_steps,
-    n_chunks, out_arm, out_pulls, out_rewards, out_used, ranked, order, rank, tie_top,
+    n_chunks, out_arm, out_pulls, out_rewards, out_used, ranked, order, rank, tie_top, total_agents,
 ):
     """One learning phase of every agent; writes each agent's touched arms.
 
     Agents read the shared table directly and keep their own estimates only for the
     arms they pull, so a phase costs O(steps) per agent whatever the number of arms.
+    ``keys`` may hold only this rank's agents; ``total_agents`` is the whole trial's.
     """
     trials, arms = q_shared.shape
     agents = keys.shape[1]
@@ -272,7 +273,7 @@ def _learn_phase(
                     used += 1
                 pulls[arm] += 1
                 rewards[arm] += reward
-                own[arm] = _estimate(shared_row[arm], n_shared[t, arm] / agents, pulls[arm], rewards[arm])
+                own[arm] = _estimate(shared_row[arm], n_shared[t, arm] / total_agents, pulls[arm], rewards[arm])
                 best_arm, best, second, rescan = _update_greedy(arm, own[arm] + bias[arm], best_arm, best, second)
                 if rescan:
                     if ranked:

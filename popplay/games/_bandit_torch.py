@@ -6,6 +6,8 @@ so on the CPU both give bit-identical shared tables.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -21,7 +23,8 @@ class TorchBanditEngine:
 
     def __init__(self, *, means: np.ndarray, keys: np.ndarray, static_keys: np.ndarray,
                  epsilons: np.ndarray, topk: np.ndarray, groups: np.ndarray, n_groups: int,
-                 bias_scale: float, use_bias: bool, device: str) -> None:
+                 bias_scale: float, use_bias: bool, device: str, total_agents: int | None = None,
+                 reduce_sums: Any = None) -> None:
         self.device = torch.device(device)
         put = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=self.device)  # noqa: E731
         self.means = put(means)
@@ -33,6 +36,11 @@ class TorchBanditEngine:
         self.any_topk = bool((topk > 1).any())
         trials, agents = keys.shape
         arms = means.shape[1]
+        # With the agents sharded over ranks, ``keys`` holds this rank's agents only:
+        # the shared count is still split over the whole trial, and the integer pull
+        # and reward sums (exact in any order) are completed by ``reduce_sums``.
+        self.total_agents = agents if total_agents is None else int(total_agents)
+        self.reduce_sums = reduce_sums
         self.shape = (trials, agents, arms)
         self.bias = None
         if use_bias:
@@ -49,7 +57,7 @@ class TorchBanditEngine:
         """
         trials, agents, arms = self.shape
         base_q = q[:, None, :].expand(self.shape)
-        base_n = (n / agents)[:, None, :].expand(self.shape)
+        base_n = (n / self.total_agents)[:, None, :].expand(self.shape)
         means = self.means[:, None, :].expand(self.shape)
         values = base_q.clone()
         biased = values + self.bias if self.bias is not None else values
@@ -92,8 +100,11 @@ class TorchBanditEngine:
             lost = rescan.nonzero(as_tuple=True)
             if lost[0].numel():
                 best_arm[lost], best[lost], second[lost] = _top2(biased[lost])
-        n_new = n + pulls.sum(dim=1)
-        q_new = _rules.shared_estimate(q, n, n_new, rewards.sum(dim=1))
+        pull_sums, reward_sums = pulls.sum(dim=1), rewards.sum(dim=1)
+        if self.reduce_sums is not None:
+            pull_sums, reward_sums = self.reduce_sums(pull_sums, reward_sums)
+        n_new = n + pull_sums
+        q_new = _rules.shared_estimate(q, n, n_new, reward_sums)
         return q_new, n_new
 
 

@@ -19,12 +19,20 @@ class BanditExperiment:
 
     domain = "bandit"
 
-    def __init__(self, params: BanditParams, backend: Backend) -> None:
+    def __init__(self, params: BanditParams, backend: Backend, dist: Any = None) -> None:
+        from popplay.distributed import collectives
+        from popplay.distributed.group import current
+
         params.validate()
         self.params = params
         self.backend = backend
         p = params
-        trials, agents = np.arange(p.trials), np.arange(p.agents)
+        # Sharded over ranks, this process learns a contiguous block of each trial's
+        # agents; the shared tables (the state) are the same on every rank.
+        self.dist = current() if dist is None else dist
+        mine = collectives.shard(p.agents, self.dist)
+        self.local_agents = mine.stop - mine.start
+        trials, agents = np.arange(p.trials), np.arange(p.agents)[mine]
         self.means = game.arm_means(p.seed, p.trials, p.arms)
         self.best_arm = np.argmax(self.means, axis=1)
         keys = game.agent_keys(p.seed, trials, agents)
@@ -32,19 +40,28 @@ class BanditExperiment:
         self.epsilons = game.agent_epsilons(p)
         self.topk = game.agent_topk(p)
         self.groups, self.n_groups = game.explore_groups(p)
+        local = {name: np.ascontiguousarray(getattr(self, name)[mine]) for name in ("epsilons", "topk", "groups")}
         self.use_bias = p.differentiation == "bias"
         self.plan = PhasePlan(p.steps_per_agent, p.share_every)
         if backend.name == "torch":
+            import torch
+
             from popplay.games._bandit_torch import TorchBanditEngine
 
+            def reduce_sums(pulls: Any, rewards: Any) -> tuple[Any, Any]:
+                both = collectives.sum_int_array(torch.stack([pulls, rewards]), self.dist)
+                return both[0], both[1]
+
             self._torch = TorchBanditEngine(
-                means=self.means, keys=keys, static_keys=static_keys, epsilons=self.epsilons,
-                topk=self.topk, groups=self.groups, n_groups=self.n_groups,
+                means=self.means, keys=keys, static_keys=static_keys, epsilons=local["epsilons"],
+                topk=local["topk"], groups=local["groups"], n_groups=self.n_groups,
                 bias_scale=p.bias_scale, use_bias=self.use_bias, device=backend.device,
+                total_agents=p.agents, reduce_sums=reduce_sums if self.dist.distributed else None,
             )
         else:
             self._keys = keys
             self._static_keys = static_keys
+            self._local = local
             self._scratch: dict[int, tuple[np.ndarray, ...]] = {}
             # Ranking every trial's arms at each phase lets an agent rescan its greedy
             # choice in O(arms it pulled) instead of O(arms); worth its sort only when
@@ -67,7 +84,9 @@ class BanditExperiment:
             return
         tiny = BanditParams(arms=3, agents=2, trials=1, steps_per_agent=2, share_every=2,
                             differentiation=self.params.differentiation)
-        small = BanditExperiment(tiny, self.backend)
+        from popplay.distributed.group import Dist
+
+        small = BanditExperiment(tiny, self.backend, dist=Dist())
         small.phase(small.initial_state(), time_left=None)
 
     def finished(self, state: BanditState, *, time_mode: bool) -> bool:
@@ -136,23 +155,40 @@ class BanditExperiment:
         from popplay.games import _bandit_numba as kernels
 
         p = self.params
-        out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(min(p.arms, n_steps))
+        capacity = min(p.arms, n_steps)
+        out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(capacity)
         counters = kernels._mixed_counters(state.step, n_steps, game.WORDS_PER_STEP)
         if self._ranked:
             kernels._rank_arms(state.q, self._order, self._rank, self._tie_top, self.backend.chunks(p.trials))
         kernels._learn_phase(
             state.q, state.n, state.top_arm, state.top_value, state.second_value, self.means, self._keys,
-            self._static_keys, self.epsilons, self.topk, self.groups, self.n_groups, p.bias_scale,
-            self.use_bias, state.step * game.WORDS_PER_STEP, counters, n_steps,
-            self.backend.chunks(p.trials * p.agents), out_arm, out_pulls, out_rewards, out_used,
-            self._ranked, self._order, self._rank, self._tie_top,
+            self._static_keys, self._local["epsilons"], self._local["topk"], self._local["groups"],
+            self.n_groups, p.bias_scale, self.use_bias, state.step * game.WORDS_PER_STEP, counters, n_steps,
+            self.backend.chunks(p.trials * self.local_agents), out_arm, out_pulls, out_rewards, out_used,
+            self._ranked, self._order, self._rank, self._tie_top, p.agents,
         )
+        if self.dist.distributed:
+            out_arm, out_pulls, out_rewards, out_used = self._gather_touched(
+                out_arm, out_pulls, out_rewards, out_used, capacity)
         kernels._share(state.q, state.n, state.top_arm, state.top_value, state.second_value,
                        self.backend.chunks(p.trials), out_arm, out_pulls, out_rewards, out_used)
 
+    def _gather_touched(self, out_arm: np.ndarray, out_pulls: np.ndarray, out_rewards: np.ndarray,
+                        out_used: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
+        """Every agent's touched arms, in agent order, on every rank: the share then
+        visits them exactly as one process would (the order in which arms change
+        decides the greedy cache on ties, so integer sums alone would not do)."""
+        from popplay.distributed import collectives
+
+        packed = np.concatenate([out_arm, out_pulls, out_rewards, out_used[:, :, None]], axis=2)
+        whole = collectives.all_gather_axis(packed, axis=1, dist=self.dist)
+        c = capacity
+        return (np.ascontiguousarray(whole[:, :, :c]), np.ascontiguousarray(whole[:, :, c:2 * c]),
+                np.ascontiguousarray(whole[:, :, 2 * c:3 * c]), np.ascontiguousarray(whole[:, :, 3 * c]))
+
     def _touched_buffers(self, capacity: int) -> tuple[np.ndarray, ...]:
         if capacity not in self._scratch:
-            shape = (self.params.trials, self.params.agents, capacity)
+            shape = (self.params.trials, self.local_agents, capacity)
             self._scratch = {capacity: (
                 np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64),
                 np.empty(shape, dtype=np.int64),

@@ -56,13 +56,23 @@ class CartPoleExperiment:
 
     domain = "cartpole"
 
-    def __init__(self, params: CartPolePopulationParams, backend: Backend) -> None:
+    def __init__(self, params: CartPolePopulationParams, backend: Backend, dist: Any = None) -> None:
+        from popplay.distributed import collectives
+        from popplay.distributed.group import current
+
         params.validate()
         self.params = params
         self.backend = backend
         p = params
+        # Sharded over ranks, this process runs the learning (nearly all the work) of
+        # a contiguous block of every trial's agents; the outputs are then gathered in
+        # agent order, and selection, sharing and differentiation run on the whole
+        # population on every rank exactly as in one process.
+        self.dist = current() if dist is None else dist
+        self._mine = collectives.shard(p.agents, self.dist)
         trials, agents = np.arange(p.trials), np.arange(p.agents)
         self._keys = game.learn_keys(p.seed, trials, agents)
+        self._local_keys = np.ascontiguousarray(self._keys[:, self._mine])
         self._bias_keys = game.bias_keys(p.seed, trials, agents)
         self._test_keys = game.test_keys(p.seed, trials, np.arange(p.test_starts))
         self._phys = p.physics().vector()
@@ -78,13 +88,13 @@ class CartPoleExperiment:
             from popplay.games._cartpole_torch import TorchCartPoleEngine
 
             self._torch = TorchCartPoleEngine(
-                keys=self._keys, phys=self._phys, bounds=self._bounds, gamma=p.gamma,
+                keys=self._local_keys, phys=self._phys, bounds=self._bounds, gamma=p.gamma,
                 failure_reward=p.failure_reward, cutoff=p.trace_cutoff, start_range=p.start_range,
                 accumulate=p.trace == "accumulating", watkins=p.algorithm == "q", device=backend.device,
             )
             self._bias_keys_device = self._torch.tensor(self._bias_keys)
         else:
-            population = (p.trials, p.agents)
+            population = (p.trials, self._mine.stop - self._mine.start)
             self._buffers = _Recycler(lambda: (
                 np.empty(population + (STATE_ACTIONS,)), np.empty(population + (STATE_ACTIONS,)),
                 np.empty(population + (STATE_ACTIONS,)), np.empty(population + (4,)),
@@ -104,7 +114,9 @@ class CartPoleExperiment:
                                         algorithm=p.algorithm, trace=p.trace, bias=p.bias,
                                         replicate_every=1 if p.replicate_every else 0, mutate_q=p.mutate_q,
                                         mutate_params=p.mutate_params)
-        small = CartPoleExperiment(tiny, self.backend)
+        from popplay.distributed.group import Dist
+
+        small = CartPoleExperiment(tiny, self.backend, dist=Dist())
         small.measure(small.phase(small.initial_state(), time_left=None))
 
     def finished(self, state: CartPoleState, *, time_mode: bool) -> bool:
@@ -117,14 +129,19 @@ class CartPoleExperiment:
         p = self.params
         n_steps = self.plan.next_length(state.step, unbounded=time_left is not None)
         generation = state.shares + 1  # the share this phase ends with
+        learner = state if not self.dist.distributed else state._replace(**{
+            name: _contiguous(getattr(state, name)[:, self._mine])
+            for name in ("q", "trace", "weight", "cart", "action", "alpha", "lam", "epsilon")})
         if self._torch is not None:
-            q, e, w, cart, action, failed = self._torch.phase(state.q, state.trace, state.weight, state.cart,
-                                                              state.action, state.alpha, state.lam, state.epsilon,
-                                                              state.step, n_steps)
+            q, e, w, cart, action, failed = self._torch.phase(learner.q, learner.trace, learner.weight, learner.cart,
+                                                              learner.action, learner.alpha, learner.lam,
+                                                              learner.epsilon, state.step, n_steps)
             keys = self._bias_keys_device
         else:
-            q, e, w, cart, action, failed = self._numba_phase(state, n_steps)
+            q, e, w, cart, action, failed = self._numba_phase(learner, n_steps)
             keys = self._bias_keys
+        if self.dist.distributed:
+            q, e, w, cart, action, failed = self._gather_learned(q, e, w, cart, action, failed)
         self._pending_events, bad = self._quarantine(state, q, e, w, cart)
         lineage = state.lineage
         if bad is not None:
@@ -148,6 +165,20 @@ class CartPoleExperiment:
         self.backend.synchronize()
         return selection._replace(q=q, weight=w, shared=shared, max_bias=max_bias, step=state.step + n_steps,
                                   shares=generation)
+
+    def _gather_learned(self, q: Any, e: Any, w: Any, cart: Any, action: Any, failed: Any) -> tuple[Any, ...]:
+        """Every rank's learned block, in agent order, on every rank (two collectives:
+        the float arrays packed into one, the integer ones into another)."""
+        from popplay.distributed import collectives
+
+        xp = _namespace(q)
+        cat = (lambda parts: xp.concatenate(parts, axis=-1)) if xp is np else (lambda parts: xp.cat(parts, dim=-1))
+        items = q.shape[-1]
+        floats = collectives.all_gather_axis(cat([q, e, w, cart]), axis=1, dist=self.dist)
+        ints = collectives.all_gather_axis(cat([action[..., None], failed[..., None]]), axis=1, dist=self.dist)
+        pieces = (floats[..., :items], floats[..., items:2 * items], floats[..., 2 * items:3 * items],
+                  floats[..., 3 * items:], ints[..., 0], ints[..., 1])
+        return tuple(_contiguous(piece) for piece in pieces)
 
     # -- selective replication with variation -----------------------------------
 
@@ -323,11 +354,10 @@ class CartPoleExperiment:
         # then does fewer chunks instead of holding up the whole phase.
         with numba.parallel_chunksize(1):
             kernels._learn_phase(
-                state.q, state.trace, state.weight, state.cart, state.action, self._keys, mixed, self._phys_tuple,
-                self._bounds_tuple, state.alpha, p.gamma, p.gamma * state.lam, state.epsilon, p.failure_reward,
-                p.trace_cutoff,
-                p.start_range, p.trace == "accumulating", p.algorithm == "q", n_steps,
-                self.backend.chunks(p.trials * p.agents), q, e, w, cart, action, failures,
+                state.q, state.trace, state.weight, state.cart, state.action, self._local_keys, mixed,
+                self._phys_tuple, self._bounds_tuple, state.alpha, p.gamma, p.gamma * state.lam, state.epsilon,
+                p.failure_reward, p.trace_cutoff, p.start_range, p.trace == "accumulating", p.algorithm == "q", n_steps,
+                self.backend.chunks(q.shape[0] * q.shape[1]), q, e, w, cart, action, failures,
             )
         return q, e, w, cart, action, failures
 
@@ -449,6 +479,12 @@ def _index_like(array: Any, index: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
 
         return tuple(torch.as_tensor(np.ascontiguousarray(i), device=array.device) for i in index)
     return index
+
+
+def _contiguous(x: Any) -> Any:
+    if type(x).__module__.startswith("torch"):
+        return x.contiguous()
+    return np.ascontiguousarray(x)
 
 
 def _namespace(x: Any) -> Any:

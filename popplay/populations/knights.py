@@ -52,11 +52,28 @@ class KnightsExperiment:
 
     domain = "knights"
 
-    def __init__(self, params: KnightsParams, backend: Backend) -> None:
+    def __init__(self, params: KnightsParams, backend: Backend, dist: Any = None) -> None:
+        from popplay.distributed import collectives
+        from popplay.distributed.group import current
+
         params.validate()
         self.params = params
         self.backend = backend
         p = params
+        # Sharded over ranks, this process plays the games of a contiguous block of
+        # home agents against opponents from the whole population (every rank holds
+        # all weights); the per-network changes and the results are gathered in agent
+        # order, so the update, selection and evaluation run as in one process.
+        self.dist = current() if dist is None else dist
+        self._mine = collectives.shard(p.agents, self.dist)
+        if self.dist.distributed and p.opponents_learn:
+            raise ValueError("--opponents-learn does not run on several ranks yet (an opponent's changes "
+                             "would have to be summed across ranks in game order)")
+        if self.dist.distributed and backend.name == "torch":
+            # The torch engine adds ∇V with index_add_, whose order of duplicate rows
+            # depends on the batch: a rank's share of the games would differ in the last bits.
+            raise ValueError("knights runs on several ranks with --backend numba only (the torch engine's "
+                             "sums depend on the batch, so a sharded run would not be bit-identical)")
         agents, slots = np.arange(p.agents), np.arange(p.games_per_agent)
         self.play_keys = _rng.stream_keys(p.seed, game.TAG_PLAY, agents, slots).reshape(-1)
         self.opponent_keys = _rng.stream_keys(p.seed, game.TAG_OPPONENT, agents, slots)
@@ -84,7 +101,9 @@ class KnightsExperiment:
                              replicate_every=1 if p.replicate_every else 0,
                              tournament_games=min(p.tournament_games, 2), mutate_weights=p.mutate_weights,
                              mutate_params=p.mutate_params)
-        small = KnightsExperiment(tiny, self.backend)
+        from popplay.distributed.group import Dist
+
+        small = KnightsExperiment(tiny, self.backend, dist=Dist())
         state = small.phase(small.initial_state(), time_left=None)
         small.measure(state)
 
@@ -97,8 +116,11 @@ class KnightsExperiment:
         episode is the unit of work, so ``time_left`` does not shorten it)."""
         p = self.params
         batch = self.episode_batch(state)
-        played = game.run_batch(state.networks, state.lam, batch, params=p,
-                                base=state.episode * self.words_per_game, backend=self.backend)
+        if self.dist.distributed:
+            played = self._play_sharded(state, batch)
+        else:
+            played = game.run_batch(state.networks, state.lam, batch, params=p,
+                                    base=state.episode * self.words_per_game, backend=self.backend)
         self.backend.synchronize()
         change = state.alpha[:, None] * played.delta
         flat = game.pack(state.networks) + change
@@ -118,6 +140,26 @@ class KnightsExperiment:
         if p.snapshot_every and new.episode % p.snapshot_every == 0:
             new = new._replace(snapshots=state.snapshots + (new.snapshot(),))
         return new
+
+    def _play_sharded(self, state: KnightsState, batch: GameBatch) -> Any:
+        """This rank's games (its home agents' slots), then everything gathered in
+        agent order. Only a game's home side learns, so a network's change is the sum
+        over its own games, in their order, on the rank that played them: the same
+        bits as one process."""
+        from popplay.distributed import collectives
+
+        p = self.params
+        games = slice(self._mine.start * p.games_per_agent, self._mine.stop * p.games_per_agent)
+        local = GameBatch(*(np.ascontiguousarray(np.asarray(field)[games]) for field in batch))
+        played = game.run_batch(state.networks, state.lam, local, params=p,
+                                base=state.episode * self.words_per_game, backend=self.backend)
+        result = collectives.all_gather_axis(np.asarray(played.result).astype(np.int64), 0, dist=self.dist)
+        plies = collectives.all_gather_axis(np.asarray(played.plies).astype(np.int64), 0, dist=self.dist)
+        delta = None
+        if played.delta is not None:
+            mine = np.ascontiguousarray(np.asarray(played.delta)[self._mine])
+            delta = collectives.all_gather_axis(mine, 0, dist=self.dist)
+        return type(played)(result.astype(np.asarray(played.result).dtype), plies, delta)
 
     # -- selective replication with variation -----------------------------------
 

@@ -66,8 +66,8 @@ class Tournament(NamedTuple):
 
 
 def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsParams | None = None, seed: int = 0,
-                tag: int = TAG_TOURNAMENT, base: int = 0, epsilon: float | Any = 0.0, backend: Any = None
-                ) -> Tournament:
+                tag: int = TAG_TOURNAMENT, base: int = 0, epsilon: float | Any = 0.0, backend: Any = None,
+                dist: Any = None) -> Tournament:
     """Every pair of ``players`` plays ``games`` games (see the module docstring).
 
     Args:
@@ -78,7 +78,14 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
         seed, tag, base: the games' random streams: (seed, tag, 0, j) from counter ``base``.
         epsilon: exploration of network players (0: greedy play, as for quality).
         backend: a :class:`popplay.populations.base.Backend`; numba on the CPU by default.
+        dist: the job (:func:`popplay.distributed.group.current` by default). With
+            several ranks every rank must call this with the same arguments: each plays
+            a contiguous block of the pairs and the counts are gathered in pair order
+            (games are independent, so the result is that of one process).
     """
+    from popplay.distributed.group import current
+
+    dist = current() if dist is None else dist
     players = np.asarray(players, dtype=np.int64).reshape(-1)
     if games < 1:
         raise ValueError(f"games must be at least 1 (got {games})")
@@ -95,13 +102,23 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
     losses = np.zeros(len(pairs), dtype=np.int64)
     turns = 0
     step = max(1, MAX_BATCH // games)
-    for lo in range(0, len(pairs), step):  # chunks of many pairs: memory, not a loop over pairs
-        hi = min(lo + step, len(pairs))
+    block = -(-len(pairs) // dist.world_size)  # this rank's pairs: [mine_lo, mine_hi)
+    mine_lo, mine_hi = min(len(pairs), dist.rank * block), min(len(pairs), (dist.rank + 1) * block)
+    for lo in range(mine_lo, mine_hi, step):  # chunks of many pairs: memory, not a loop over pairs
+        hi = min(lo + step, mine_hi)
         played = game.play_pairs(nets, pairs[lo:hi], games, params=params, seed=seed, tag=tag,
                                  streams=np.zeros(hi - lo, dtype=np.int64), epsilon=epsilon, backend=backend,
                                  base=base)
         wins[lo:hi], draws[lo:hi], losses[lo:hi] = played.wins, played.draws, played.losses
         turns += played.turns
+    if dist.distributed:
+        from popplay.distributed import collectives
+
+        counts = np.zeros((3, block), dtype=np.int64)  # the last block may be short: padded
+        counts[:, :mine_hi - mine_lo] = wins[mine_lo:mine_hi], draws[mine_lo:mine_hi], losses[mine_lo:mine_hi]
+        gathered = collectives.all_gather_axis(counts, axis=1, dist=dist)[:, :len(pairs)]
+        wins, draws, losses = (np.ascontiguousarray(row) for row in gathered)
+        turns = collectives.sum_int(int(turns), dist=dist)
     w = np.zeros((n, n), dtype=np.int64)
     d = np.zeros((n, n), dtype=np.int64)
     w[a, b] = wins

@@ -1,0 +1,130 @@
+"""Sharded populations on this machine: strong scaling, communication, a projection.
+
+    python benchmarks/distributed.py                 # the issue's sizes, short budgets
+    python benchmarks/distributed.py --quick         # tiny sizes (a smoke test)
+    python benchmarks/distributed.py --json out.json
+
+For each domain the same job runs three ways through the real CLI (``popplay train
+... --json``, a process per rank): 1 rank x 1 numba thread, 2 ranks x 1 thread each
+(``--nproc 2``), and 1 rank x 2 threads. Time is the learning time rank 0 reports
+(phases only: learning, the collectives and sharing; not start-up or JIT). Parallel
+efficiency of 2 ranks = T(1 rank x 1) / (2 x T(2 ranks x 1)).
+
+Communication: rank 0's payload bytes and seconds inside collectives (the summary's
+``comm_bytes`` / ``comm_seconds``) per phase (a share for bandit and cart-pole, an
+episode for knights). The projection models a phase on N ranks as
+
+    compute(N) = compute(1) / N
+    comm(N)    = (N - 1) x (latency + block(N) / bandwidth),  block(N) = 2 x block(2) / N
+
+(an all_gather where every rank receives the other N - 1 ranks' blocks; gloo and NCCL
+rings move the same bytes) with an assumed bandwidth and latency per network, and reports where
+communication overtakes compute, and the share interval k (phases of k x the
+current ``share_every``) that keeps communication under compute there.
+
+Numbers depend on the machine's load: on a shared 2-core machine they are indicative.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SIZES = {
+    "bandit": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "1", "--agent-steps",
+               str(8192 * 64), "--share-every", "16"],
+    "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 400),
+                 "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
+    "knights": ["train", "knights", "--agents", "64", "--games-per-agent", "64", "--episodes", "2",
+                "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
+}
+QUICK = {
+    "bandit": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "4", "--agent-steps",
+               str(256 * 32), "--share-every", "16"],
+    "cartpole": ["train", "cartpole", "--agents", "256", "--trials", "1", "--agent-steps", str(256 * 200),
+                 "--share-every", "50", "--test-steps", "50", "--test-starts", "2"],
+    "knights": ["train", "knights", "--agents", "8", "--games-per-agent", "8", "--episodes", "2",
+                "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
+}
+WAYS = (("1 rank x 1 thread", 1, 1), ("2 ranks x 1 thread", 2, 1), ("1 rank x 2 threads", 1, 2))
+# (bytes/s, latency per message in s): assumed TCP over 10 GbE and an RDMA-class 100 Gb/s fabric.
+NETWORKS = {"10 Gb/s": (10e9 / 8, 50e-6), "100 Gb/s": (100e9 / 8, 10e-6)}
+
+
+def run(args: list[str], nproc: int, threads: int, out: Path) -> dict:
+    env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "popplay", *args, "--out", str(out), "--overwrite", "--json",
+               "--nproc", str(nproc)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def project(compute_1: float, phases: int, rank_bytes: float) -> dict:
+    """Seconds per phase at 8, 64, 512 ranks on each network (see the module docstring).
+
+    Measured collective time on this machine includes waiting for the slower rank, so
+    it is reported, not fitted: the model takes the bytes measured and each network's
+    assumed bandwidth and latency."""
+    per_phase_compute = compute_1 / phases
+    rows = {}
+    for name, (bandwidth, latency) in NETWORKS.items():
+        for n in (8, 64, 512):
+            compute = per_phase_compute / n
+            block = 2 * rank_bytes / n  # measured with 2 ranks: a rank's block shrinks as 1/N
+            comm = (n - 1) * (latency + block / bandwidth)
+            rows[f"{n} ranks, {name}"] = {"compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
+                                          "comm_over_compute": comm / compute if compute else float("inf"),
+                                          "share_every_factor": max(1, int(-(-comm // compute))) if compute else None}
+    return {"rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    parser.add_argument("--only", default="bandit,cartpole,knights")
+    parser.add_argument("--json", type=Path, default=None)
+    options = parser.parse_args()
+    sizes = QUICK if options.quick else SIZES
+    report: dict = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}, "domains": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for domain in options.only.split(","):
+            rows = {}
+            for label, nproc, threads in WAYS:
+                summary = run(sizes[domain], nproc, threads, Path(tmp) / f"{domain}-{nproc}-{threads}.h5")
+                rows[label] = summary
+                print(f"{domain:9s} {label:20s} {summary['seconds']:8.3f} s learning, "
+                      f"{summary['phases']} phases" + (f", {summary['comm_bytes'] / summary['phases'] / 1e6:.3f} MB "
+                                                      f"and {summary['comm_seconds'] / summary['phases'] * 1e3:.2f} ms "
+                                                      "in collectives per phase" if nproc > 1 else ""), flush=True)
+            one, two, threads2 = (rows[label]["seconds"] for label, _, _ in WAYS)
+            sharded = rows[WAYS[1][0]]
+            phases = sharded["phases"]
+            rank_bytes = sharded["comm_bytes"] / phases
+            entry = {
+                "runs": {k: {f: v[f] for f in ("seconds", "phases", "world_size", "comm_bytes", "comm_seconds",
+                                                "comm_calls") if f in v} for k, v in rows.items()},
+                "efficiency_2_ranks": one / (2 * two), "efficiency_2_threads": one / (2 * threads2),
+                "bytes_per_phase": rank_bytes, "comm_ms_per_phase": sharded["comm_seconds"] / phases * 1e3,
+                "projection": project(one, phases, rank_bytes),
+            }
+            report["domains"][domain] = entry
+            print(f"{domain:9s} parallel efficiency: 2 ranks {entry['efficiency_2_ranks']:.2f}, "
+                  f"2 threads {entry['efficiency_2_threads']:.2f}")
+            for name, row in entry["projection"]["rows"].items():
+                print(f"{domain:9s}   {name:20s} compute {row['compute_ms']:9.3f} ms  comm {row['comm_ms']:9.3f} ms"
+                      f"  -> share every {row['share_every_factor']}x")
+    if options.json:
+        options.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""``popplay train DOMAIN --nproc N`` / ``torchrun ... -m popplay train DOMAIN``: the glue
+between the train commands and :mod:`popplay.distributed`.
+
+Outside a job with ``--nproc N > 1`` the command becomes a launcher
+(:func:`launch_training`); inside a rank (either launcher) :func:`rank_session`
+starts the process group, and the run goes on as in one process with three
+differences: only rank 0 locks and writes the run file, a stop request counts when
+any rank saw it (so all stop at the same phase), and a lost peer ends the rank with
+:data:`~popplay.distributed.launch.PEER_LOST_EXIT`.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from popplay.distributed.group import DEFAULT_TIMEOUT, Dist
+from popplay.distributed.launch import in_rank, launched_here
+
+def _with_out(argv: list[str], out: Path) -> list[str]:
+    """Every rank must name the same run file: a default name (a time stamp) is
+    decided once, here."""
+    if any(a == "--out" or a.startswith("--out=") or a == "--resume" or a.startswith("--resume=") for a in argv):
+        return argv
+    return [*argv, "--out", str(out)]
+
+
+def describe_checkpoint(out: Path) -> str:
+    """Where the last good checkpoint is (for the line that reports a lost rank)."""
+    from popplay.checkpoints.runfile import RunFileError, summarize_run
+
+    if not Path(out).exists():
+        return f"no checkpoint was written yet ({out} does not exist)"
+    try:
+        summary = summarize_run(Path(out))
+    except RunFileError:
+        return f"{out} is not a readable checkpoint"
+    return (f"last good checkpoint: {out} (phase {summary.get('phases')}; "
+            f"continue with --resume {out})")
+
+
+def launch_training(argv: list[str], nproc: int, timeout: float, out: Path) -> int:
+    """Start ``nproc`` local ranks of this very command (``argv``: the command line
+    after ``popplay``); return the job's exit code."""
+    from popplay.distributed.launch import launch_local
+
+    argv = _with_out(argv, out)
+    return launch_local(argv, nproc, timeout=timeout, describe_lost=lambda: describe_checkpoint(out))
+
+
+def check_divisible(params: Any, nproc: int) -> None:
+    """Refuse, before starting anything, a number of ranks that does not divide the agents."""
+    agents = getattr(params, "agents", None)
+    if nproc > 1 and isinstance(agents, int) and agents % nproc:
+        raise ValueError(f"{agents} agents cannot be split evenly over {nproc} ranks "
+                         "(the number of ranks must divide the number of agents)")
+
+
+def launch_command(argv: list[str], nproc: int, timeout: float) -> int:
+    """Start ``nproc`` local ranks of a command that writes no run file (a tournament)."""
+    from popplay.distributed.launch import launch_local
+
+    return launch_local(argv, nproc, timeout=timeout)
+
+
+def wants_launch(nproc: int) -> bool:
+    """True when this process should launch ranks rather than be one."""
+    return nproc > 1 and not in_rank()
+
+
+@contextlib.contextmanager
+def rank_session(nproc: int, timeout: float = DEFAULT_TIMEOUT, device: str = "cpu") -> Iterator[Dist]:
+    """The process group of this rank for the duration of a training run.
+
+    Raises ``ValueError`` when ``--nproc`` contradicts the launcher's world size.
+    """
+    from popplay.distributed.group import init_from_env, shutdown
+
+    if in_rank() and launched_here() and nproc > 1:
+        import os
+
+        if int(os.environ["WORLD_SIZE"]) != nproc:
+            raise ValueError(f"--nproc {nproc} but this job has {os.environ['WORLD_SIZE']} ranks")
+    dist = init_from_env(device="cuda" if str(device).startswith("cuda") else "cpu", timeout=timeout)
+    split_numba_threads(dist)
+    try:
+        yield dist
+    finally:
+        shutdown()
+
+
+def restarted_resume(domain: str, params: Any, out: Path, resume: Any) -> Any:
+    """Under ``torchrun --max-restarts K``, a restarted job (``TORCHELASTIC_RESTART_COUNT``
+    > 0) continues from its last checkpoint at ``--out`` instead of starting over.
+
+    Returns the run file to resume (or ``resume`` unchanged when this is not a restart,
+    a resume was asked for, or no checkpoint exists yet). Raises ``ValueError`` when
+    the checkpoint belongs to other settings.
+    """
+    import os
+
+    if resume is not None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0:
+        return resume
+    if not Path(out).exists():
+        return resume
+    from popplay.checkpoints.runfile import RunFileError, read_run
+
+    try:
+        stored = read_run(Path(out), expected_domain=domain)
+    except RunFileError as error:
+        raise ValueError(f"restart: cannot continue from {out} ({error})") from None
+    mine = {key: value for key, value in params.to_dict().items()}
+    theirs = {key: stored.config.get(key) for key in mine}
+    if json_safe(mine) != json_safe(theirs):
+        raise ValueError(f"restart: {out} was written with other settings; not continuing it")
+    return stored
+
+
+def json_safe(values: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def split_numba_threads(dist: Dist) -> None:
+    """Under torchrun (which sets OMP_NUM_THREADS only) share the cores between the
+    local ranks, as ``--nproc`` does, unless NUMBA_NUM_THREADS was given."""
+    import os
+
+    if not dist.distributed or "NUMBA_NUM_THREADS" in os.environ:
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    try:
+        import numba
+
+        numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, (os.cpu_count() or 1) // max(1, local))))
+    except (ImportError, ValueError):
+        pass
+
+
+def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], bool]:
+    """A stop request seen by any rank stops every rank at the same phase."""
+    if not dist.distributed:
+        return should_stop
+    from popplay.distributed.collectives import any_flag
+
+    return lambda: any_flag(should_stop(), dist)
+
+
+#: Domains whose experiments shard their agents over ranks.
+SHARDED_DOMAINS = ("bandit", "cartpole", "knights")
+
+
+def check_supported(dist: Dist, *, domain: str, time_budget: float | None) -> None:
+    """What a sharded run cannot do yet (usage errors, same on every rank)."""
+    if not dist.distributed:
+        return
+    if domain not in SHARDED_DOMAINS:
+        raise ValueError(f"{domain} does not run on several ranks yet (sharded: {', '.join(SHARDED_DOMAINS)})")
+    if time_budget is not None:
+        raise ValueError("--time-budget is not supported with several ranks yet (ranks would disagree "
+                         "on when the time is up); give a step or episode budget")
+
+
+def summary_fields(dist: Dist) -> dict[str, Any]:
+    """What the summary adds: the world size and, with several ranks, rank 0's traffic
+    in collectives (payload bytes it sent, calls, seconds inside them)."""
+    fields: dict[str, Any] = {"world_size": dist.world_size}
+    if dist.distributed:
+        from popplay.distributed.collectives import traffic
+
+        sent = traffic()
+        fields.update(comm_calls=int(sent["calls"]), comm_bytes=int(sent["bytes"]),
+                      comm_seconds=float(sent["seconds"]))
+    return fields

@@ -1,0 +1,132 @@
+"""Faults of a sharded run through real ranks: a rank killed with SIGKILL ends the job
+within the timeout with one line naming it and the last good checkpoint, which then
+resumes bit-identically on a different number of ranks; Ctrl-C stops every rank and
+saves once (exit 130)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests._dist_helpers import ROOT, WAIT, assert_same_run
+
+# Far more steps than the test lets it run: it is stopped (killed or interrupted) early.
+LONG = ["train", "cartpole", "--agents", "4", "--trials", "16", "--agent-steps", "40000000", "--share-every", "25",
+        "--bias", "0.5", "--test-steps", "20", "--test-starts", "1", "--seed", "9", "--checkpoint-every", "400",
+        "--timeout", "20"]
+
+
+def _start(out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, "-m", "popplay", *LONG, "--out", str(out), "--nproc", "2", *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
+    deadline = time.monotonic() + WAIT
+    while not out.exists():
+        assert process.poll() is None, process.communicate(timeout=30)
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def _rank_pid(launcher: int, role: str) -> int:
+    listing = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(launcher)], capture_output=True, text=True,
+                             timeout=30).stdout
+    for line in listing.splitlines():
+        pid, args = line.strip().split(" ", 1)
+        if role in args:
+            return int(pid)
+    raise AssertionError(f"no process with role {role!r} under {launcher}: {listing}")
+
+
+def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate(timeout=30)
+        raise AssertionError(f"the job did not end within {WAIT}s")
+    return process.returncode, out, err
+
+
+def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path) -> None:
+    from popplay.checkpoints.runfile import summarize_run
+    from popplay.cli import main
+    from popplay.distributed.launch import LOST_EXIT
+
+    out = tmp_path / "run.h5"
+    process = _start(out)
+    _wait_for_checkpoint(process, out)
+    os.kill(_rank_pid(process.pid, "popplay rank 1/2"), signal.SIGKILL)
+    killed = time.monotonic()
+    code, _, err = _finish(process)
+    assert time.monotonic() - killed < 20 + 10  # within --timeout (and the launcher's bounded clean-up)
+    assert code == LOST_EXIT
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith("Error: rank 1 of 2 was lost (killed by SIGKILL); stopped the job; "
+                                f"last good checkpoint: {out} (phase "), errors[0]
+    stored = summarize_run(out)
+    assert not stored["complete"]
+    done = stored["progress"]["step"]
+    target = (done + 3 * 25) * 4  # three more phases, in agent-steps per trial
+    # Resume on ONE rank (the job had two) and compare with an uninterrupted single run.
+    assert main(["train", "cartpole", "--resume", str(out), "--agent-steps", str(target), "--json"]) == 0
+    fresh = tmp_path / "fresh.h5"
+    assert main([*LONG[:LONG.index("--agent-steps")], "--agent-steps", str(target),
+                 *LONG[LONG.index("--share-every"):LONG.index("--timeout")], "--out", str(fresh), "--json"]) == 0
+    assert_same_run(fresh, out)
+
+
+def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
+    from popplay.checkpoints.runfile import summarize_run
+
+    out = tmp_path / "run.h5"
+    process = _start(out, "--json")
+    _wait_for_checkpoint(process, out)
+    process.send_signal(signal.SIGINT)
+    code, stdout, err = _finish(process)
+    assert code == 130, err
+    assert err.count("Stopping after the current phase") == 1  # rank 0 speaks for all
+    assert "Error:" not in err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["complete"] is False
+    stored = summarize_run(out)
+    assert not stored["complete"] and stored["progress"]["step"] == summary["agent_steps_per_trial"] // 4
+
+
+def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    """An injected failure (SIGKILL of a worker) under ``torchrun --max-restarts 1``: the
+    restarted workers continue from the checkpoint at --out, and the finished run file
+    equals an uninterrupted one-process run."""
+    from popplay.cli import main
+
+    budget = ["--agent-steps", "40000"]
+    base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]
+    out = tmp_path / "run.h5"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--max-restarts", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                "-m", "popplay", *base, "--out", str(out), "--json"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(process, out)
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    assert workers and process.poll() is None, "the job ended before the failure could be injected"
+    os.kill(int(workers[-1]), signal.SIGKILL)
+    code, stdout, err = _finish(process)
+    assert code == 0, err
+    assert json.loads(stdout.strip().splitlines()[-1])["complete"] is True
+    fresh = tmp_path / "fresh.h5"
+    assert main([*base[:base.index("--checkpoint-every")], "--out", str(fresh), "--json"]) == 0
+    assert_same_run(fresh, out)
