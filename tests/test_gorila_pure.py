@@ -105,27 +105,44 @@ def test_staleness_guard_of_zero_admits_only_fresh_gradients():
     assert guard.histogram.tolist() == [1, 2]
 
 
+def _noisy_ones(n: int) -> list[float]:
+    # A periodic wobble: no ordinary value is more than 1.3 standard deviations out, so
+    # only the injected norms can cross a bar of k = 2.5.
+    return [(0.9, 1.0, 1.1)[i % 3] for i in range(n)]
+
+
 def test_outlier_guard_drops_exactly_the_injected_huge_norms():
-    rng = np.random.default_rng(0)
-    norms = list(1.0 + 0.1 * rng.standard_normal(60))
-    huge = {5, 25, 26, 40, 59}  # one before the window fills (admitted), then four
-    for i in huge:
+    norms = _noisy_ones(60)
+    for i in (3, 15, 40):  # 3 comes before min_samples: admitted, and it raises the bar
         norms[i] = 1e3
-    norms[33] = math.nan
-    guard = OutlierGuard(k=4.0, window=20, min_samples=10)
+    norms[25] = math.nan
+    guard = OutlierGuard(k=2.5, window=10, min_samples=5)
     dropped = [i for i, n in enumerate(norms) if not guard.admit(n)]
-    assert dropped == [25, 26, 33, 40, 59]
-    assert (guard.accepted, guard.discarded) == (55, 5)
+    # 5..12 still see index 3's 1e3 in their window, so nothing ordinary is dropped there.
+    assert dropped == [15, 25, 40]
+    assert (guard.accepted, guard.discarded) == (57, 3)
+    assert math.nan not in guard.history and len(guard.history) == 10
 
 
-def test_outlier_guard_bound_is_mean_plus_k_std_of_accepted_norms():
+@pytest.mark.parametrize("k, second_dropped", [(2.5, True), (4.0, False)])
+def test_a_second_outlier_in_a_row_passes_only_when_k_exceeds_sqrt_of_window_minus_one(k, second_dropped):
+    # Window 10: one outlier x among nine ones gives mean 0.1x + 0.9 and std 0.3(x - 1),
+    # so the bar is x exactly at k = 3; below it the second x is dropped, above admitted.
+    norms = [1.0] * 12 + [1e3, 1e3] + [1.0] * 3
+    guard = OutlierGuard(k=k, window=10, min_samples=5)
+    verdicts = [guard.admit(n) for n in norms]
+    assert verdicts[12] is False
+    assert verdicts[13] is (not second_dropped)
+    assert all(verdicts[:12]) and all(verdicts[14:])
+
+
+def test_outlier_guard_bound_is_mean_plus_k_std_of_the_window():
     guard = OutlierGuard(k=2.0, window=4, min_samples=4)
     for n in (1.0, 2.0, 3.0, 4.0):
         assert guard.admit(n)
     bound = 2.5 + 2.0 * math.sqrt(1.25)
     assert guard.bound() == pytest.approx(bound)
     assert not guard.admit(bound + 1e-9)
-    assert guard.admit(bound - 1e-9)  # accepted: the window slides to (2, 3, 4, bound)
-    assert list(guard.history) == [2.0, 3.0, 4.0, pytest.approx(bound)]
+    assert list(guard.history) == [2.0, 3.0, 4.0, pytest.approx(bound + 1e-9)]  # discarded, still counted
     with pytest.raises(ValueError):
         OutlierGuard(window=5, min_samples=6)

@@ -8,9 +8,14 @@
 - :class:`OutlierGuard` (on each learner, as the seed puts it: "each actor/learner
   keeps a running average and standard deviation"): a gradient whose norm lies more
   than ``k`` standard deviations above the mean of the last ``window`` accepted norms
-  is discarded, once ``min_samples`` norms have been seen. Only accepted norms enter
-  the window, so a burst of huge gradients cannot raise the bar that keeps it out.
-  Non-finite norms are always outliers.
+  is discarded, once ``min_samples`` norms have been seen. Like the seed's running
+  statistics, the window holds every finite norm seen, discarded ones included: a
+  window of accepted norms only would lock out for good a learner whose gradients
+  grow steadily (DQN's do, as the Q-values grow), which we saw drop over half of all
+  gradients on CartPole. The price: a run of consecutive huge gradients raises the bar
+  (with a window of ``w``, the second of two equal outliers in a row passes iff
+  ``k`` is above about ``sqrt(w - 1)``). Non-finite norms are always outliers and stay
+  out of the window.
 
 The outlier decision is taken where the whole gradient is known (the learner): a
 shard only sees its slice, and shards taking separate decisions on slices would apply
@@ -77,11 +82,15 @@ class OutlierGuard:
         return mean + self.k * math.sqrt(var)
 
     def admit(self, norm: float) -> bool:
-        """True when a gradient of this norm may be sent (and its norm is remembered)."""
+        """True when a gradient of this norm may be sent (a finite norm is remembered either way)."""
         norm = float(norm)
-        if not math.isfinite(norm) or norm > self.bound():
+        if not math.isfinite(norm):
             self.discarded += 1
             return False
+        admitted = norm <= self.bound()
         self.history.append(norm)
-        self.accepted += 1
-        return True
+        if admitted:
+            self.accepted += 1
+        else:
+            self.discarded += 1
+        return admitted
