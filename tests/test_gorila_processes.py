@@ -1,0 +1,134 @@
+"""Gorila through real processes on gloo (tiny budgets; every wait bounded)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
+
+TINY = dict(env="CartPole-v1", hidden=(16,), batch_size=16, learning_starts=64, update_ratio=0.5,
+            learner_sync=2, actor_sync=20, chunk=25, target_every=10, timeout=15.0, eval_episodes=2,
+            checkpoint_every=10, outlier_min_samples=5, outlier_window=20)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _steps(path: Path) -> int:
+    try:
+        return int(load_npz(path)["env_steps"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def _version(path: Path) -> int:
+    try:
+        return int(load_npz(path)["version"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def test_one_actor_one_learner_two_shards(tmp_path):
+    config = GorilaConfig(actors=1, learners=1, shards=2, env_steps=400, seed=3, **TINY)
+    roles = {}
+
+    def on_start(pids):
+        roles.update({rank: _cmdline(pid) for rank, pid in pids.items()})
+
+    summary = run_gorila(config, tmp_path, on_start=on_start)
+    # Every process is findable by its role.
+    assert "popplay gorila shard 0" in roles[0] and "popplay gorila shard 1" in roles[1]
+    assert "popplay gorila learner 0" in roles[2] and "popplay gorila actor 0" in roles[3]
+    assert summary["complete"] and summary["lost"] == []
+    assert summary["env_steps"] >= 400
+    learner = load_npz(tmp_path / "learner-0.npz")
+    sent = int(learner["sent"])
+    assert int(learner["updates"]) > 0 and sent > 0
+    assert int(learner["received"]) == summary["env_steps"]  # every transition reached replay
+    for s in range(2):
+        shard = load_npz(tmp_path / f"shard-{s}.npz")
+        # Each shard saw every gradient the learner sent: applied, or discarded as stale.
+        assert int(shard["accepted"]) + int(shard["discarded"]) == sent
+        assert int(shard["staleness_histogram"].sum()) == sent
+        assert int(shard["version"]) == int(shard["accepted"])
+        # One learner refreshing every 2 updates: ages 0 and 1 only.
+        assert shard["staleness_histogram"][2:].sum() == 0
+    checkpoint = load_npz(tmp_path / "checkpoint.npz")
+    parts = [load_npz(tmp_path / f"shard-{s}.npz")["params"] for s in range(2)]
+    assert np.array_equal(checkpoint["params"], np.concatenate(parts))
+    assert summary["stale_discarded"] == 0
+    assert summary["quality"] is not None
+
+
+def test_a_killed_actor_does_not_stop_the_run(tmp_path):
+    config = GorilaConfig(actors=2, learners=1, shards=1, env_steps=10_000_000, seed=5, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    victim = 1 + 1 + 1  # shard 0, learner 0, actor 0, then actor 1
+    began = time.monotonic()
+
+    def should_stop() -> bool:
+        if time.monotonic() - began > 90:
+            return True  # the assertions below then fail
+        if "killed" not in mark:
+            if _steps(tmp_path / "actor-1.npz") >= 100:
+                os.kill(pids[victim], signal.SIGKILL)
+                mark["killed"] = 1
+                mark["steps0"] = _steps(tmp_path / "actor-0.npz")
+                mark["version"] = _version(tmp_path / "shard-0.npz")
+            return False
+        # Stop once the survivors have clearly gone on without it.
+        return (_steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
+                and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20)
+
+    summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
+    assert "killed" in mark
+    assert summary["lost"] == ["actor 1 (killed by SIGKILL)"]
+    assert not summary["complete"]
+    assert _steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
+    assert summary["server_versions"][0] >= mark["version"] + 20
+    assert load_npz(tmp_path / "learner-0.npz")["updates"] > 0
+
+
+def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):
+    first = tmp_path / "first"
+    config = GorilaConfig(actors=1, learners=1, shards=2, env_steps=10_000_000, seed=7, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    began = time.monotonic()
+
+    def should_stop() -> bool:
+        if "killed" not in mark and _version(first / "shard-1.npz") >= 20:
+            os.kill(pids[1], signal.SIGKILL)  # rank 1: shard 1
+            mark["killed"] = time.monotonic()
+        return time.monotonic() - began > 90  # a bound for the test only
+
+    with pytest.raises(GorilaJobLost, match="shard 1 was lost") as raised:
+        run_gorila(config, first, should_stop=should_stop, on_start=pids.update)
+    ended = time.monotonic()
+    assert "killed" in mark
+    assert ended - mark["killed"] < config.timeout  # within the timeout, not the test's bound
+    assert "checkpoint.npz" in str(raised.value)
+    checkpoint = load_npz(first / "checkpoint.npz")
+    assert checkpoint["shard_versions"][1] >= 20  # shard 1's last periodic checkpoint survived
+    assert checkpoint["params"].size == 4 * 16 + 16 + 16 * 2 + 2
+
+    # Resume with another layout (one shard); no learning (learning_starts above the
+    # budget), so the parameters must come back unchanged.
+    again = GorilaConfig(**{**config.to_dict(), "hidden": (16,), "shards": 1, "env_steps": 50,
+                            "learning_starts": 10_000, "resume": str(first / "checkpoint.npz")})
+    summary = run_gorila(again, tmp_path / "second")
+    resumed = load_npz(tmp_path / "second" / "checkpoint.npz")
+    assert np.array_equal(resumed["params"], checkpoint["params"])
+    assert np.array_equal(resumed["accumulator"], checkpoint["accumulator"])
+    assert summary["server_versions"] == [int(checkpoint["version"])]
+    assert summary["complete"]
