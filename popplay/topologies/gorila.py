@@ -59,7 +59,8 @@ class GorilaConfig:
     actors: int = 2
     learners: int = 1
     shards: int = 1
-    env_steps: int = 20_000  # over all actors (each plays its share, whole episodes)
+    env_steps: int = 20_000  # over all actors (each plays its share, whole episodes); 0: none
+    episodes: int = 0  # over all actors (each plays its share); 0: none; both: whichever first
     seed: int = 0
     hidden: tuple[int, ...] = (64, 64)
     lr: float = 0.01  # AdaGrad's, on the shards
@@ -99,8 +100,12 @@ class GorilaConfig:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.actors < self.learners:
             raise ValueError(f"every learner needs an actor: --actors {self.actors} < --learners {self.learners}")
-        if self.env_steps < self.actors:
-            raise ValueError(f"env_steps ({self.env_steps}) must give every actor at least one step")
+        if self.env_steps < 0 or self.episodes < 0:
+            raise ValueError("env_steps and episodes must be non-negative")
+        if self.env_steps == 0 and self.episodes == 0:
+            raise ValueError("episodes or env_steps must be positive (a budget is needed)")
+        if 0 < self.env_steps < self.actors or 0 < self.episodes < self.actors:
+            raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
         if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
             raise ValueError("lr, timeout, update_ratio and outlier_k must be positive")
         if self.max_staleness < 0 or self.learning_starts < 0:
@@ -159,9 +164,14 @@ def actors_of_learner(l: int, config: GorilaConfig) -> list[int]:
     return [a for a in range(config.actors) if learner_of_actor(a, config) == l]
 
 
-def actor_budget(a: int, config: GorilaConfig) -> int:
-    base, extra = divmod(config.env_steps, config.actors)
+def _share(total: int, a: int, parts: int) -> int:
+    base, extra = divmod(total, parts)
     return base + (1 if a < extra else 0)
+
+
+def actor_budget(a: int, config: GorilaConfig) -> tuple[int, int]:
+    """Actor ``a``'s share of ``(env_steps, episodes)`` (0: no such budget)."""
+    return _share(config.env_steps, a, config.actors), _share(config.episodes, a, config.actors)
 
 
 # --- files ---------------------------------------------------------------------------
@@ -226,8 +236,8 @@ def _describe(code: int) -> str:
 
 
 def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[], bool] | None = None,
-               log: IO[str] | None = None, on_start: Callable[[dict[int, int]], None] | None = None
-               ) -> dict[str, Any]:
+               log: IO[str] | None = None, on_start: Callable[[dict[int, int]], None] | None = None,
+               progress_every: float = 0.0) -> dict[str, Any]:
     """Run a whole Gorila job as local processes; return the summary.
 
     Raises :class:`GorilaJobLost` (after writing ``checkpoint.npz``) when a shard dies;
@@ -252,6 +262,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     procs: list[_Proc] = []
     lost: list[str] = []
     start = time.monotonic()
+    started_at = time.time()
+    next_progress = start + progress_every
     stop_sent = False
     shard_lost: str | None = None
     kill_at: float | None = None
@@ -302,6 +314,10 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                     for p in procs:
                         if p.process.poll() is None:
                             p.process.kill()
+            if progress_every > 0 and time.monotonic() >= next_progress:
+                out.write(progress_line(config, run_dir, lost) + "\n")
+                out.flush()
+                next_progress = time.monotonic() + progress_every
             if not stop_sent and should_stop is not None and should_stop():
                 store.set("stop", "requested")
                 stop_sent = True
@@ -317,20 +333,65 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     checkpoint = assemble_checkpoint(run_dir, config)
     save_npz(run_dir / "checkpoint.npz", **checkpoint)
     if shard_lost is not None:
-        raise GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; last checkpoint: "
-                            f"{run_dir / 'checkpoint.npz'} (server version {int(checkpoint['version'])})")
-    return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent)
+        error = GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; last checkpoint: "
+                              f"{run_dir / 'checkpoint.npz'} (server version {int(checkpoint['version'])})")
+        error.summary = summarize(config, run_dir, checkpoint, seconds, lost, stopped=True, started_at=started_at,
+                                  evaluate=False)
+        raise error
+    return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
+
+
+def _try_load(path: Path) -> dict[str, np.ndarray] | None:
+    try:
+        return load_npz(path)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def progress_line(config: GorilaConfig, run_dir: Path, lost: list[str]) -> str:
+    """One console line from the ranks' latest files."""
+    actors = [x for a in range(config.actors) if (x := _try_load(run_dir / f"actor-{a}.npz")) is not None]
+    shards = [x for s in range(config.shards) if (x := _try_load(run_dir / f"shard-{s}.npz")) is not None]
+    learners = [x for l in range(config.learners) if (x := _try_load(run_dir / f"learner-{l}.npz")) is not None]
+    steps = sum(int(x["env_steps"]) for x in actors)
+    recent = np.concatenate([x["returns"][-20:] for x in actors]) if actors else np.zeros(0)
+    version = min((int(x["version"]) for x in shards), default=0)
+    stale = sum(int(x["discarded"]) for x in shards)
+    outliers = sum(int(x["outliers"]) for x in learners)
+    mean = f"{recent.mean():.1f}" if recent.size else "-"
+    return (f"gorila: {steps:,} env-steps, return {mean}, server updates {version:,} (checkpointed), "
+            f"stale dropped {stale}, outliers dropped {outliers}, lost {len(lost)}")
+
+
+def episode_curve(run_dir: Path, config: GorilaConfig, started_at: float) -> dict[str, np.ndarray]:
+    """Every actor's episodes merged by the time they ended: return, actor, the env-steps
+    summed over all actors up to then, and seconds since the start."""
+    rows = []
+    for a in range(config.actors):
+        data = _try_load(run_dir / f"actor-{a}.npz")
+        if data is None:
+            continue
+        n = data["returns"].size
+        rows.append((data["ended_at"][:n], data["returns"], data["lengths"][:n], np.full(n, a, dtype=np.int64)))
+    if not rows:
+        return {"env_steps": np.zeros(0, np.int64), "return": np.zeros(0), "actor": np.zeros(0, np.int64),
+                "seconds": np.zeros(0)}
+    ended, returns, lengths, actor = (np.concatenate(parts) for parts in zip(*rows))
+    order = np.argsort(ended, kind="stable")
+    return {"env_steps": np.cumsum(lengths[order]).astype(np.int64), "return": returns[order].astype(np.float64),
+            "actor": actor[order], "seconds": (ended[order] - started_at).astype(np.float64)}
 
 
 def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndarray], seconds: float,
-              lost: list[str], stopped: bool) -> dict[str, Any]:
+              lost: list[str], stopped: bool, started_at: float = 0.0, evaluate: bool = True) -> dict[str, Any]:
     shards = [load_npz(run_dir / f"shard-{s}.npz") for s in range(config.shards)]
     learners = [load_npz(p) for l in range(config.learners) if (p := run_dir / f"learner-{l}.npz").exists()]
     actors = [load_npz(p) for a in range(config.actors) if (p := run_dir / f"actor-{a}.npz").exists()]
     histogram = np.sum([s["staleness_histogram"] for s in shards], axis=0)
     env_steps = int(sum(int(a["env_steps"]) for a in actors))
-    returns = np.concatenate([a["returns"] for a in actors]) if actors else np.zeros(0)
-    quality = evaluate_checkpoint(config, checkpoint)
+    curve = episode_curve(run_dir, config, started_at)
+    returns = curve["return"]
+    quality = evaluate_checkpoint(config, checkpoint) if evaluate else math.nan
     return {
         "topology": "gorila",
         "env": config.env,
@@ -339,7 +400,9 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "eval_episodes": config.eval_episodes,
         "env_steps": env_steps,
         "episodes": int(returns.size),
+        "return": float(returns[-100:].mean()) if returns.size else None,
         "seconds": seconds,
+        "env_steps_per_second": env_steps / seconds if seconds > 0 else 0.0,
         "server_versions": checkpoint["shard_versions"].tolist(),
         "gradients_applied": int(sum(int(s["accepted"]) for s in shards)),
         "stale_discarded": int(sum(int(s["discarded"]) for s in shards)),
@@ -348,6 +411,7 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "learner_updates": int(sum(int(x["updates"]) for x in learners)),
         "lost": lost,
         "complete": not stopped and not lost,
+        "started_at": started_at,
         "run_dir": str(run_dir),
     }
 
@@ -361,12 +425,113 @@ def evaluate_checkpoint(config: GorilaConfig, checkpoint: dict[str, np.ndarray])
     from popplay.agents.dqn import greedy_policy
     from popplay.envs.rollout import evaluate
 
+    returns = greedy_returns(config, checkpoint["params"], config.eval_episodes, config.seed)
+    return float(returns.mean()) if returns.size else float("nan")
+
+
+def greedy_returns(config: GorilaConfig, params: np.ndarray, episodes: int, seed: int) -> np.ndarray:
+    import torch
+
+    from popplay import envs
+    from popplay.agents import networks
+    from popplay.agents.dqn import greedy_policy
+    from popplay.envs.rollout import evaluate
+
+    if episodes == 0:
+        return np.zeros(0)
     env = envs.make_vector(config.env, 1)
     try:
         info = envs.describe(env, config.env)
-        net = networks.mlp(info.obs_dim, info.actions, config.hidden)
-        networks.load_flat_parameters(net, torch.as_tensor(checkpoint["params"]))
-        returns = evaluate(env, greedy_policy(net), config.eval_episodes, config.seed)
+        net = networks.mlp(info.obs_dim, info.actions, tuple(config.hidden))
+        networks.load_flat_parameters(net, torch.as_tensor(np.asarray(params, dtype=np.float32)))
+        return evaluate(env, greedy_policy(net), episodes, seed)
     finally:
         env.close()
-    return float(returns.mean()) if returns.size else float("nan")
+
+
+# --- run files -------------------------------------------------------------------------
+
+DOMAIN = "gorila"
+
+
+def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.ndarray] | None = None,
+                 should_stop: Callable[[], bool] | None = None, log: IO[str] | None = None,
+                 progress_every: float = 0.0) -> dict[str, Any]:
+    """:func:`run_gorila` into a run file ``out`` (domain ``gorila``; the ranks' files
+    live in ``OUT.parts/`` while it runs). ``resume_state``: a run file's state (the
+    parameter vector and accumulator), taken up with this config's layout. A lost shard
+    still writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
+    import shutil
+
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    if parts.exists():
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True)
+    if resume_state is not None:
+        save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
+        config = _replace(config, resume=str(parts / "resume.npz"))
+    try:
+        summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
+                             progress_every=progress_every)
+    except GorilaJobLost as error:
+        write_gorila_run(out, config, parts, error.summary)
+        raise
+    write_gorila_run(out, config, parts, summary)
+    shutil.rmtree(parts, ignore_errors=True)
+    summary["out"] = str(out)
+    summary.pop("run_dir", None)
+    return summary
+
+
+def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any]) -> None:
+    from popplay.checkpoints.runfile import write_run
+
+    checkpoint = load_npz(parts / "checkpoint.npz")
+    started = float(summary.get("started_at", 0.0))
+    curve = episode_curve(parts, config, started)
+    stored = {k: v for k, v in config.to_dict().items() if k != "resume"}
+    scalars = {k: v for k, v in summary.items()
+               if isinstance(v, (int, float, bool, str)) and v is not None and k not in ("run_dir",)}
+    write_run(out, domain=DOMAIN, config=stored,
+              state={"params": checkpoint["params"], "accumulator": checkpoint["accumulator"],
+                     "shard_versions": checkpoint["shard_versions"]},
+              state_counters={"version": int(checkpoint["version"]), "env_steps": int(summary["env_steps"]),
+                              "episodes": int(summary["episodes"])},
+              static={}, curves=curve,
+              results={"staleness_histogram": np.asarray(summary["staleness_histogram"], dtype=np.int64)},
+              result_attrs={**scalars, "lost": json.dumps(summary["lost"]),
+                            "server_versions": json.dumps(summary["server_versions"])},
+              attrs={"learning_seconds": float(summary["seconds"])}, complete=bool(summary["complete"]))
+
+
+@dataclass
+class GorilaState:
+    params: np.ndarray
+    version: int
+    env_steps: int
+    episodes: int
+    returns: np.ndarray
+
+
+class GorilaExperiment:
+    """What ``popplay evaluate`` needs of a Gorila run file (the registry's interface)."""
+
+    def __init__(self, params: GorilaConfig, backend: Any = None) -> None:
+        self.params = params
+
+    def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> GorilaState:
+        return GorilaState(np.asarray(arrays["params"], dtype=np.float32), int(counters["version"]),
+                           int(counters["env_steps"]), int(counters["episodes"]), np.zeros(0))
+
+    def returns_of_greedy(self, state: GorilaState, episodes: int, seed: int) -> np.ndarray:
+        return greedy_returns(self.params, state.params, episodes, seed)
+
+    def summary_extras(self, state: GorilaState) -> dict[str, Any]:
+        return {"server_version": state.version}

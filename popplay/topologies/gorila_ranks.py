@@ -271,7 +271,7 @@ def run_actor(ctx: Context) -> int:
 
     config, a = ctx.config, ctx.role.index
     learner = G.learner_rank(G.learner_of_actor(a, config), config)
-    budget = G.actor_budget(a, config)
+    budget_steps, budget_episodes = G.actor_budget(a, config)
     env = envs.make_vector(config.env, 1)
     q = ctx.net()
     policy = EpsilonGreedy(q, ctx.info.actions, networks.generator(config.seed * 1_000_003 + 17 + a))
@@ -291,23 +291,33 @@ def run_actor(ctx: Context) -> int:
         return policy(obs)
 
     returns: list[float] = []
-    ends: list[int] = []
+    lengths: list[int] = []
+    ended_at: list[float] = []  # wall clock: the launcher merges every actor's episodes in time
     path = ctx.run_dir / f"actor-{a}.npz"
 
     def save() -> None:
         G.save_npz(path, env_steps=np.int64(state["steps"]), returns=np.asarray(returns, dtype=np.float64),
-                   episode_end_steps=np.asarray(ends, dtype=np.int64), server_version=np.int64(state["server"]))
+                   lengths=np.asarray(lengths, dtype=np.int64), ended_at=np.asarray(ended_at, dtype=np.float64),
+                   server_version=np.int64(state["server"]))
+
+    def more() -> bool:
+        if budget_steps and state["steps"] >= budget_steps:
+            return False
+        if budget_episodes and len(returns) >= budget_episodes:
+            return False
+        return not ctx.stop_requested()
 
     episode = 0
     try:
-        while state["steps"] < budget and not ctx.stop_requested():
+        while more():
             ep = play_episodes(env, act, [episode_seed(config.seed, 1000 + a, episode)])
             episode += 1
             block = torch.as_tensor(np.concatenate([
                 ep.obs, ep.action.reshape(-1, 1).astype(np.float32), ep.reward.reshape(-1, 1),
                 ep.next_obs, ep.terminated.reshape(-1, 1).astype(np.float32)], axis=1), dtype=torch.float32)
             returns.extend(float(r) for r in ep.returns)
-            ends.append(state["steps"])
+            lengths.extend(int(n) for n in ep.lengths)
+            ended_at.append(time.time())
             for i in range(0, block.shape[0], config.chunk):
                 part = block[i:i + config.chunk].contiguous()
                 header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
