@@ -37,38 +37,6 @@ def _version(path: Path) -> int:
         return 0
 
 
-def test_one_actor_one_learner_two_shards(tmp_path):
-    config = GorilaConfig(actors=1, learners=1, shards=2, env_steps=400, seed=3, **TINY)
-    roles = {}
-
-    def on_start(pids):
-        roles.update({rank: _cmdline(pid) for rank, pid in pids.items()})
-
-    summary = run_gorila(config, tmp_path, on_start=on_start)
-    # Every process is findable by its role.
-    assert "popplay gorila shard 0" in roles[0] and "popplay gorila shard 1" in roles[1]
-    assert "popplay gorila learner 0" in roles[2] and "popplay gorila actor 0" in roles[3]
-    assert summary["complete"] and summary["lost"] == []
-    assert summary["env_steps"] >= 400
-    learner = load_npz(tmp_path / "learner-0.npz")
-    sent = int(learner["sent"])
-    assert int(learner["updates"]) > 0 and sent > 0
-    assert int(learner["received"]) == summary["env_steps"]  # every transition reached replay
-    for s in range(2):
-        shard = load_npz(tmp_path / f"shard-{s}.npz")
-        # Each shard saw every gradient the learner sent: applied, or discarded as stale.
-        assert int(shard["accepted"]) + int(shard["discarded"]) == sent
-        assert int(shard["staleness_histogram"].sum()) == sent
-        assert int(shard["version"]) == int(shard["accepted"])
-        # One learner refreshing every 2 updates: ages 0 and 1 only.
-        assert shard["staleness_histogram"][2:].sum() == 0
-    checkpoint = load_npz(tmp_path / "checkpoint.npz")
-    parts = [load_npz(tmp_path / f"shard-{s}.npz")["params"] for s in range(2)]
-    assert np.array_equal(checkpoint["params"], np.concatenate(parts))
-    assert summary["stale_discarded"] == 0
-    assert summary["quality"] is not None
-
-
 def test_a_killed_actor_does_not_stop_the_run(tmp_path):
     config = GorilaConfig(actors=2, learners=1, shards=1, env_steps=10_000_000, seed=5, **TINY)
     pids: dict[int, int] = {}

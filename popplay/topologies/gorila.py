@@ -409,6 +409,8 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "staleness_histogram": histogram.tolist(),
         "outliers_discarded": int(sum(int(x["outliers"]) for x in learners)),
         "learner_updates": int(sum(int(x["updates"]) for x in learners)),
+        "gradients_sent": int(sum(int(x["sent"]) for x in learners)),
+        "transitions_received": int(sum(int(x["received"]) for x in learners)),
         "lost": lost,
         "complete": not stopped and not lost,
         "started_at": started_at,
