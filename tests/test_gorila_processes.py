@@ -37,34 +37,37 @@ def _version(path: Path) -> int:
         return 0
 
 
-def test_a_killed_actor_does_not_stop_the_run(tmp_path):
-    config = GorilaConfig(actors=2, learners=1, shards=1, env_steps=10_000_000, seed=5, **TINY)
+def test_a_killed_actor_and_a_killed_learner_do_not_stop_the_run(tmp_path):
+    # Actors 0 and 2 feed learner 0, actor 1 feeds learner 1 (ranks: shard 0, learners
+    # 1-2, actors 3-5). Kill actor 2 (learner 0 keeps actor 0) and learner 1 (actor 1
+    # stops with it): actor 0, learner 0 and the shard must go on.
+    config = GorilaConfig(actors=3, learners=2, shards=1, env_steps=10_000_000, seed=5, **TINY)
     pids: dict[int, int] = {}
     mark: dict[str, float] = {}
-    victim = 1 + 1 + 1  # shard 0, learner 0, actor 0, then actor 1
     began = time.monotonic()
 
     def should_stop() -> bool:
         if time.monotonic() - began > 90:
             return True  # the assertions below then fail
         if "killed" not in mark:
-            if _steps(tmp_path / "actor-1.npz") >= 100:
-                os.kill(pids[victim], signal.SIGKILL)
+            if min(_steps(tmp_path / f"actor-{a}.npz") for a in range(3)) >= 100:
+                os.kill(pids[5], signal.SIGKILL)  # actor 2
+                os.kill(pids[2], signal.SIGKILL)  # learner 1
                 mark["killed"] = 1
                 mark["steps0"] = _steps(tmp_path / "actor-0.npz")
                 mark["version"] = _version(tmp_path / "shard-0.npz")
             return False
-        # Stop once the survivors have clearly gone on without it.
+        # Stop once the survivors have clearly gone on without them.
         return (_steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
                 and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20)
 
     summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
     assert "killed" in mark
-    assert summary["lost"] == ["actor 1 (killed by SIGKILL)"]
+    assert sorted(summary["lost"]) == ["actor 1 (stopped: a peer it needs was lost)",
+                                       "actor 2 (killed by SIGKILL)", "learner 1 (killed by SIGKILL)"]
     assert not summary["complete"]
     assert _steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
     assert summary["server_versions"][0] >= mark["version"] + 20
-    assert load_npz(tmp_path / "learner-0.npz")["updates"] > 0
 
 
 def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):

@@ -335,8 +335,11 @@ def run_actor(ctx: Context) -> int:
 # --- entry ------------------------------------------------------------------------------
 
 def _line(error: BaseException) -> str:
+    """The gist of a transport error (gloo's messages run to several sentences)."""
     text = " ".join(str(error).split())
-    return text[:200]
+    if "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ")[0][:120]
 
 
 def _die_with_parent() -> None:
@@ -375,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.stop_requested():
             code = G.PEER_LOST_EXIT
         else:
-            print(f"gorila {ctx.role}: a peer was lost ({_line(error)})", file=sys.stderr)
+            print(f"gorila {ctx.role}: stopped, a peer it needs was lost ({_line(error)})", file=sys.stderr)
             code = G.PEER_LOST_EXIT
     sys.stdout.flush()
     sys.stderr.flush()
