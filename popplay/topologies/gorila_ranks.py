@@ -4,11 +4,13 @@
 the role is an argument so that ``ps`` shows it; the rank and the rendezvous come
 from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
-Only tensors travel (``dist.send``/``dist.recv``, gloo). Waits that have no message
-to wait for (a shard between requests, a learner between its actors' chunks) run in a
-receiving thread so that the main thread can poll the launcher's store: gloo cannot
-time out a pending receive and post it again, and it never tells a receive that its
-peer died.
+Only tensors travel (``dist.send``/``dist.recv``, gloo). Every receive names its
+source and runs in a thread of its own (one per client on a shard, one per actor on a
+learner), so that the main thread can poll the launcher's store. Three facts of gloo
+(torch 2.x) shape this: ``Work.is_completed()`` of a receive stays false, so nothing can
+be polled; a wait that times out closes the pair for good (later receives on it fail
+at once); and a receive from *any* source fails as soon as any one peer has died, so
+one lost actor would deafen a shard that listened that way.
 """
 from __future__ import annotations
 
@@ -106,12 +108,13 @@ def run_shard(ctx: Context) -> int:
 
     save()
 
-    def serve() -> None:
+    def serve(src: int) -> None:
+        """Answer one client, message after message, until it is gone."""
         header = torch.zeros(4, dtype=torch.int64)
         grad = torch.zeros(stop - start, dtype=torch.float32)
         while True:
             try:
-                src = dist.recv(header, tag=TAG_REQ)
+                dist.recv(header, src=src, tag=TAG_REQ)
                 kind = int(header[0])
                 if kind == GRAD:
                     dist.recv(grad, src=src, tag=TAG_GRAD)
@@ -127,16 +130,14 @@ def run_shard(ctx: Context) -> int:
                         counts["pulls"] += 1
                     dist.send(reply, dst=src, tag=TAG_REPLY_HDR)
                     dist.send(params, dst=src, tag=TAG_REPLY)
-            except RuntimeError as error:  # a client vanished mid-message: serve the others
-                counts["errors"] += 1
-                if counts["errors"] > 100:
-                    print(f"gorila {ctx.role}: giving up after repeated transport errors ({_line(error)})",
-                          file=sys.stderr)
-                    return
-                time.sleep(_POLL)
+            except RuntimeError:  # this client vanished (its pair is closed): serve the others
+                with lock:
+                    counts["errors"] += 1
+                return
 
-    threading.Thread(target=serve, daemon=True).start()
     clients = config.learners + config.actors
+    for client in range(config.shards, config.shards + clients):
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
     while ctx.finished("finished/clients") < clients:
         time.sleep(_POLL)
     with lock:
@@ -178,24 +179,27 @@ def run_learner(ctx: Context) -> int:
     sampler = networks.generator(config.seed * 7919 + 1 + l)
     outliers = OutlierGuard(config.outlier_k, config.outlier_window, config.outlier_min_samples)
     inbox: queue.Queue = queue.Queue()
-    busy = threading.Event()
-    mine = len(G.actors_of_learner(l, config))
+    my_actors = G.actors_of_learner(l, config)
+    busy = [threading.Event() for _ in my_actors]  # set between a chunk's header and its body
 
-    def receive() -> None:
+    def receive(src: int, flag: threading.Event) -> None:
+        """Chunks from one actor until it is gone."""
         header = torch.zeros(4, dtype=torch.int64)
         while True:
             try:
-                src = dist.recv(header, tag=TAG_TRANS_HDR)
-                busy.set()
+                dist.recv(header, src=src, tag=TAG_TRANS_HDR)
+                flag.set()
                 block = torch.empty(int(header[0]), _width(obs_dim), dtype=torch.float32)
                 dist.recv(block, src=src, tag=TAG_TRANS)
                 inbox.put(block)
-            except RuntimeError:  # an actor vanished mid-message; the launcher reports it
-                time.sleep(_POLL)
+            except RuntimeError:  # the actor vanished; the launcher reports it
+                return
             finally:
-                busy.clear()
+                flag.clear()
 
-    threading.Thread(target=receive, daemon=True).start()
+    for a, flag in zip(my_actors, busy):
+        threading.Thread(target=receive, args=(G.actor_rank(a, config), flag), daemon=True).start()
+    mine = len(my_actors)
     flat = ctx.initial.clone()
     versions = [0] * config.shards
     target_version = -1
@@ -248,7 +252,8 @@ def run_learner(ctx: Context) -> int:
             credit -= 1.0
             losses.append(float(loss.detach()))
         else:
-            if ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty() and not busy.is_set():
+            if (ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty()
+                    and not any(flag.is_set() for flag in busy)):
                 break
             try:
                 inbox.put(inbox.get(timeout=_POLL))  # wait for a chunk without spinning
@@ -332,6 +337,10 @@ def run_actor(ctx: Context) -> int:
     return 0
 
 
+def transport_timeout(config: G.GorilaConfig) -> float:
+    return max(600.0, 20.0 * config.timeout)
+
+
 # --- entry ------------------------------------------------------------------------------
 
 def _line(error: BaseException) -> str:
@@ -365,18 +374,23 @@ def main(argv: list[str] | None = None) -> int:
     if world != config.world_size:
         print(f"Error: WORLD_SIZE {world} does not match the layout's {config.world_size} ranks", file=sys.stderr)
         return 2
-    timeout = datetime.timedelta(seconds=config.timeout)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timeout)
+                          timeout=datetime.timedelta(seconds=config.timeout))
+    # gloo closes a pair for good when a wait on it times out, and a shard may wait for
+    # a client's next request for as long as the client takes to play or learn: the
+    # transport's own timeout is long. Lost peers are found by the launcher (waitpid)
+    # instead, which bounds every wait that matters (see gorila.run_gorila).
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
-                            timeout=timeout)
+                            timeout=datetime.timedelta(seconds=transport_timeout(config)))
     ctx = Context(config, config_path.parent, rank, store)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
     try:
         code = runner(ctx)
     except RuntimeError as error:
         if ctx.stop_requested():
-            code = G.PEER_LOST_EXIT
+            # Stopping: a peer that left first broke a message in flight. Expected; the
+            # files saved so far (every episode, every half second) stand.
+            code = 0
         else:
             print(f"gorila {ctx.role}: stopped, a peer it needs was lost ({_line(error)})", file=sys.stderr)
             code = G.PEER_LOST_EXIT
