@@ -410,6 +410,7 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "outliers_discarded": int(sum(int(x["outliers"]) for x in learners)),
         "learner_updates": int(sum(int(x["updates"]) for x in learners)),
         "gradients_sent": int(sum(int(x["sent"]) for x in learners)),
+        "pulls_per_shard": [int(s["pulls"]) for s in shards],
         "transitions_received": int(sum(int(x["received"]) for x in learners)),
         "lost": lost,
         "complete": not stopped and not lost,
