@@ -38,7 +38,7 @@ def train_gorila(
     actor_sync: Annotated[int, typer.Option(min=1, help="N: actor steps between parameter refreshes.")] = 100,
     learner_sync: Annotated[int, typer.Option(min=1, help="Learner updates between parameter refreshes.")] = 4,
     max_staleness: Annotated[int, typer.Option(
-        min=0, help="Drop gradients computed from parameters this many shard updates old or older+1.")] = 20,
+        min=0, help="Drop a gradient computed from parameters more than this many shard updates old.")] = 20,
     outlier_k: Annotated[float, typer.Option(
         help="Drop gradients whose norm is over mean + k·std of the last --outlier-window norms.")] = 6.0,
     outlier_window: Annotated[int, typer.Option(min=2, help="Norms in the outlier guard's window.")] = 100,
@@ -85,7 +85,8 @@ def train_gorila(
         _check_env(config.env)
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
-    target = out if out is not None else default_out("gorila")
+    # A resumed run goes on in its own file unless told otherwise (as train dqn's does).
+    target = out if out is not None else (resume if resume is not None else default_out("gorila"))
     if target.exists() and not overwrite and resume is None:
         raise CommandError(f"--out {target}: file exists (pass --overwrite to replace it)")
     _check_writable(target)
@@ -94,7 +95,7 @@ def train_gorila(
             summary = run(config, target, resume_state=resume_state, should_stop=should_stop, log=sys.stderr,
                           progress_every=0.0 if json_output and not sys.stderr.isatty() else 2.0)
     except GorilaJobLost as error:
-        raise CommandError(f"{error}; the run file {target} holds it (resume with --resume {target})", 3) from None
+        raise CommandError(f"{error}: resume with --resume {target}", 3) from None
     summary.pop("started_at", None)
     if json_output:
         print_json(summary)

@@ -223,6 +223,10 @@ class GorilaResult:
 class GorilaJobLost(RuntimeError):
     """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
 
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}
+
 
 def _describe(code: int) -> str:
     if code < 0:
@@ -300,7 +304,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                     if p.role.kind == "shard" and shard_lost is None:
                         shard_lost = f"{p.role} was lost ({_describe(code)})"
                         store.set("stop", "shard lost")
-                    else:
+                    elif shard_lost is None:
                         out.write(f"gorila: {p.role} lost ({_describe(code)}); the run goes on\n")
                         out.flush()
             if running == 0:
@@ -333,11 +337,10 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     checkpoint = assemble_checkpoint(run_dir, config)
     save_npz(run_dir / "checkpoint.npz", **checkpoint)
     if shard_lost is not None:
-        error = GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; last checkpoint: "
-                              f"{run_dir / 'checkpoint.npz'} (server version {int(checkpoint['version'])})")
-        error.summary = summarize(config, run_dir, checkpoint, seconds, lost, stopped=True, started_at=started_at,
-                                  evaluate=False)
-        raise error
+        raise GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; the last checkpoint "
+                            f"(server version {int(checkpoint['version'])}) is {run_dir / 'checkpoint.npz'}",
+                            summarize(config, run_dir, checkpoint, seconds, lost, stopped=True,
+                                      started_at=started_at, evaluate=False))
     return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
 
 
@@ -479,7 +482,10 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
                              progress_every=progress_every)
     except GorilaJobLost as error:
         write_gorila_run(out, config, parts, error.summary)
-        raise
+        shutil.rmtree(parts, ignore_errors=True)
+        version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
+        raise GorilaJobLost(f"{str(error).split('; the last checkpoint')[0]}; the run file {out} holds the last "
+                            f"checkpoint (server version {version})", error.summary) from None
     write_gorila_run(out, config, parts, summary)
     shutil.rmtree(parts, ignore_errors=True)
     summary["out"] = str(out)

@@ -212,19 +212,22 @@ def run_learner(ctx: Context) -> int:
         G.save_npz(path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
                    outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32))
 
+    def take(block: torch.Tensor) -> None:
+        nonlocal received, credit
+        n = block.shape[0]
+        replay.add(Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
+                         block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
+        received += n
+        if len(replay) >= config.learning_starts:
+            credit += config.update_ratio * n
+
     last_save = time.monotonic()
     while not ctx.stop_requested():
         while True:
             try:
-                block = inbox.get_nowait()
+                take(inbox.get_nowait())
             except queue.Empty:
                 break
-            n = block.shape[0]
-            replay.add(Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
-                             block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
-            received += n
-            if len(replay) >= config.learning_starts:
-                credit += config.update_ratio * n
         if credit >= 1.0:
             if updates % config.learner_sync == 0:
                 versions = _pull(ctx, flat)
@@ -256,7 +259,7 @@ def run_learner(ctx: Context) -> int:
                     and not any(flag.is_set() for flag in busy)):
                 break
             try:
-                inbox.put(inbox.get(timeout=_POLL))  # wait for a chunk without spinning
+                take(inbox.get(timeout=_POLL))  # wait for a chunk without spinning
             except queue.Empty:
                 pass
         if time.monotonic() - last_save > 0.5:
