@@ -37,7 +37,11 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     out = tmp_path / "g.h5"
     process = subprocess.Popen(
         ["popplay", "train", "gorila", "--env", "CartPole-v1", "--actors", "1", "--learners", "1", "--shards", "2",
-         "--env-steps", "400", "--seed", "3", *TINY, "--out", str(out), "--json"],
+         "--env-steps", "400", "--seed", "3", *TINY, "--out", str(out), "--json",
+         # Injected faults: every 7th gradient sent claims parameters too old; every 11th
+         # computed is scaled by 1e30. k = 1e6: no natural gradient is an outlier.
+         "--inject-stale-every", "7", "--inject-huge-every", "11", "--outlier-k", "1e6",
+         "--outlier-window", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     roles: set[str] = set()
     deadline = time.monotonic() + 150
@@ -51,22 +55,28 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     assert summary["complete"] and summary["lost"] == []
     assert summary["env_steps"] >= 400 and summary["quality"] is not None and summary["seconds"] > 0
     # No transition lost between actor and learner; every gradient sent reached both
-    # shards, applied or dropped as stale; one learner refreshing every 2 updates sees
-    # ages 0 and 1 only.
+    # shards, applied or dropped as stale.
     assert summary["transitions_received"] == summary["env_steps"]
-    sent = summary["gradients_sent"]
-    assert sent > 0
+    sent, updates = summary["gradients_sent"], summary["learner_updates"]
+    assert sent > 20
     assert summary["gradients_applied"] + summary["stale_discarded"] == 2 * sent
     assert sum(summary["staleness_histogram"]) == 2 * sent
-    assert sum(summary["staleness_histogram"][2:]) == 0
-    assert summary["server_versions"] == [sent, sent]
+    # Exactly the injected gradients were dropped: the huge ones by the learner's
+    # outlier guard, the stale ones by both shards. One learner refreshing every 2
+    # updates sends ages 0 and 1 otherwise; the injected ones land in "older than 20".
+    assert summary["outliers_discarded"] == updates // 11 and sent == updates - updates // 11
+    stale = sent // 7
+    assert summary["stale_discarded"] == 2 * stale
+    histogram = summary["staleness_histogram"]
+    assert histogram[-1] == 2 * stale and sum(histogram[2:-1]) == 0
+    assert summary["server_versions"] == [sent - stale, sent - stale]
     stored = read_run(out, expected_domain="gorila")
     assert stored.complete and stored.state["params"].size == 4 * 16 + 16 + 16 * 2 + 2
     assert stored.curves["env_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "g.h5.parts").exists()
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert evaluated["domain"] == "gorila" and evaluated["server_version"] == sent
+    assert evaluated["domain"] == "gorila" and evaluated["server_version"] == sent - stale
 
 
 @pytest.mark.parametrize("args, message", [

@@ -44,6 +44,10 @@ def train_gorila(
     outlier_window: Annotated[int, typer.Option(min=2, help="Norms in the outlier guard's window.")] = 100,
     eval_episodes: Annotated[int, typer.Option(min=1, help=EVAL_HELP)] = 100,
     timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 30.0,
+    inject_stale_every: Annotated[int, typer.Option(
+        hidden=True, min=0, help="Test hook: every k-th gradient sent is labelled too stale.")] = 0,
+    inject_huge_every: Annotated[int, typer.Option(
+        hidden=True, min=0, help="Test hook: every k-th gradient computed is scaled by 1e30.")] = 0,
     seed: SeedOption = 0,
     out: OutOption = None,
     overwrite: OverwriteOption = False,
@@ -79,7 +83,8 @@ def train_gorila(
             learning_starts=learning_starts, update_ratio=update_ratio, target_every=target_every,
             epsilon_updates=epsilon_updates, actor_sync=actor_sync, learner_sync=learner_sync,
             max_staleness=max_staleness, outlier_k=outlier_k, outlier_window=outlier_window,
-            outlier_min_samples=min(20, outlier_window), eval_episodes=eval_episodes, timeout=timeout)
+            outlier_min_samples=min(20, outlier_window), eval_episodes=eval_episodes, timeout=timeout,
+            inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every)
     try:
         config.validate()
         _check_env(config.env)

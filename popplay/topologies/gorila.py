@@ -87,6 +87,11 @@ class GorilaConfig:
     timeout: float = 30.0  # seconds any wait may take
     eval_episodes: int = 10
     resume: str = ""  # a checkpoint.npz to start the parameters from (any layout)
+    # Test hooks (hidden CLI options): learners label every k-th gradient they send as
+    # computed from parameters max_staleness + 1 updates older than it was, and scale
+    # every k-th gradient they compute by 1e30 before the outlier guard sees it.
+    inject_stale_every: int = 0
+    inject_huge_every: int = 0
 
     @property
     def world_size(self) -> int:

@@ -242,12 +242,17 @@ def run_learner(ctx: Context) -> int:
             online.zero_grad(set_to_none=True)
             loss.backward()
             grad = networks.flat_gradients(online)
+            if config.inject_huge_every and (updates + 1) % config.inject_huge_every == 0:
+                grad = grad * 1e30
             norm = float(grad.norm())
             if outliers.admit(norm):
                 if norm > config.max_grad_norm:
                     grad = grad * (config.max_grad_norm / norm)
+                age = 0
+                if config.inject_stale_every and (sent + 1) % config.inject_stale_every == 0:
+                    age = config.max_staleness + 1
                 for s, (a, b) in enumerate(ctx.bounds):
-                    header = torch.tensor([GRAD, versions[s], l, 0], dtype=torch.int64)
+                    header = torch.tensor([GRAD, versions[s] - age, l, 0], dtype=torch.int64)
                     dist.send(header, dst=G.shard_rank(s, config), tag=TAG_REQ)
                     dist.send(grad[a:b].contiguous(), dst=G.shard_rank(s, config), tag=TAG_GRAD)
                 sent += 1
