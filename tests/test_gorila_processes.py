@@ -1,6 +1,7 @@
 """Gorila through real processes on gloo (tiny budgets; every wait bounded)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -8,8 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from popplay.agents import networks
+from popplay.agents.adagrad_shard import AdaGradShard
 from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
+from tests._gorila_driver import gradient_sequence
 
 TINY = dict(env="CartPole-v1", hidden=(16,), batch_size=16, learning_starts=64, update_ratio=0.5,
             learner_sync=2, actor_sync=20, chunk=25, target_every=10, timeout=15.0, eval_episodes=2,
@@ -35,6 +40,56 @@ def _version(path: Path) -> int:
         return int(load_npz(path)["version"])
     except (OSError, KeyError, ValueError):
         return 0
+
+
+def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
+    """Two real shard processes (uneven slices: 107 = 54 + 53 parameters) fed one
+    gradient sequence over gloo end bitwise where one unsharded server would."""
+    import datetime
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from popplay.distributed.launch import rank_environment
+
+    config = GorilaConfig(actors=1, learners=1, shards=2, hidden=(15,), env_steps=1, seed=11, lr=0.05,
+                          max_staleness=1000, checkpoint_every=1000)
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config.to_dict()))
+    store = dist.TCPStore("127.0.0.1", 0, config.world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    commands = [[sys.executable, "-m", "popplay.topologies.gorila_ranks", f"popplay gorila shard {s}",
+                 str(config_path)] for s in range(2)]
+    commands += [[sys.executable, "-m", "tests._gorila_driver", role, str(config_path), str(tmp_path / "pulled.npz")]
+                 for role in ("learner", "actor")]
+    procs = [subprocess.Popen(cmd, env=rank_environment(rank, config.world_size, store.port, 1),
+                              cwd=Path(__file__).resolve().parent.parent) for rank, cmd in enumerate(commands)]
+    try:
+        for p in procs[2:]:
+            assert p.wait(timeout=60) == 0
+        store.add("finished/clients", 2)  # what the launcher does when clients exit
+        for p in procs[:2]:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    net = networks.seeded_mlp(config.seed, 4, 2, config.hidden)
+    vector = networks.flat_parameters(net)
+    assert vector.numel() == 107
+    whole = AdaGradShard.from_vector(vector, 0, 107, config.lr, config.adagrad_eps, config.initial_accumulator)
+    grads = gradient_sequence(107)
+    for grad in grads:
+        whole.apply(grad)
+    pulled = load_npz(tmp_path / "pulled.npz")
+    assert pulled["versions"].tolist() == [len(grads), len(grads)]
+    assert np.array_equal(pulled["params"], whole.params.numpy())  # bitwise, through PULL
+    saved = [load_npz(tmp_path / f"shard-{s}.npz") for s in range(2)]
+    assert [(int(x["start"]), int(x["stop"])) for x in saved] == [(0, 54), (54, 107)]
+    assert np.array_equal(np.concatenate([x["params"] for x in saved]), whole.params.numpy())
+    assert np.array_equal(np.concatenate([x["accumulator"] for x in saved]), whole.accumulator.numpy())
+    assert not torch.equal(whole.params, vector)
 
 
 def test_a_killed_actor_and_a_killed_learner_do_not_stop_the_run(tmp_path):
