@@ -42,7 +42,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, IO
 
@@ -219,12 +219,6 @@ class _Proc:
     exit_code: int | None = None
 
 
-@dataclass
-class GorilaResult:
-    summary: dict[str, Any]
-    lost: list[str] = field(default_factory=list)
-
-
 class GorilaJobLost(RuntimeError):
     """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
 
@@ -339,7 +333,13 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
             if p.exit_code is None:
                 p.exit_code = p.process.returncode
     seconds = time.monotonic() - start
-    checkpoint = assemble_checkpoint(run_dir, config)
+    try:
+        checkpoint = assemble_checkpoint(run_dir, config)
+    except OSError:  # a shard died before its first save (it saves before serving anyone)
+        reason = shard_lost or "; ".join(f"{p.role}: {_describe(p.exit_code or 0)}" for p in procs
+                                         if p.role.kind == "shard" and p.exit_code)
+        raise GorilaJobLost(f"{reason or 'a shard wrote no checkpoint'}; stopped the job after {seconds:.1f} s "
+                            "before any checkpoint was written") from None
     save_npz(run_dir / "checkpoint.npz", **checkpoint)
     if shard_lost is not None:
         raise GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; the last checkpoint "
@@ -486,6 +486,9 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
                              progress_every=progress_every)
     except GorilaJobLost as error:
+        if not error.summary:  # nothing to keep
+            shutil.rmtree(parts, ignore_errors=True)
+            raise
         write_gorila_run(out, config, parts, error.summary)
         shutil.rmtree(parts, ignore_errors=True)
         version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
