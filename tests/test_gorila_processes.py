@@ -125,6 +125,40 @@ def test_a_killed_actor_and_a_killed_learner_do_not_stop_the_run(tmp_path):
     assert summary["server_versions"][0] >= mark["version"] + 20
 
 
+def test_global_replay_survives_a_killed_learner(tmp_path):
+    # Global replay: both actors feed both learners (ranks: shard 0, learners 1-2,
+    # actors 3-4). Kill learner 1 and actor 1: actor 0 keeps feeding learner 0.
+    config = GorilaConfig(actors=2, learners=2, shards=1, replay="global", env_steps=10_000_000, seed=9, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    began = time.monotonic()
+
+    def received(l: int) -> int:
+        try:
+            return int(load_npz(tmp_path / f"learner-{l}.npz")["received"])
+        except (OSError, KeyError, ValueError):
+            return 0
+
+    def should_stop() -> bool:
+        if time.monotonic() - began > 90:
+            return True
+        if "killed" not in mark:
+            if min(received(0), received(1)) >= 200:
+                os.kill(pids[2], signal.SIGKILL)  # learner 1
+                os.kill(pids[4], signal.SIGKILL)  # actor 1
+                mark["killed"] = 1
+                mark["received0"] = received(0)
+                mark["version"] = _version(tmp_path / "shard-0.npz")
+            return False
+        return received(0) >= mark["received0"] + 300 and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20
+
+    summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
+    assert "killed" in mark and summary["replay"] == "global"
+    assert sorted(summary["lost"]) == ["actor 1 (killed by SIGKILL)", "learner 1 (killed by SIGKILL)"]
+    assert received(0) >= mark["received0"] + 300
+    assert summary["server_versions"][0] >= mark["version"] + 20
+
+
 def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):
     first = tmp_path / "first"
     config = GorilaConfig(actors=1, learners=1, shards=2, env_steps=10_000_000, seed=7, **TINY)

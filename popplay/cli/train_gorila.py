@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,9 +12,14 @@ from popplay.cli.common import CommandError, JsonOption, OutOption, OverwriteOpt
 from popplay.cli.train import train_app
 from popplay.cli.train_dqn import ENV_HELP, EVAL_HELP, TIMEOUT_HELP
 
+class Replay(str, Enum):
+    local = "local"
+    global_ = "global"
+
+
 # What a resumed run may change: the budget, the layout and how long waits may take.
-RESUME_ALLOWED = {"resume", "episodes", "env_steps", "actors", "learners", "shards", "timeout", "json_output",
-                  "out", "overwrite"}
+RESUME_ALLOWED = {"resume", "episodes", "env_steps", "actors", "learners", "shards", "replay", "timeout",
+                  "json_output", "out", "overwrite"}
 
 
 @train_app.command("gorila")
@@ -22,15 +28,18 @@ def train_gorila(
     env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
     actors: Annotated[int, typer.Option(min=1, help="Actor processes (own environment, own Q-network copy).")] = 2,
     learners: Annotated[int, typer.Option(
-        min=1, help="Learner processes; actor a feeds learner a mod L (local replay).")] = 1,
+        min=1, help="Learner processes (see --replay).")] = 1,
     shards: Annotated[int, typer.Option(min=1, help="Parameter-server shards (AdaGrad on a slice each).")] = 1,
+    replay: Annotated[Replay, typer.Option(
+        help="local: actor a feeds learner a mod L (the seed's bundles); global: every actor feeds every "
+             "learner, each holding a copy of one replay memory of all experience.")] = Replay.local,
     episodes: Annotated[int, typer.Option(min=0, help="Budget: episodes over all actors (0: none).")] = 0,
     env_steps: Annotated[int, typer.Option(min=0, help="Budget: environment steps over all actors (0: none).")] = 0,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "64,64",
     lr: Annotated[float, typer.Option(help="AdaGrad learning rate (on the shards).")] = 0.01,
     gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
     batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each learner update.")] = 64,
-    replay: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner.")] = 50_000,
+    replay_capacity: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner.")] = 50_000,
     learning_starts: Annotated[int, typer.Option(min=0, help="Transitions in a learner's replay first.")] = 500,
     update_ratio: Annotated[float, typer.Option(help="Learner updates per transition received.")] = 0.25,
     target_every: Annotated[int, typer.Option(min=1, help="G: server updates between target refreshes.")] = 200,
@@ -65,7 +74,7 @@ def train_gorila(
         stored = _load_resume(ctx, resume)
         base = {k: v for k, v in stored.config.items()}
         chosen = {"episodes": episodes, "env_steps": env_steps, "actors": actors, "learners": learners,
-                  "shards": shards, "timeout": timeout}
+                  "shards": shards, "replay": replay.value, "timeout": timeout}
         base.update({name: value for name, value in chosen.items() if given(ctx, name)})
         if not (given(ctx, "episodes") or given(ctx, "env_steps")):
             raise CommandError("--resume needs a new budget: --episodes or --env-steps")
@@ -78,8 +87,9 @@ def train_gorila(
         except ValueError:
             raise CommandError(f"--hidden: expected comma-separated widths such as 64,64 (got {hidden!r})") from None
         config = GorilaConfig(
-            env=env, actors=actors, learners=learners, shards=shards, episodes=episodes, env_steps=env_steps,
-            seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size, replay_capacity=replay,
+            env=env, actors=actors, learners=learners, shards=shards, replay=replay.value, episodes=episodes,
+            env_steps=env_steps,
+            seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size, replay_capacity=replay_capacity,
             learning_starts=learning_starts, update_ratio=update_ratio, target_every=target_every,
             epsilon_updates=epsilon_updates, actor_sync=actor_sync, learner_sync=learner_sync,
             max_staleness=max_staleness, outlier_k=outlier_k, outlier_window=outlier_window,
@@ -127,7 +137,7 @@ def _load_resume(ctx: typer.Context, path: Path) -> Any:
     for param in ctx.command.params:
         if param.name not in RESUME_ALLOWED and given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
-                               "the layout (--actors, --learners, --shards), --timeout and --json may be given")
+                               "the layout (--actors, --learners, --shards, --replay), --timeout and --json may be given")
     try:
         return read_run(path, expected_domain="gorila")
     except RunFileError as error:

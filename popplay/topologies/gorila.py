@@ -87,6 +87,7 @@ class GorilaConfig:
     timeout: float = 30.0  # seconds any wait may take
     eval_episodes: int = 10
     resume: str = ""  # a checkpoint.npz to start the parameters from (any layout)
+    replay: str = "local"  # "local": actor a feeds learner a mod L; "global": every learner
     # Test hooks (hidden CLI options): learners label every k-th gradient they send as
     # computed from parameters max_staleness + 1 updates older than it was, and scale
     # every k-th gradient they compute by 1e30 before the outlier guard sees it.
@@ -113,6 +114,8 @@ class GorilaConfig:
             raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
         if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
             raise ValueError("lr, timeout, update_ratio and outlier_k must be positive")
+        if self.replay not in ("local", "global"):
+            raise ValueError(f"replay must be local or global (got {self.replay!r})")
         if self.max_staleness < 0 or self.learning_starts < 0:
             raise ValueError("max_staleness and learning_starts must be non-negative")
 
@@ -161,12 +164,16 @@ def actor_rank(a: int, config: GorilaConfig) -> int:
     return config.shards + config.learners + a
 
 
-def learner_of_actor(a: int, config: GorilaConfig) -> int:
-    return a % config.learners
+def learners_of_actor(a: int, config: GorilaConfig) -> list[int]:
+    """Where actor ``a``'s transitions go: its bundle's learner (``a mod L``) with local
+    replay; every learner with global replay (each holds a copy of one global memory)."""
+    if config.replay == "global":
+        return list(range(config.learners))
+    return [a % config.learners]
 
 
 def actors_of_learner(l: int, config: GorilaConfig) -> list[int]:
-    return [a for a in range(config.actors) if learner_of_actor(a, config) == l]
+    return [a for a in range(config.actors) if l in learners_of_actor(a, config)]
 
 
 def _share(total: int, a: int, parts: int) -> int:
@@ -296,7 +303,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 if p.role.kind != "shard":
                     store.add("finished/clients", 1)
                 if p.role.kind == "actor":
-                    store.add(f"finished/actors-of-{learner_of_actor(p.role.index, config)}", 1)
+                    for l in learners_of_actor(p.role.index, config):
+                        store.add(f"finished/actors-of-{l}", 1)
                 if code != 0:
                     store.set(f"lost/{p.rank}", str(code))
                     lost.append(f"{p.role} ({_describe(code)})")
@@ -402,6 +410,7 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
     quality = evaluate_checkpoint(config, checkpoint) if evaluate else math.nan
     return {
         "topology": "gorila",
+        "replay": config.replay,
         "env": config.env,
         "actors": config.actors, "learners": config.learners, "shards": config.shards,
         "quality": None if math.isnan(quality) else quality,

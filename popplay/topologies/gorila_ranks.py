@@ -219,7 +219,9 @@ def run_learner(ctx: Context) -> int:
                          block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
         received += n
         if len(replay) >= config.learning_starts:
-            credit += config.update_ratio * n
+            # Global replay copies each transition to every learner: each owes 1/L of
+            # the updates, so all layouts learn as much per transition played.
+            credit += config.update_ratio * n / (config.learners if config.replay == "global" else 1)
 
     last_save = time.monotonic()
     while not ctx.stop_requested():
@@ -283,7 +285,7 @@ def run_actor(ctx: Context) -> int:
     from popplay.envs.rollout import episode_seed, play_episodes
 
     config, a = ctx.config, ctx.role.index
-    learner = G.learner_rank(G.learner_of_actor(a, config), config)
+    learners = [G.learner_rank(l, config) for l in G.learners_of_actor(a, config)]
     budget_steps, budget_episodes = G.actor_budget(a, config)
     env = envs.make_vector(config.env, 1)
     q = ctx.net()
@@ -334,8 +336,16 @@ def run_actor(ctx: Context) -> int:
             for i in range(0, block.shape[0], config.chunk):
                 part = block[i:i + config.chunk].contiguous()
                 header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
-                dist.send(header, dst=learner, tag=TAG_TRANS_HDR)
-                dist.send(part, dst=learner, tag=TAG_TRANS)
+                for learner in list(learners):
+                    try:
+                        dist.send(header, dst=learner, tag=TAG_TRANS_HDR)
+                        dist.send(part, dst=learner, tag=TAG_TRANS)
+                    except RuntimeError:
+                        # Global replay: the other learners' copies still take it; with
+                        # local replay this was the only one and the actor stops.
+                        learners.remove(learner)
+                        if not learners:
+                            raise
             save()
     except _Stop:
         pass
@@ -402,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"gorila {ctx.role}: stopped, a peer it needs was lost ({_line(error)})", file=sys.stderr)
             code = G.PEER_LOST_EXIT
+    except Exception as error:  # a bug or a bad input: one line, and the launcher reports the rank lost
+        print(f"gorila {ctx.role}: failed: {type(error).__name__}: {_line(error)}", file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # Daemon threads may sit in a gloo receive that never returns: leave without
