@@ -33,8 +33,10 @@ DOMAINS: dict[str, DomainSpec] = {
     "dqn": DomainSpec("dqn", "popplay.topologies.dqn:DQNParams", "popplay.topologies.dqn:DQNExperiment"),
     "reinforce": DomainSpec("reinforce", "popplay.topologies.reinforce:ReinforceParams",
                             "popplay.topologies.reinforce:ReinforceExperiment"),
+    "gorila": DomainSpec("gorila", "popplay.topologies.gorila:GorilaConfig",
+                         "popplay.topologies.gorila:GorilaExperiment"),
 }
-DEEP_DOMAINS = ("dqn", "reinforce")
+DEEP_DOMAINS = ("dqn", "reinforce", "gorila")
 
 
 def build(domain: str, params: Any, backend: Backend) -> Any:

@@ -1,0 +1,194 @@
+"""Gorila (seed 002) against our single-process Double DQN at equal environment steps.
+
+    PYTHONPATH=. python benchmarks/gorila.py --env CartPole-v1 --env-steps 30000 \
+        --layouts 2x1x1,1x1x1 --dqn --fault --json results/gorila.json
+
+For each layout ``AxLxS`` (actors × learners × shards) one run of ``popplay train
+gorila``'s engine; with ``--dqn`` one run of ``popplay train dqn`` (sequential, Adam)
+at the same budget; with ``--fault`` the first layout again with actor 1 killed
+(SIGKILL) once half the budget is played. Each row: wall seconds, env-steps/s, the
+greedy quality at the end, the mean return of the last 100 training episodes, the
+learning curve (return against env-steps summed over actors), the staleness histogram
+and the dropped gradients, and the message counts the parameter server handled,
+beside what the message-rate model predicts from the run's own counters:
+
+    requests per shard = Σ_learners updates_sent·(1 + 1/learner_sync)·…   (see model())
+
+One run per row, not a best-of: these are learning runs, and their times on a shared
+2-core machine move with whatever else runs. Learning curves of single seeds are noisy;
+read them as what they are.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import machine_info  # noqa: E402
+from popplay.topologies.gorila import GorilaConfig, load_npz, train_gorila  # noqa: E402
+
+
+def model(config: GorilaConfig, learner_updates: int, gradients_sent: int, env_steps: int,
+          episodes: int) -> dict[str, float]:
+    """Messages one shard handles, from the run's counters and the layout alone.
+
+    Each learner update ends in one gradient slice per shard (unless the outlier guard
+    drops it) and every ``learner_sync`` updates in one parameter pull per shard; each
+    actor pulls once per ``actor_sync`` of its steps, and once more at each episode's
+    start when the count is due then (we count pulls at step granularity, so ≈)."""
+    learner_pulls = sum(-(-u // config.learner_sync) for u in _split(learner_updates, config.learners))
+    actor_pulls = env_steps / config.actor_sync
+    return {"gradients_per_shard": float(gradients_sent), "pulls_per_shard": learner_pulls + actor_pulls,
+            "bytes_per_gradient_slice": 4.0 * _param_count(config) / config.shards}
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _param_count(config: GorilaConfig) -> int:
+    widths = [4, *config.hidden, 2]  # CartPole's 4 observations and 2 actions
+    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def project(config: GorilaConfig, measured: dict[str, Any], actors: int = 100, learners: int = 100,
+            shards: int = 31) -> dict[str, float]:
+    """The seed's layout (100 actors, 100 learners, 31 shards) under this run's per-process
+    rates: messages per second one shard would handle."""
+    seconds = measured["seconds"]
+    step_rate = measured["env_steps"] / seconds / config.actors  # per actor
+    update_rate = measured["learner_updates"] / seconds / config.learners  # per learner
+    grads = learners * update_rate
+    pulls = learners * update_rate / config.learner_sync + actors * step_rate / config.actor_sync
+    return {"shard_messages_per_second": grads + pulls, "gradient_slices_per_second": grads,
+            "pulls_per_second": pulls, "shard_in_bytes_per_second": grads * 4.0 * _param_count(config) / shards}
+
+
+def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_at: int = 0) -> dict[str, Any]:
+    actors, learners, shards = (int(v) for v in layout.split("x"))
+    config = GorilaConfig(env=args.env, actors=actors, learners=learners, shards=shards, env_steps=args.env_steps,
+                          seed=args.seed, eval_episodes=args.eval_episodes, timeout=60.0)
+    out = workdir / f"gorila-{layout}{'-fault' if kill_actor_at else ''}.h5"
+    parts = out.with_name(out.name + ".parts")
+    killed: dict[str, Any] = {}
+
+    def should_stop() -> bool:
+        if kill_actor_at and not killed:
+            steps = 0
+            for a in range(actors):
+                try:
+                    steps += int(load_npz(parts / f"actor-{a}.npz")["env_steps"])
+                except (OSError, KeyError, ValueError):
+                    pass
+            if steps >= kill_actor_at:
+                pid = _pid_of(f"popplay gorila actor 1", str(parts))
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.update(at_env_steps=steps, pid=pid)
+        return False
+
+    started = time.perf_counter()
+    summary = train_gorila(config, out, should_stop=should_stop, log=sys.stderr, progress_every=10.0)
+    wall = time.perf_counter() - started
+    from popplay.checkpoints.runfile import read_run
+
+    curves = read_run(out).curves
+    row = {"layout": layout, "kind": "gorila", "wall_seconds": wall, **summary,
+           "curve": _thin(curves["env_steps"], curves["return"]), "killed": killed,
+           "model": model(config, summary["learner_updates"], summary["gradients_sent"], summary["env_steps"],
+                          summary["episodes"]),
+           "measured_per_shard": {"gradients": (summary["gradients_applied"] + summary["stale_discarded"])
+                                  / config.shards, "pulls": summary.get("pulls_per_shard")},
+           "projection_seed_layout": project(config, summary)}
+    return row
+
+
+def _pid_of(role: str, marker: str) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if role in cmd and marker in cmd:
+                return int(proc.name)
+    return None
+
+
+def run_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from popplay.checkpoints.runfile import read_run
+
+    out = workdir / "dqn.h5"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", "dqn", "--env", args.env, "--env-steps",
+                           str(args.env_steps), "--seed", str(args.seed), "--eval-episodes", str(args.eval_episodes),
+                           "--hidden", "64,64", "--out", str(out), "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"train dqn failed: {done.stderr.strip()}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    state = read_run(out).state
+    returns, lengths = state["episode_returns"], state["episode_lengths"]
+    return {"layout": "dqn sequential", "kind": "dqn", "wall_seconds": wall, **summary,
+            "curve": _thin(np.cumsum(lengths), returns)}
+
+
+def _thin(steps: np.ndarray, returns: np.ndarray, points: int = 40) -> list[list[float]]:
+    """(env-steps, mean return of the last 20 episodes) at about ``points`` places."""
+    if len(returns) == 0:
+        return []
+    idx = np.unique(np.linspace(0, len(returns) - 1, points).astype(int))
+    return [[int(steps[i]), float(np.mean(returns[max(0, i - 19):i + 1]))] for i in idx]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--env-steps", type=int, default=30_000)
+    parser.add_argument("--layouts", default="2x1x1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument("--dqn", action="store_true")
+    parser.add_argument("--fault", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        layouts = [x for x in args.layouts.split(",") if x]
+        for layout in layouts:
+            rows.append(run_layout(layout, args, workdir))
+            _print(rows[-1])
+        if args.fault:
+            rows.append(run_layout(layouts[0], args, workdir, kill_actor_at=args.env_steps // 2))
+            _print(rows[-1])
+        if args.dqn:
+            rows.append(run_dqn(args, workdir))
+            _print(rows[-1])
+    payload = {"machine": machine_info(), "env": args.env, "env_steps": args.env_steps, "seed": args.seed,
+               "rows": rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=1, default=str))
+
+
+def _print(row: dict[str, Any]) -> None:
+    keys = ("layout", "wall_seconds", "env_steps", "quality", "return", "stale_discarded", "outliers_discarded",
+            "staleness_histogram", "lost", "model", "measured_per_shard", "killed")
+    print(json.dumps({k: row.get(k) for k in keys}, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

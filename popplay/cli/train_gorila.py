@@ -1,0 +1,167 @@
+"""``popplay train gorila``: seed 002's actors, learners and sharded parameter server."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from popplay.cli.common import CommandError, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given
+from popplay.cli.train import train_app
+from popplay.cli.train_dqn import ENV_HELP, EVAL_HELP, TIMEOUT_HELP
+
+class Replay(str, Enum):
+    local = "local"
+    global_ = "global"
+
+
+# What a resumed run may change: the budget, the layout and how long waits may take.
+RESUME_ALLOWED = {"resume", "episodes", "env_steps", "actors", "learners", "shards", "replay", "timeout",
+                  "json_output", "out", "overwrite"}
+
+
+@train_app.command("gorila")
+def train_gorila(
+    ctx: typer.Context,
+    env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
+    actors: Annotated[int, typer.Option(min=1, help="Actor processes (own environment, own Q-network copy).")] = 2,
+    learners: Annotated[int, typer.Option(
+        min=1, help="Learner processes (see --replay).")] = 1,
+    shards: Annotated[int, typer.Option(min=1, help="Parameter-server shards (AdaGrad on a slice each).")] = 1,
+    replay: Annotated[Replay, typer.Option(
+        help="local: actor a feeds learner a mod L (the seed's bundles); global: every actor feeds every "
+             "learner, each holding a copy of one replay memory of all experience.")] = Replay.local,
+    episodes: Annotated[int, typer.Option(min=0, help="Budget: episodes over all actors (0: none).")] = 0,
+    env_steps: Annotated[int, typer.Option(min=0, help="Budget: environment steps over all actors (0: none).")] = 0,
+    hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "64,64",
+    lr: Annotated[float, typer.Option(help="AdaGrad learning rate (on the shards).")] = 0.01,
+    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+    batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each learner update.")] = 64,
+    replay_capacity: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner.")] = 50_000,
+    learning_starts: Annotated[int, typer.Option(min=0, help="Transitions in a learner's replay first.")] = 500,
+    update_ratio: Annotated[float, typer.Option(help="Learner updates per transition received.")] = 0.25,
+    target_every: Annotated[int, typer.Option(min=1, help="G: server updates between target refreshes.")] = 200,
+    epsilon_updates: Annotated[int, typer.Option(min=1, help="Server updates over which ε falls to 0.05.")] = 4_000,
+    actor_sync: Annotated[int, typer.Option(min=1, help="N: actor steps between parameter refreshes.")] = 100,
+    learner_sync: Annotated[int, typer.Option(min=1, help="Learner updates between parameter refreshes.")] = 4,
+    max_staleness: Annotated[int, typer.Option(
+        min=0, help="Drop a gradient computed from parameters more than this many shard updates old.")] = 20,
+    outlier_k: Annotated[float, typer.Option(
+        help="Drop gradients whose norm is over mean + k·std of the last --outlier-window norms.")] = 6.0,
+    outlier_window: Annotated[int, typer.Option(min=2, help="Norms in the outlier guard's window.")] = 100,
+    eval_episodes: Annotated[int, typer.Option(min=1, help=EVAL_HELP)] = 100,
+    timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 30.0,
+    inject_stale_every: Annotated[int, typer.Option(
+        hidden=True, min=0, help="Test hook: every k-th gradient sent is labelled too stale.")] = 0,
+    inject_huge_every: Annotated[int, typer.Option(
+        hidden=True, min=0, help="Test hook: every k-th gradient computed is scaled by 1e30.")] = 0,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+    overwrite: OverwriteOption = False,
+    json_output: JsonOption = False,
+    resume: ResumeOption = None,
+) -> None:
+    """Train DQN the Gorila way: actors and learners as processes around a sharded
+    AdaGrad parameter server; stale and outlier gradients are dropped; a lost actor or
+    learner does not stop the run, a lost shard stops it with its checkpoint."""
+    from popplay.cli.common import default_out, print_json, stop_on_signals
+    from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, train_gorila as run
+
+    resume_state = None
+    if resume is not None:
+        stored = _load_resume(ctx, resume)
+        base = {k: v for k, v in stored.config.items()}
+        chosen = {"episodes": episodes, "env_steps": env_steps, "actors": actors, "learners": learners,
+                  "shards": shards, "replay": replay.value, "timeout": timeout}
+        base.update({name: value for name, value in chosen.items() if given(ctx, name)})
+        if not (given(ctx, "episodes") or given(ctx, "env_steps")):
+            raise CommandError("--resume needs a new budget: --episodes or --env-steps")
+        base["eval_episodes"] = base.get("eval_episodes", eval_episodes)
+        config = GorilaConfig.from_dict(base)
+        resume_state = {**stored.state, "version": stored.state_counters["version"]}
+    else:
+        try:
+            widths = tuple(int(v) for v in hidden.split(","))
+        except ValueError:
+            raise CommandError(f"--hidden: expected comma-separated widths such as 64,64 (got {hidden!r})") from None
+        config = GorilaConfig(
+            env=env, actors=actors, learners=learners, shards=shards, replay=replay.value, episodes=episodes,
+            env_steps=env_steps,
+            seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size, replay_capacity=replay_capacity,
+            learning_starts=learning_starts, update_ratio=update_ratio, target_every=target_every,
+            epsilon_updates=epsilon_updates, actor_sync=actor_sync, learner_sync=learner_sync,
+            max_staleness=max_staleness, outlier_k=outlier_k, outlier_window=outlier_window,
+            outlier_min_samples=min(20, outlier_window), eval_episodes=eval_episodes, timeout=timeout,
+            inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every)
+    try:
+        config.validate()
+        _check_env(config.env)
+    except ValueError as error:
+        raise CommandError(_option_message(str(error))) from None
+    # A resumed run goes on in its own file unless told otherwise (as train dqn's does).
+    target = out if out is not None else (resume if resume is not None else default_out("gorila"))
+    if target.exists() and not overwrite and resume is None:
+        raise CommandError(f"--out {target}: file exists (pass --overwrite to replace it)")
+    _check_writable(target)
+    try:
+        with stop_on_signals() as should_stop:
+            summary = run(config, target, resume_state=resume_state, should_stop=should_stop, log=sys.stderr,
+                          progress_every=0.0 if json_output and not sys.stderr.isatty() else 2.0)
+    except GorilaJobLost as error:
+        raise CommandError(f"{error}: resume with --resume {target}", 3) from None
+    summary.pop("started_at", None)
+    if json_output:
+        print_json(summary)
+    else:
+        quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
+        print(f"gorila on {summary['env']} ({config.actors} actors, {config.learners} learners, {config.shards} "
+              f"shards): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
+              f"{summary['episodes']:,} episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s; "
+              f"{summary['gradients_applied']:,} gradient slices applied, {summary['stale_discarded']} stale and "
+              f"{summary['outliers_discarded']} outlier gradients dropped; staleness histogram "
+              f"{summary['staleness_histogram']}; wrote {summary['out']}")
+        for line in summary["lost"]:
+            print(f"Lost during the run: {line}", file=sys.stderr)
+    if summary["lost"] and not should_stop():
+        return  # the run went on without them: a result, not a failure
+    if not summary["complete"]:
+        print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def _load_resume(ctx: typer.Context, path: Path) -> Any:
+    from popplay.checkpoints.runfile import RunFileError, read_run
+
+    for param in ctx.command.params:
+        if param.name not in RESUME_ALLOWED and given(ctx, param.name):
+            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
+                               "the layout (--actors, --learners, --shards, --replay), --timeout and --json may be given")
+    try:
+        return read_run(path, expected_domain="gorila")
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+
+
+def _check_env(env_id: str) -> None:
+    from popplay import envs
+
+    vec = envs.make_vector(env_id, 1)
+    try:
+        envs.require_discrete(envs.describe(vec, env_id), "gorila (DQN)")
+    finally:
+        vec.close()
+
+
+def _check_writable(path: Path) -> None:
+    from popplay.checkpoints.runfile import RunFileError, check_writable
+
+    try:
+        check_writable(path)
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+
+
+def _option_message(message: str) -> str:
+    return message.replace("env_steps", "--env-steps").replace("episodes or", "--episodes or")

@@ -1,0 +1,426 @@
+"""The three kinds of Gorila processes (see :mod:`popplay.topologies.gorila`).
+
+``python -m popplay.topologies.gorila_ranks "popplay gorila actor 2" RUN_DIR/config.json``:
+the role is an argument so that ``ps`` shows it; the rank and the rendezvous come
+from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+
+Only tensors travel (``dist.send``/``dist.recv``, gloo). Every receive names its
+source and runs in a thread of its own (one per client on a shard, one per actor on a
+learner), so that the main thread can poll the launcher's store. Three facts of gloo
+(torch 2.x) shape this: ``Work.is_completed()`` of a receive stays false, so nothing can
+be polled; a wait that times out closes the pair for good (later receives on it fail
+at once); and a receive from *any* source fails as soon as any one peer has died, so
+one lost actor would deafen a shard that listened that way.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from popplay.agents.adagrad_shard import shard_bounds
+from popplay.topologies import gorila as G
+
+PULL, GRAD = 1, 2
+TAG_REQ, TAG_GRAD, TAG_REPLY_HDR, TAG_REPLY, TAG_TRANS_HDR, TAG_TRANS = 11, 12, 13, 14, 15, 16
+_POLL = 0.05
+
+
+class _Stop(Exception):
+    pass
+
+
+class Context:
+    def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any) -> None:
+        from popplay import envs
+
+        self.config = config
+        self.run_dir = run_dir
+        self.rank = rank
+        self.role = G.role_of(rank, config)
+        self.store = store
+        env = envs.make_vector(config.env, 1)
+        self.info = envs.describe(env, config.env)
+        envs.require_discrete(self.info, "Gorila (DQN)")
+        env.close()
+        from popplay.agents import networks
+
+        net = networks.seeded_mlp(config.seed, self.info.obs_dim, self.info.actions, config.hidden)
+        self.initial = networks.flat_parameters(net)
+        self.bounds = shard_bounds(self.initial.numel(), config.shards)
+
+    def net(self) -> torch.nn.Module:
+        from popplay.agents import networks
+
+        return networks.mlp(self.info.obs_dim, self.info.actions, self.config.hidden)
+
+    def stop_requested(self) -> bool:
+        return bool(self.store.check(["stop"]))
+
+    def finished(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+
+# --- shard ------------------------------------------------------------------------------
+
+def run_shard(ctx: Context) -> int:
+    from popplay.agents.adagrad_shard import AdaGradShard
+    from popplay.topologies.gorila_guards import StalenessGuard
+
+    config, s = ctx.config, ctx.role.index
+    start, stop = ctx.bounds[s]
+    vector, version = ctx.initial, 0
+    accumulator = None
+    if config.resume:
+        ck = G.load_npz(Path(config.resume))
+        if ck["params"].shape != tuple(ctx.initial.shape):
+            raise ValueError(f"checkpoint holds {ck['params'].size} parameters; this network has {ctx.initial.numel()}")
+        vector = torch.as_tensor(ck["params"])
+        accumulator = torch.as_tensor(ck["accumulator"][start:stop]).clone()
+        version = int(ck["version"])
+    shard = AdaGradShard.from_vector(vector, start, stop, config.lr, config.adagrad_eps, config.initial_accumulator)
+    if accumulator is not None:
+        shard.accumulator = accumulator
+        shard.version = version
+    guard = StalenessGuard(config.max_staleness)
+    lock = threading.Lock()
+    counts = {"pulls": 0, "errors": 0, "saved": 0}
+    path = ctx.run_dir / f"shard-{s}.npz"
+
+    def save() -> None:
+        G.save_npz(path, params=shard.params.numpy(), accumulator=shard.accumulator.numpy(),
+                   version=np.int64(shard.version), start=np.int64(start), stop=np.int64(stop),
+                   staleness_histogram=guard.histogram, accepted=np.int64(guard.accepted),
+                   discarded=np.int64(guard.discarded), pulls=np.int64(counts["pulls"]))
+        counts["saved"] = guard.accepted
+
+    save()
+
+    def serve(src: int) -> None:
+        """Answer one client, message after message, until it is gone."""
+        header = torch.zeros(4, dtype=torch.int64)
+        grad = torch.zeros(stop - start, dtype=torch.float32)
+        while True:
+            try:
+                dist.recv(header, src=src, tag=TAG_REQ)
+                kind = int(header[0])
+                if kind == GRAD:
+                    dist.recv(grad, src=src, tag=TAG_GRAD)
+                    with lock:
+                        if guard.admit(shard.version, int(header[1])):
+                            shard.apply(grad)
+                            if guard.accepted - counts["saved"] >= config.checkpoint_every:
+                                save()
+                elif kind == PULL:
+                    with lock:
+                        reply = torch.tensor([shard.version, 0, 0, 0], dtype=torch.int64)
+                        params = shard.params.clone()
+                        counts["pulls"] += 1
+                    dist.send(reply, dst=src, tag=TAG_REPLY_HDR)
+                    dist.send(params, dst=src, tag=TAG_REPLY)
+            except RuntimeError:  # this client vanished (its pair is closed): serve the others
+                with lock:
+                    counts["errors"] += 1
+                return
+
+    clients = config.learners + config.actors
+    for client in range(config.shards, config.shards + clients):
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
+    while ctx.finished("finished/clients") < clients:
+        time.sleep(_POLL)
+    with lock:
+        save()
+    return 0
+
+
+# --- learner ----------------------------------------------------------------------------
+
+def _pull(ctx: Context, flat: torch.Tensor) -> list[int]:
+    """Every shard's slice into ``flat``; returns the shards' versions."""
+    versions = []
+    reply = torch.zeros(4, dtype=torch.int64)
+    request = torch.tensor([PULL, 0, ctx.rank, 0], dtype=torch.int64)
+    for s, (a, b) in enumerate(ctx.bounds):
+        dist.send(request, dst=G.shard_rank(s, ctx.config), tag=TAG_REQ)
+        dist.recv(reply, src=G.shard_rank(s, ctx.config), tag=TAG_REPLY_HDR)
+        part = torch.empty(b - a, dtype=torch.float32)
+        dist.recv(part, src=G.shard_rank(s, ctx.config), tag=TAG_REPLY)
+        flat[a:b] = part
+        versions.append(int(reply[0]))
+    return versions
+
+
+def _width(obs_dim: int) -> int:
+    return 2 * obs_dim + 3
+
+
+def run_learner(ctx: Context) -> int:
+    from popplay.agents import networks
+    from popplay.agents.dqn import double_dqn_targets, dqn_loss
+    from popplay.agents.replay import Batch, ReplayBuffer
+    from popplay.topologies.gorila_guards import OutlierGuard
+
+    config, l = ctx.config, ctx.role.index
+    obs_dim = ctx.info.obs_dim
+    online, target = ctx.net(), ctx.net()
+    replay = ReplayBuffer(config.replay_capacity, obs_dim)
+    sampler = networks.generator(config.seed * 7919 + 1 + l)
+    outliers = OutlierGuard(config.outlier_k, config.outlier_window, config.outlier_min_samples)
+    inbox: queue.Queue = queue.Queue()
+    my_actors = G.actors_of_learner(l, config)
+    busy = [threading.Event() for _ in my_actors]  # set between a chunk's header and its body
+
+    def receive(src: int, flag: threading.Event) -> None:
+        """Chunks from one actor until it is gone."""
+        header = torch.zeros(4, dtype=torch.int64)
+        while True:
+            try:
+                dist.recv(header, src=src, tag=TAG_TRANS_HDR)
+                flag.set()
+                block = torch.empty(int(header[0]), _width(obs_dim), dtype=torch.float32)
+                dist.recv(block, src=src, tag=TAG_TRANS)
+                inbox.put(block)
+            except RuntimeError:  # the actor vanished; the launcher reports it
+                return
+            finally:
+                flag.clear()
+
+    for a, flag in zip(my_actors, busy):
+        threading.Thread(target=receive, args=(G.actor_rank(a, config), flag), daemon=True).start()
+    mine = len(my_actors)
+    flat = ctx.initial.clone()
+    versions = [0] * config.shards
+    target_version = -1
+    updates = sent = received = 0
+    credit = 0.0
+    losses: list[float] = []
+    path = ctx.run_dir / f"learner-{l}.npz"
+
+    def save() -> None:
+        G.save_npz(path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
+                   outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32))
+
+    def take(block: torch.Tensor) -> None:
+        nonlocal received, credit
+        n = block.shape[0]
+        replay.add(Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
+                         block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
+        received += n
+        if len(replay) >= config.learning_starts:
+            # Global replay copies each transition to every learner: each owes 1/L of
+            # the updates, so all layouts learn as much per transition played.
+            credit += config.update_ratio * n / (config.learners if config.replay == "global" else 1)
+
+    last_save = time.monotonic()
+    while not ctx.stop_requested():
+        while True:
+            try:
+                take(inbox.get_nowait())
+            except queue.Empty:
+                break
+        if credit >= 1.0:
+            if updates % config.learner_sync == 0:
+                versions = _pull(ctx, flat)
+                networks.load_flat_parameters(online, flat)
+                server = min(versions)
+                if target_version < 0 or server - target_version >= config.target_every:
+                    networks.load_flat_parameters(target, flat)
+                    target_version = server
+            batch = replay.sample(config.batch_size, sampler)
+            targets = double_dqn_targets(batch, online, target, config.gamma)
+            loss = dqn_loss(batch, online, targets)
+            online.zero_grad(set_to_none=True)
+            loss.backward()
+            grad = networks.flat_gradients(online)
+            if config.inject_huge_every and (updates + 1) % config.inject_huge_every == 0:
+                grad = grad * 1e30
+            norm = float(grad.norm())
+            if outliers.admit(norm):
+                if norm > config.max_grad_norm:
+                    grad = grad * (config.max_grad_norm / norm)
+                age = 0
+                if config.inject_stale_every and (sent + 1) % config.inject_stale_every == 0:
+                    age = config.max_staleness + 1
+                for s, (a, b) in enumerate(ctx.bounds):
+                    header = torch.tensor([GRAD, versions[s] - age, l, 0], dtype=torch.int64)
+                    dist.send(header, dst=G.shard_rank(s, config), tag=TAG_REQ)
+                    dist.send(grad[a:b].contiguous(), dst=G.shard_rank(s, config), tag=TAG_GRAD)
+                sent += 1
+            updates += 1
+            credit -= 1.0
+            losses.append(float(loss.detach()))
+        else:
+            if (ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty()
+                    and not any(flag.is_set() for flag in busy)):
+                break
+            try:
+                take(inbox.get(timeout=_POLL))  # wait for a chunk without spinning
+            except queue.Empty:
+                pass
+        if time.monotonic() - last_save > 0.5:
+            save()
+            last_save = time.monotonic()
+    save()
+    return 0
+
+
+# --- actor ------------------------------------------------------------------------------
+
+def run_actor(ctx: Context) -> int:
+    from popplay import envs
+    from popplay.agents import networks
+    from popplay.agents.dqn import EpsilonGreedy
+    from popplay.envs.rollout import episode_seed, play_episodes
+
+    config, a = ctx.config, ctx.role.index
+    learners = [G.learner_rank(l, config) for l in G.learners_of_actor(a, config)]
+    budget_steps, budget_episodes = G.actor_budget(a, config)
+    env = envs.make_vector(config.env, 1)
+    q = ctx.net()
+    policy = EpsilonGreedy(q, ctx.info.actions, networks.generator(config.seed * 1_000_003 + 17 + a))
+    flat = ctx.initial.clone()
+    state = {"steps": 0, "last_pull": None, "server": 0}
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        if state["last_pull"] is None or state["steps"] - state["last_pull"] >= config.actor_sync:
+            if ctx.stop_requested():
+                raise _Stop()
+            state["server"] = min(_pull(ctx, flat))
+            networks.load_flat_parameters(q, flat)
+            fraction = min(1.0, state["server"] / config.epsilon_updates)
+            policy.epsilon = config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+            state["last_pull"] = state["steps"]
+        state["steps"] += 1
+        return policy(obs)
+
+    returns: list[float] = []
+    lengths: list[int] = []
+    ended_at: list[float] = []  # wall clock: the launcher merges every actor's episodes in time
+    path = ctx.run_dir / f"actor-{a}.npz"
+
+    def save() -> None:
+        G.save_npz(path, env_steps=np.int64(state["steps"]), returns=np.asarray(returns, dtype=np.float64),
+                   lengths=np.asarray(lengths, dtype=np.int64), ended_at=np.asarray(ended_at, dtype=np.float64),
+                   server_version=np.int64(state["server"]))
+
+    def more() -> bool:
+        if budget_steps and state["steps"] >= budget_steps:
+            return False
+        if budget_episodes and len(returns) >= budget_episodes:
+            return False
+        return not ctx.stop_requested()
+
+    episode = 0
+    try:
+        while more():
+            ep = play_episodes(env, act, [episode_seed(config.seed, 1000 + a, episode)])
+            episode += 1
+            block = torch.as_tensor(np.concatenate([
+                ep.obs, ep.action.reshape(-1, 1).astype(np.float32), ep.reward.reshape(-1, 1),
+                ep.next_obs, ep.terminated.reshape(-1, 1).astype(np.float32)], axis=1), dtype=torch.float32)
+            returns.extend(float(r) for r in ep.returns)
+            lengths.extend(int(n) for n in ep.lengths)
+            ended_at.append(time.time())
+            for i in range(0, block.shape[0], config.chunk):
+                part = block[i:i + config.chunk].contiguous()
+                header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
+                for learner in list(learners):
+                    try:
+                        dist.send(header, dst=learner, tag=TAG_TRANS_HDR)
+                        dist.send(part, dst=learner, tag=TAG_TRANS)
+                    except RuntimeError:
+                        # Global replay: the other learners' copies still take it; with
+                        # local replay this was the only one and the actor stops.
+                        learners.remove(learner)
+                        if not learners:
+                            raise
+            save()
+    except _Stop:
+        pass
+    finally:
+        env.close()
+    save()
+    return 0
+
+
+def transport_timeout(config: G.GorilaConfig) -> float:
+    return max(600.0, 20.0 * config.timeout)
+
+
+# --- entry ------------------------------------------------------------------------------
+
+def _line(error: BaseException) -> str:
+    """The gist of a transport error (gloo's messages run to several sentences)."""
+    text = " ".join(str(error).split())
+    if "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ")[0][:120]
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the launcher dies, so no orphan outlives its job."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or not args[0].startswith(G.ROLE_PREFIX + " "):
+        print(f"Error: usage: python -m popplay.topologies.gorila_ranks '{G.ROLE_PREFIX} ROLE I' CONFIG.json",
+              file=sys.stderr)
+        return 2
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the job through the store
+    torch.set_num_threads(1)
+    config_path = Path(args[1])
+    config = G.GorilaConfig.from_dict(json.loads(config_path.read_text()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.world_size:
+        print(f"Error: WORLD_SIZE {world} does not match the layout's {config.world_size} ranks", file=sys.stderr)
+        return 2
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=config.timeout))
+    # gloo closes a pair for good when a wait on it times out, and a shard may wait for
+    # a client's next request for as long as the client takes to play or learn: the
+    # transport's own timeout is long. Lost peers are found by the launcher (waitpid)
+    # instead, which bounds every wait that matters (see gorila.run_gorila).
+    dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=transport_timeout(config)))
+    ctx = Context(config, config_path.parent, rank, store)
+    runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
+    try:
+        code = runner(ctx)
+    except RuntimeError as error:
+        if ctx.stop_requested():
+            # Stopping: a peer that left first broke a message in flight. Expected; the
+            # files saved so far (every episode, every half second) stand.
+            code = 0
+        else:
+            print(f"gorila {ctx.role}: stopped, a peer it needs was lost ({_line(error)})", file=sys.stderr)
+            code = G.PEER_LOST_EXIT
+    except Exception as error:  # a bug or a bad input: one line, and the launcher reports the rank lost
+        print(f"gorila {ctx.role}: failed: {type(error).__name__}: {_line(error)}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Daemon threads may sit in a gloo receive that never returns: leave without
+    # tearing the group down (its peers may be gone).
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``popplay train gorila`` through the real console script, and its usage errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from popplay.checkpoints.runfile import read_run
+from popplay.cli import main
+
+TINY = ["--hidden", "16", "--batch-size", "16", "--learning-starts", "64", "--update-ratio", "0.5",
+        "--learner-sync", "2", "--actor-sync", "20", "--target-every", "10", "--eval-episodes", "2",
+        "--timeout", "15"]
+
+
+def _roles_running(marker: str) -> set[str]:
+    """Roles of the processes whose command line mentions ``marker`` (what ps shows)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmd and "popplay gorila " in cmd:
+            found.add(cmd.split("popplay gorila ", 1)[1].split(" ")[0] + " "
+                      + cmd.split("popplay gorila ", 1)[1].split(" ")[1])
+    return found
+
+
+def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys):
+    out = tmp_path / "g.h5"
+    process = subprocess.Popen(
+        ["popplay", "train", "gorila", "--env", "CartPole-v1", "--actors", "1", "--learners", "1", "--shards", "2",
+         "--env-steps", "400", "--seed", "3", *TINY, "--out", str(out), "--json",
+         # Injected faults: every 7th gradient sent claims parameters too old; every 11th
+         # computed is scaled by 1e30. k = 1e6: no natural gradient is an outlier.
+         "--inject-stale-every", "7", "--inject-huge-every", "11", "--outlier-k", "1e6",
+         "--outlier-window", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    roles: set[str] = set()
+    deadline = time.monotonic() + 150
+    while process.poll() is None and time.monotonic() < deadline:
+        roles |= _roles_running(str(out) + ".parts")
+        time.sleep(0.1)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert roles == {"shard 0", "shard 1", "learner 0", "actor 0"}  # every rank findable by role
+    summary = json.loads(stdout)
+    assert summary["complete"] and summary["lost"] == []
+    assert summary["env_steps"] >= 400 and summary["quality"] is not None and summary["seconds"] > 0
+    # No transition lost between actor and learner; every gradient sent reached both
+    # shards, applied or dropped as stale.
+    assert summary["transitions_received"] == summary["env_steps"]
+    sent, updates = summary["gradients_sent"], summary["learner_updates"]
+    assert sent > 20
+    assert summary["gradients_applied"] + summary["stale_discarded"] == 2 * sent
+    assert sum(summary["staleness_histogram"]) == 2 * sent
+    # Exactly the injected gradients were dropped: the huge ones by the learner's
+    # outlier guard, the stale ones by both shards. One learner refreshing every 2
+    # updates sends ages 0 and 1 otherwise; the injected ones land in "older than 20".
+    assert summary["outliers_discarded"] == updates // 11 and sent == updates - updates // 11
+    stale = sent // 7
+    assert summary["stale_discarded"] == 2 * stale
+    histogram = summary["staleness_histogram"]
+    assert histogram[-1] == 2 * stale and sum(histogram[2:-1]) == 0
+    assert summary["server_versions"] == [sent - stale, sent - stale]
+    stored = read_run(out, expected_domain="gorila")
+    assert stored.complete and stored.state["params"].size == 4 * 16 + 16 + 16 * 2 + 2
+    assert stored.curves["env_steps"][-1] == summary["env_steps"]
+    assert not (tmp_path / "g.h5.parts").exists()
+    assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["domain"] == "gorila" and evaluated["server_version"] == sent - stale
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--actors", "1", "--learners", "2", "--env-steps", "100"], "every learner needs an actor"),
+    (["--actors", "2"], "--episodes or --env-steps must be positive"),
+    (["--env", "NoSuchEnv-v0", "--env-steps", "100"], "NoSuchEnv-v0"),
+])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
+    assert main(["train", "gorila", *args, "--out", str(tmp_path / "x.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], err
+    assert not (tmp_path / "x.h5").exists()

@@ -1,0 +1,194 @@
+"""Gorila through real processes on gloo (tiny budgets; every wait bounded)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from popplay.agents import networks
+from popplay.agents.adagrad_shard import AdaGradShard
+from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
+from tests._gorila_driver import gradient_sequence
+
+TINY = dict(env="CartPole-v1", hidden=(16,), batch_size=16, learning_starts=64, update_ratio=0.5,
+            learner_sync=2, actor_sync=20, chunk=25, target_every=10, timeout=15.0, eval_episodes=2,
+            checkpoint_every=10, outlier_min_samples=5, outlier_window=20)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _steps(path: Path) -> int:
+    try:
+        return int(load_npz(path)["env_steps"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def _version(path: Path) -> int:
+    try:
+        return int(load_npz(path)["version"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
+    """Two real shard processes (uneven slices: 107 = 54 + 53 parameters) fed one
+    gradient sequence over gloo end bitwise where one unsharded server would."""
+    import datetime
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from popplay.distributed.launch import rank_environment
+
+    config = GorilaConfig(actors=1, learners=1, shards=2, hidden=(15,), env_steps=1, seed=11, lr=0.05,
+                          max_staleness=1000, checkpoint_every=1000)
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config.to_dict()))
+    store = dist.TCPStore("127.0.0.1", 0, config.world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    commands = [[sys.executable, "-m", "popplay.topologies.gorila_ranks", f"popplay gorila shard {s}",
+                 str(config_path)] for s in range(2)]
+    commands += [[sys.executable, "-m", "tests._gorila_driver", role, str(config_path), str(tmp_path / "pulled.npz")]
+                 for role in ("learner", "actor")]
+    procs = [subprocess.Popen(cmd, env=rank_environment(rank, config.world_size, store.port, 1),
+                              cwd=Path(__file__).resolve().parent.parent) for rank, cmd in enumerate(commands)]
+    try:
+        for p in procs[2:]:
+            assert p.wait(timeout=60) == 0
+        store.add("finished/clients", 2)  # what the launcher does when clients exit
+        for p in procs[:2]:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    net = networks.seeded_mlp(config.seed, 4, 2, config.hidden)
+    vector = networks.flat_parameters(net)
+    assert vector.numel() == 107
+    whole = AdaGradShard.from_vector(vector, 0, 107, config.lr, config.adagrad_eps, config.initial_accumulator)
+    grads = gradient_sequence(107)
+    for grad in grads:
+        whole.apply(grad)
+    pulled = load_npz(tmp_path / "pulled.npz")
+    assert pulled["versions"].tolist() == [len(grads), len(grads)]
+    assert np.array_equal(pulled["params"], whole.params.numpy())  # bitwise, through PULL
+    saved = [load_npz(tmp_path / f"shard-{s}.npz") for s in range(2)]
+    assert [(int(x["start"]), int(x["stop"])) for x in saved] == [(0, 54), (54, 107)]
+    assert np.array_equal(np.concatenate([x["params"] for x in saved]), whole.params.numpy())
+    assert np.array_equal(np.concatenate([x["accumulator"] for x in saved]), whole.accumulator.numpy())
+    assert not torch.equal(whole.params, vector)
+
+
+def test_a_killed_actor_and_a_killed_learner_do_not_stop_the_run(tmp_path):
+    # Actors 0 and 2 feed learner 0, actor 1 feeds learner 1 (ranks: shard 0, learners
+    # 1-2, actors 3-5). Kill actor 2 (learner 0 keeps actor 0) and learner 1 (actor 1
+    # stops with it): actor 0, learner 0 and the shard must go on.
+    config = GorilaConfig(actors=3, learners=2, shards=1, env_steps=10_000_000, seed=5, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    began = time.monotonic()
+
+    def should_stop() -> bool:
+        if time.monotonic() - began > 90:
+            return True  # the assertions below then fail
+        if "killed" not in mark:
+            if min(_steps(tmp_path / f"actor-{a}.npz") for a in range(3)) >= 100:
+                os.kill(pids[5], signal.SIGKILL)  # actor 2
+                os.kill(pids[2], signal.SIGKILL)  # learner 1
+                mark["killed"] = 1
+                mark["steps0"] = _steps(tmp_path / "actor-0.npz")
+                mark["version"] = _version(tmp_path / "shard-0.npz")
+            return False
+        # Stop once the survivors have clearly gone on without them.
+        return (_steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
+                and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20)
+
+    summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
+    assert "killed" in mark
+    assert sorted(summary["lost"]) == ["actor 1 (stopped: a peer it needs was lost)",
+                                       "actor 2 (killed by SIGKILL)", "learner 1 (killed by SIGKILL)"]
+    assert not summary["complete"]
+    assert _steps(tmp_path / "actor-0.npz") >= mark["steps0"] + 300
+    assert summary["server_versions"][0] >= mark["version"] + 20
+
+
+def test_global_replay_survives_a_killed_learner(tmp_path):
+    # Global replay: both actors feed both learners (ranks: shard 0, learners 1-2,
+    # actors 3-4). Kill learner 1 and actor 1: actor 0 keeps feeding learner 0.
+    config = GorilaConfig(actors=2, learners=2, shards=1, replay="global", env_steps=10_000_000, seed=9, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    began = time.monotonic()
+
+    def received(l: int) -> int:
+        try:
+            return int(load_npz(tmp_path / f"learner-{l}.npz")["received"])
+        except (OSError, KeyError, ValueError):
+            return 0
+
+    def should_stop() -> bool:
+        if time.monotonic() - began > 90:
+            return True
+        if "killed" not in mark:
+            if min(received(0), received(1)) >= 200:
+                os.kill(pids[2], signal.SIGKILL)  # learner 1
+                os.kill(pids[4], signal.SIGKILL)  # actor 1
+                mark["killed"] = 1
+                mark["received0"] = received(0)
+                mark["version"] = _version(tmp_path / "shard-0.npz")
+            return False
+        return received(0) >= mark["received0"] + 300 and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20
+
+    summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
+    assert "killed" in mark and summary["replay"] == "global"
+    assert sorted(summary["lost"]) == ["actor 1 (killed by SIGKILL)", "learner 1 (killed by SIGKILL)"]
+    assert received(0) >= mark["received0"] + 300
+    assert summary["server_versions"][0] >= mark["version"] + 20
+
+
+def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):
+    first = tmp_path / "first"
+    config = GorilaConfig(actors=1, learners=1, shards=2, env_steps=10_000_000, seed=7, **TINY)
+    pids: dict[int, int] = {}
+    mark: dict[str, float] = {}
+    began = time.monotonic()
+
+    def should_stop() -> bool:
+        if "killed" not in mark and _version(first / "shard-1.npz") >= 20:
+            os.kill(pids[1], signal.SIGKILL)  # rank 1: shard 1
+            mark["killed"] = time.monotonic()
+        return time.monotonic() - began > 90  # a bound for the test only
+
+    with pytest.raises(GorilaJobLost, match="shard 1 was lost") as raised:
+        run_gorila(config, first, should_stop=should_stop, on_start=pids.update)
+    ended = time.monotonic()
+    assert "killed" in mark
+    assert ended - mark["killed"] < config.timeout  # within the timeout, not the test's bound
+    assert "checkpoint.npz" in str(raised.value)
+    checkpoint = load_npz(first / "checkpoint.npz")
+    assert checkpoint["shard_versions"][1] >= 20  # shard 1's last periodic checkpoint survived
+    assert checkpoint["params"].size == 4 * 16 + 16 + 16 * 2 + 2
+
+    # Resume with another layout (one shard); no learning (learning_starts above the
+    # budget), so the parameters must come back unchanged.
+    again = GorilaConfig(**{**config.to_dict(), "hidden": (16,), "shards": 1, "env_steps": 50,
+                            "learning_starts": 10_000, "resume": str(first / "checkpoint.npz")})
+    summary = run_gorila(again, tmp_path / "second")
+    resumed = load_npz(tmp_path / "second" / "checkpoint.npz")
+    assert np.array_equal(resumed["params"], checkpoint["params"])
+    assert np.array_equal(resumed["accumulator"], checkpoint["accumulator"])
+    assert summary["server_versions"] == [int(checkpoint["version"])]
+    assert summary["complete"]
