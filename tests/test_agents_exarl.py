@@ -1,0 +1,159 @@
+"""EXARL's agent cores (issue 16): V-trace, prioritised replay, TD3, DDPG, A2C."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from popplay.agents.vtrace import nstep_returns, vtrace
+
+
+# --------------------------------------------------------------------------- V-trace
+
+
+def _vtrace_reference(blp, tlp, rewards, values, bootstrap, discounts, rho_bar, c_bar, pg_rho_bar):
+    """IMPALA's equation (1) as written: explicit sums of products, one trajectory at a time."""
+    T = len(rewards)
+
+    def clip(x, level):
+        return x if level is None else min(level, x)
+
+    ratios = [math.exp(t - b) for t, b in zip(tlp, blp)]
+    v = list(values) + [bootstrap]
+    vs = []
+    for s in range(T):
+        total = v[s]
+        for t in range(s, T):
+            weight = 1.0
+            for i in range(s, t):
+                weight *= discounts[i] * clip(ratios[i], c_bar)
+            delta = clip(ratios[t], rho_bar) * (rewards[t] + discounts[t] * v[t + 1] - v[t])
+            total += weight * delta
+        vs.append(total)
+    vs_next = vs[1:] + [bootstrap]
+    adv = [
+        clip(ratios[s], pg_rho_bar if pg_rho_bar is not None else rho_bar)
+        * (rewards[s] + discounts[s] * vs_next[s] - v[s])
+        for s in range(T)
+    ]
+    return vs, adv
+
+
+@pytest.mark.parametrize(
+    "rho_bar,c_bar,pg_rho_bar", [(1.0, 1.0, None), (2.0, 0.5, 1.0), (None, None, None), (0.7, 1.3, 3.0)]
+)
+def test_vtrace_matches_plain_python_reference(rho_bar, c_bar, pg_rho_bar):
+    rng = random.Random(7)
+    T, B = 6, 5
+    blp = [[math.log(rng.uniform(0.05, 1.0)) for _ in range(B)] for _ in range(T)]
+    tlp = [[math.log(rng.uniform(0.05, 1.0)) for _ in range(B)] for _ in range(T)]
+    rewards = [[rng.gauss(0, 1) for _ in range(B)] for _ in range(T)]
+    values = [[rng.gauss(0, 2) for _ in range(B)] for _ in range(T)]
+    # about one step in five ends an episode
+    discounts = [[0.0 if rng.random() < 0.2 else 0.95 for _ in range(B)] for _ in range(T)]
+    bootstrap = [rng.gauss(0, 2) for _ in range(B)]
+
+    tt = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    out = vtrace(
+        tt(blp), tt(tlp), tt(rewards), tt(values), tt(bootstrap), tt(discounts),
+        rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
+    )
+    for b in range(B):
+        col = lambda m: [m[t][b] for t in range(T)]  # noqa: E731
+        vs, adv = _vtrace_reference(
+            col(blp), col(tlp), col(rewards), col(values), bootstrap[b], col(discounts), rho_bar, c_bar, pg_rho_bar
+        )
+        assert out.vs[:, b].tolist() == pytest.approx(vs, rel=1e-12, abs=1e-12)
+        assert out.pg_advantages[:, b].tolist() == pytest.approx(adv, rel=1e-12, abs=1e-12)
+
+
+def _hand_trajectory(discounts):
+    # ratios pi/mu = 2, 0.5, 1
+    blp = torch.log(torch.tensor([0.25, 0.5, 0.4], dtype=torch.float64))
+    tlp = torch.log(torch.tensor([0.5, 0.25, 0.4], dtype=torch.float64))
+    return vtrace(
+        blp,
+        tlp,
+        torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64),
+        torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64),
+        torch.tensor(4.0, dtype=torch.float64),
+        torch.tensor(discounts, dtype=torch.float64),
+        rho_bar=1.0,
+        c_bar=1.0,
+    )
+
+
+def test_vtrace_hand_computed_three_steps():
+    # rho = c = (1, 0.5, 1) after truncation at 1; gamma 0.9
+    # deltas: 1*(1 + .9*2 - 1) = 1.8, .5*(0 + .9*3 - 2) = .35, 1*(2 + .9*4 - 3) = 2.6
+    # v2 - V2 = 2.6;  v1 - V1 = .35 + .9*.5*2.6 = 1.52;  v0 - V0 = 1.8 + .9*1*1.52 = 3.168
+    # A0 = 1*(1 + .9*3.52 - 1) = 3.168,  A1 = .5*(0 + .9*5.6 - 2) = 1.52,  A2 = 2.6
+    out = _hand_trajectory([0.9, 0.9, 0.9])
+    assert out.vs.tolist() == pytest.approx([4.168, 3.52, 5.6], abs=1e-12)
+    assert out.pg_advantages.tolist() == pytest.approx([3.168, 1.52, 2.6], abs=1e-12)
+    assert out.rhos.tolist() == pytest.approx([2.0, 0.5, 1.0])
+
+
+def test_vtrace_hand_computed_episode_end_cuts_trace_and_bootstrap():
+    # the episode ends at step 1: delta1 = .5*(0 + 0 - 2) = -1, no trace from step 2
+    # v1 - V1 = -1;  v0 - V0 = 1.8 + .9*(-1) = .9;  step 2 (next episode) unchanged
+    # A0 = 1*(1 + .9*1 - 1) = .9,  A1 = .5*(0 - 2) = -1,  A2 = 2.6
+    out = _hand_trajectory([0.9, 0.0, 0.9])
+    assert out.vs.tolist() == pytest.approx([1.9, 1.0, 5.6], abs=1e-12)
+    assert out.pg_advantages.tolist() == pytest.approx([0.9, -1.0, 2.6], abs=1e-12)
+
+
+def test_vtrace_on_policy_reduces_to_nstep_returns():
+    g = torch.Generator().manual_seed(3)
+    T, B = 8, 4
+    lp = torch.log(torch.rand(T, B, generator=g, dtype=torch.float64) * 0.9 + 0.05)
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    discounts = torch.where(torch.rand(T, B, generator=g) < 0.15, 0.0, 0.99).to(torch.float64)
+
+    out = vtrace(lp, lp.clone(), rewards, values, bootstrap, discounts, rho_bar=1.0, c_bar=1.0)
+
+    # n-step returns by hand, independent of nstep_returns
+    expected = torch.empty(T, B, dtype=torch.float64)
+    for b in range(B):
+        g_t = float(bootstrap[b])
+        for t in reversed(range(T)):
+            g_t = float(rewards[t, b]) + float(discounts[t, b]) * g_t
+            expected[t, b] = g_t
+    assert torch.allclose(out.vs, expected, atol=1e-12)
+    assert torch.allclose(nstep_returns(rewards, bootstrap, discounts), expected, atol=1e-12)
+    # on policy the advantage is the n-step return minus the baseline
+    assert torch.allclose(out.pg_advantages, expected - values, atol=1e-12)
+    # off policy it is not
+    off = vtrace(lp, lp + 0.3, rewards, values, bootstrap, discounts, rho_bar=None, c_bar=None)
+    assert not torch.allclose(off.vs, expected, atol=1e-6)
+
+
+def test_vtrace_truncation_levels_matter_and_targets_are_detached():
+    g = torch.Generator().manual_seed(5)
+    T, B = 5, 3
+    blp = torch.log(torch.rand(T, B, generator=g, dtype=torch.float64) * 0.5 + 0.05)
+    tlp = torch.log(torch.rand(T, B, generator=g, dtype=torch.float64) * 0.5 + 0.5)  # ratios > 1
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64, requires_grad=True)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    discounts = torch.full((T, B), 0.9, dtype=torch.float64)
+    a = vtrace(blp, tlp, rewards, values, bootstrap, discounts, rho_bar=1.0, c_bar=1.0)
+    b = vtrace(blp, tlp, rewards, values, bootstrap, discounts, rho_bar=2.0, c_bar=1.0)
+    c = vtrace(blp, tlp, rewards, values, bootstrap, discounts, rho_bar=1.0, c_bar=2.0)
+    assert not torch.allclose(a.vs, b.vs)
+    assert not torch.allclose(a.vs, c.vs)
+    assert not a.vs.requires_grad and not a.pg_advantages.requires_grad
+
+
+def test_vtrace_rejects_bad_shapes_and_levels():
+    x = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="bootstrap_value"):
+        vtrace(x, x, x, x, torch.zeros(3), x)
+    with pytest.raises(ValueError, match="discounts"):
+        vtrace(x, x, x, x, torch.zeros(2), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="rho_bar"):
+        vtrace(x, x, x, x, torch.zeros(2), x, rho_bar=0.0)
