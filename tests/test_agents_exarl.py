@@ -157,3 +157,127 @@ def test_vtrace_rejects_bad_shapes_and_levels():
         vtrace(x, x, x, x, torch.zeros(2), torch.zeros(3, 3))
     with pytest.raises(ValueError, match="rho_bar"):
         vtrace(x, x, x, x, torch.zeros(2), x, rho_bar=0.0)
+
+
+# --------------------------------------------------------------------------- prioritised replay
+
+from popplay.agents.per import PrioritizedReplay, SumTree, annealed_beta  # noqa: E402
+
+_FIELDS = {"obs": ((2,), torch.float32), "reward": ((), torch.float32)}
+
+
+def _filled_buffer(n, capacity=None, **kwargs):
+    buf = PrioritizedReplay(capacity or n, _FIELDS, **kwargs)
+    obs = torch.arange(2 * n, dtype=torch.float32).reshape(n, 2)
+    buf.add(obs=obs, reward=torch.arange(n, dtype=torch.float32))
+    return buf
+
+
+def test_sumtree_find_matches_cumulative_sums():
+    rng = random.Random(11)
+    values = [rng.choice([0.0, rng.uniform(0.01, 3.0)]) for _ in range(37)]  # zeros never drawn
+    tree = SumTree(37)
+    tree.update(torch.arange(37), torch.tensor(values, dtype=torch.float64))
+    assert tree.total == pytest.approx(sum(values))
+    assert tree.min == min(values)
+    masses = [rng.uniform(0, sum(values)) for _ in range(500)]
+    found = tree.find(torch.tensor(masses, dtype=torch.float64)).tolist()
+    for m, idx in zip(masses, found):
+        lo = sum(values[:idx])
+        assert lo <= m < lo + values[idx] + 1e-12, (m, idx)
+    # repeated indices in one update: the last value wins and the sums stay exact
+    tree.update(torch.tensor([3, 3, 5]), torch.tensor([9.0, 1.5, 0.25], dtype=torch.float64))
+    values[3], values[5] = 1.5, 0.25
+    assert tree.total == pytest.approx(sum(values), rel=1e-14)
+
+
+def _counts(buf, draws, batch, generator):
+    counts = torch.zeros(buf.size, dtype=torch.int64)
+    for _ in range(draws):
+        s = buf.sample(batch, generator=generator)
+        counts += torch.bincount(s.indices, minlength=buf.size)
+    return counts.tolist()
+
+
+def test_per_sampling_proportions_follow_priorities():
+    from scipy.stats import chisquare
+
+    errors = [0.5, 1.0, 1.5, 2.0, 4.0, 0.1, 3.0, 2.5]
+    alpha = 0.7
+    buf = _filled_buffer(len(errors), alpha=alpha)
+    buf.update_priorities(torch.arange(len(errors)), torch.tensor(errors))
+    g = torch.Generator().manual_seed(1)
+    counts = _counts(buf, 300, 64, g)
+    p = [(abs(e) + buf.eps) ** alpha for e in errors]
+    expected = [sum(counts) * x / sum(p) for x in p]
+    assert chisquare(counts, expected).pvalue > 1e-3
+    # the same counts are far from uniform, so the check above has teeth
+    assert chisquare(counts).pvalue < 1e-9
+    # with alpha = 0 sampling is uniform whatever the priorities
+    flat = _filled_buffer(len(errors), alpha=0.0)
+    flat.update_priorities(torch.arange(len(errors)), torch.tensor(errors))
+    assert chisquare(_counts(flat, 200, 64, g)).pvalue > 1e-3
+
+
+def test_per_priority_update_changes_proportions():
+    from scipy.stats import chisquare
+
+    buf = _filled_buffer(6, alpha=1.0)
+    buf.update_priorities(torch.arange(6), torch.ones(6))
+    g = torch.Generator().manual_seed(2)
+    before = _counts(buf, 100, 60, g)
+    assert chisquare(before).pvalue > 1e-3
+    buf.update_priorities(torch.tensor([2]), torch.tensor([-6.0]))  # |delta| counts
+    after = _counts(buf, 100, 60, g)
+    p = [1 + buf.eps] * 6
+    p[2] = 6 + buf.eps
+    assert chisquare(after, [sum(after) * x / sum(p) for x in p]).pvalue > 1e-3
+    assert after[2] / sum(after) == pytest.approx(6 / 11, abs=0.03)
+    assert before[2] / sum(before) == pytest.approx(1 / 6, abs=0.03)
+
+
+def test_per_importance_weights_and_annealed_beta():
+    errors = [0.2, 1.0, 3.0, 0.7, 5.0]
+    alpha, beta0, beta_steps = 0.6, 0.4, 10
+    buf = _filled_buffer(5, alpha=alpha, beta0=beta0, beta_steps=beta_steps)
+    buf.update_priorities(torch.arange(5), torch.tensor(errors, dtype=torch.float64))
+    p = [(e + buf.eps) ** alpha for e in errors]
+    P = [x / sum(p) for x in p]
+    N = 5
+    g = torch.Generator().manual_seed(4)
+    for draw in range(14):
+        beta = beta0 + (1 - beta0) * min(1.0, draw / beta_steps)
+        assert buf.beta == pytest.approx(beta)
+        s = buf.sample(16, generator=g)
+        max_w = max((N * q) ** -beta for q in P)
+        expected = [(N * P[i]) ** -beta / max_w for i in s.indices.tolist()]
+        assert s.weights.tolist() == pytest.approx(expected, rel=1e-6)
+        assert s.probabilities.tolist() == pytest.approx([P[i] for i in s.indices.tolist()], rel=1e-12)
+        # the rarest item has weight 1, all others less
+        assert max(s.weights.tolist()) <= 1.0 + 1e-7
+    assert buf.beta == 1.0 and annealed_beta(3, 0.5, 0) == 1.0
+    # the drawn data are the stored rows of the drawn indices
+    assert s.data["reward"].tolist() == [float(i) for i in s.indices.tolist()]
+    assert s.data["obs"][:, 1].tolist() == [2.0 * i + 1 for i in s.indices.tolist()]
+
+
+def test_per_new_items_get_max_priority_and_ring_wraps():
+    buf = PrioritizedReplay(4, _FIELDS, alpha=1.0)
+    idx = buf.add(obs=torch.zeros(3, 2), reward=torch.zeros(3))
+    assert idx.tolist() == [0, 1, 2]
+    # before any update every item has priority 1
+    assert buf.probabilities(idx).tolist() == pytest.approx([1 / 3] * 3)
+    buf.update_priorities(idx, torch.tensor([0.5, 9.0, 2.0]))
+    idx2 = buf.add(obs=torch.ones(2, 2), reward=torch.tensor([7.0, 8.0]))
+    assert idx2.tolist() == [3, 0]  # wrapped: the oldest item is overwritten
+    assert len(buf) == 4
+    top = 9.0 + buf.eps
+    total = top + 2.0 + buf.eps + top + top
+    assert buf.probabilities(torch.tensor([3, 0, 1, 2])).tolist() == pytest.approx(
+        [top / total, top / total, top / total, (2.0 + buf.eps) / total]
+    )
+    assert buf.storage["reward"].tolist() == [8.0, 0.0, 0.0, 7.0]
+    with pytest.raises(ValueError, match="fields"):
+        buf.add(obs=torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="shape"):
+        buf.add(obs=torch.zeros(1, 3), reward=torch.zeros(1))
