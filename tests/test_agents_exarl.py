@@ -10,6 +10,15 @@ import torch
 from popplay.agents.vtrace import nstep_returns, vtrace
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny networks: thread hand-offs cost more than they save on a shared machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # --------------------------------------------------------------------------- V-trace
 
 
@@ -281,3 +290,181 @@ def test_per_new_items_get_max_priority_and_ring_wraps():
         buf.add(obs=torch.zeros(1, 2))
     with pytest.raises(ValueError, match="shape"):
         buf.add(obs=torch.zeros(1, 3), reward=torch.zeros(1))
+
+
+# --------------------------------------------------------------------------- TD3 and DDPG
+
+import copy  # noqa: E402
+
+from popplay.agents.ddpg import DDPGConfig, ddpg_target, ddpg_update, make_ddpg, per_update, soft_update  # noqa: E402
+from popplay.agents.td3 import TD3Config, make_td3, target_action, td3_target, td3_update  # noqa: E402
+
+_LOW, _HIGH = [-2.0, -1.0], [2.0, 3.0]
+
+
+def _batch(n=32, seed=0, obs_dim=3):
+    g = torch.Generator().manual_seed(seed)
+    low, high = torch.tensor(_LOW), torch.tensor(_HIGH)
+    return {
+        "obs": torch.randn(n, obs_dim, generator=g),
+        "action": low + (high - low) * torch.rand(n, 2, generator=g),
+        "reward": torch.randn(n, generator=g),
+        "next_obs": torch.randn(n, obs_dim, generator=g),
+        "done": (torch.rand(n, generator=g) < 0.25).to(torch.float32),
+    }
+
+
+def _td3(**kw):
+    return make_td3(3, _LOW, _HIGH, TD3Config(hidden=(16, 16), **kw), seed=1)
+
+
+def _params(module):
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("clipped", [True, False])
+def test_td3_clipped_double_q_switch(clipped):
+    agent = _td3(clipped_double_q=clipped, target_smoothing=False)
+    b = _batch()
+    with torch.no_grad():
+        a = agent.actor_target(b["next_obs"])
+        q1 = agent.critic1_target(b["next_obs"], a)
+        # shift the second twin so that it is the smaller one on about half of the batch
+        agent.critic2_target.net[-1].bias += (q1 - agent.critic2_target(b["next_obs"], a)).median()
+        q2 = agent.critic2_target(b["next_obs"], a)
+    assert 8 <= int((q2 < q1).sum()) <= 24  # the min picks each twin often: the switch is visible
+    q = torch.minimum(q1, q2) if clipped else q1
+    expected = b["reward"] + 0.99 * (1 - b["done"]) * q
+    assert torch.allclose(td3_target(agent, b), expected, atol=1e-6)
+    other = b["reward"] + 0.99 * (1 - b["done"]) * (q1 if clipped else torch.minimum(q1, q2))
+    assert not torch.allclose(td3_target(agent, b), other, atol=1e-4)
+    # both critics learn either way
+    c2 = _params(agent.critic2)
+    td3_update(agent, b)
+    assert not _same(c2, _params(agent.critic2))
+
+
+@pytest.mark.parametrize("delay", [1, 2, 3])
+def test_td3_policy_delay(delay):
+    agent = _td3(policy_delay=delay)
+    g = torch.Generator().manual_seed(0)
+    for step in range(1, 7):
+        actor, critic = _params(agent.actor), _params(agent.critic1)
+        targets = [_params(m) for m in (agent.actor_target, agent.critic1_target, agent.critic2_target)]
+        stats = td3_update(agent, _batch(seed=step), generator=g)
+        due = step % delay == 0
+        assert stats.actor_updated == due
+        assert (stats.actor_loss is not None) == due
+        assert _same(actor, _params(agent.actor)) != due
+        for before, m in zip(targets, (agent.actor_target, agent.critic1_target, agent.critic2_target)):
+            assert _same(before, _params(m)) != due
+        assert not _same(critic, _params(agent.critic1))  # the critics step every call
+
+
+def test_td3_target_policy_smoothing_switch():
+    b = _batch(n=256)
+    off = _td3(target_smoothing=False)
+    with torch.no_grad():
+        raw = off.actor_target(b["next_obs"])
+    assert torch.equal(target_action(off, b["next_obs"], torch.Generator().manual_seed(9)), raw)
+
+    on = _td3(target_smoothing=True, target_noise=1.0, noise_clip=0.5)
+    smoothed = target_action(on, b["next_obs"], torch.Generator().manual_seed(9))
+    scale = (torch.tensor(_HIGH) - torch.tensor(_LOW)) / 2
+    noise = torch.randn(raw.shape, generator=torch.Generator().manual_seed(9)).clamp(-0.5, 0.5) * scale
+    expected = torch.maximum(torch.minimum(raw + noise, torch.tensor(_HIGH)), torch.tensor(_LOW))
+    assert torch.allclose(smoothed, expected, atol=1e-6)
+    diff = smoothed - raw
+    assert bool((diff.abs() <= 0.5 * scale + 1e-6).all())
+    assert bool(((diff.abs() - 0.5 * scale).abs() < 1e-5).any())  # some noise hit the clip
+    assert not torch.allclose(smoothed, raw)
+    # the targets differ only through the action
+    assert not torch.allclose(td3_target(on, b, torch.Generator().manual_seed(9)), td3_target(off, b))
+
+
+def test_soft_update_is_polyak_average():
+    src = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(8,)), seed=1).critic
+    dst = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(8,)), seed=2).critic
+    s, d = _params(src), _params(dst)
+    soft_update(dst, src, 0.3)
+    for x, y, z in zip(s, d, _params(dst)):
+        assert torch.allclose(z, 0.3 * x + 0.7 * y, atol=1e-7)
+    soft_update(dst, src, 1.0)
+    assert _same(s, _params(dst))
+    with pytest.raises(ValueError, match="tau"):
+        soft_update(dst, src, 1.5)
+
+
+def test_ddpg_update_and_importance_weights():
+    b = _batch()
+    agent = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(16, 16), tau=0.1), seed=3)
+    twin = copy.deepcopy(agent)
+    zero = copy.deepcopy(agent)
+    with torch.no_grad():
+        y = b["reward"] + 0.99 * (1 - b["done"]) * agent.critic_target(b["next_obs"], agent.actor_target(b["next_obs"]))
+        td = y - agent.critic(b["obs"], b["action"])
+    assert torch.allclose(ddpg_target(agent, b), y)
+    critic, target = _params(agent.critic), _params(agent.critic_target)
+    s1 = ddpg_update(agent, b)
+    assert torch.allclose(s1.td_errors, td, atol=1e-6)
+    assert not _same(critic, _params(agent.critic)) and not _same(target, _params(agent.critic_target))
+    # unit weights are uniform replay; zero weights leave the critic alone
+    s2 = ddpg_update(twin, b, torch.ones(32))
+    assert s2.critic_loss == pytest.approx(s1.critic_loss, rel=1e-6)
+    assert all(torch.allclose(x, z, atol=1e-6) for x, z in zip(_params(agent.critic), _params(twin.critic)))
+    ddpg_update(zero, b, torch.zeros(32))
+    assert _same(critic, _params(zero.critic))
+
+
+def test_ddpg_with_per_sends_td_errors_as_priorities():
+    n = 40
+    b = _batch(n=n)
+    fields = {k: (tuple(v.shape[1:]), v.dtype) for k, v in b.items()}
+    replay = PrioritizedReplay(64, fields, alpha=0.6)
+    replay.add(**b)
+    agent = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(16, 16)), seed=3)
+    g = torch.Generator().manual_seed(0)
+    before = replay.tree.values(torch.arange(n)).clone()
+    assert torch.allclose(before, torch.ones(n, dtype=torch.float64))  # new items: max priority 1
+    with torch.no_grad():
+        td_all = ddpg_target(agent, b) - agent.critic(b["obs"], b["action"])
+    stats = per_update(agent, replay, 16, ddpg_update, generator=g)
+    # every drawn item's priority is now (|its TD error| + eps)^alpha, the others keep theirs
+    after = replay.tree.values(torch.arange(n))
+    changed = (after != before).nonzero().reshape(-1).tolist()
+    assert len(changed) >= 10
+    for i in changed:
+        expected = (abs(float(td_all[i])) + replay.eps) ** 0.6
+        assert float(after[i]) == pytest.approx(expected, rel=1e-5)
+    assert stats.td_errors.shape == (16,)
+    assert replay.max_priority == pytest.approx(max(abs(float(td_all[i])) for i in changed) + replay.eps, rel=1e-5)
+
+
+def test_td3_and_ddpg_learn_a_one_step_task():
+    # reward -|a - goal(s)|^2 and the episode ends at once: the actor must move towards
+    # the goal (a sign error in its loss would drive it to the box's corners instead)
+    g = torch.Generator().manual_seed(1)
+    obs = torch.rand(512, 3, generator=g) * 2 - 1
+    goal = torch.stack([obs[:, 0], 1 + obs[:, 1]], dim=1)  # inside the box
+    low, high = torch.tensor(_LOW), torch.tensor(_HIGH)
+    for agent, update in (
+        (make_td3(3, _LOW, _HIGH, TD3Config(hidden=(32, 32), policy_delay=1, actor_lr=3e-3, critic_lr=3e-3), seed=1), td3_update),
+        (make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(32, 32), actor_lr=3e-3, critic_lr=3e-3), seed=1), ddpg_update),
+    ):
+        explored = agent.act(obs[:64], generator=g)
+        assert bool(((explored >= low) & (explored <= high)).all())
+        assert not torch.allclose(explored, agent.act(obs[:64], explore=False))
+        data = torch.rand(512, 2, generator=g) * (high - low) + low
+        reward = -((data - goal) ** 2).sum(dim=1)
+        with torch.no_grad():
+            err0 = float(((agent.actor(obs) - goal) ** 2).sum(dim=1).mean())
+        for _ in range(200):
+            i = torch.randint(0, 512, (64,), generator=g)
+            update(agent, {"obs": obs[i], "action": data[i], "reward": reward[i], "next_obs": obs[i], "done": torch.ones(64)})
+        with torch.no_grad():
+            err = float(((agent.actor(obs) - goal) ** 2).sum(dim=1).mean())
+        assert err < 0.5 * err0, (type(agent).__name__, err0, err)
