@@ -1,0 +1,206 @@
+"""Double DQN (van Hasselt et al. 2016) as seed 003 uses it.
+
+The target of a transition (s, a, r, s', done) is equation (1) of the seed,
+
+    y = r + γ (1 - done) Q_target(s', argmax_a' Q_online(s', a')),
+
+the online network picks the next action and the target network values it. The
+online network minimises the Huber loss between Q_online(s, a) and y over uniform
+replay minibatches (Adam, gradients clipped to a norm); the target network is a copy
+of the online one refreshed every ``target_every`` updates. Exploration is ε-greedy
+with ε falling linearly with *learner updates* from ``epsilon_start`` to
+``epsilon_end`` over ``epsilon_updates`` (seed 003 §III-D: tying ε to training, not to
+simulation, keeps fast early simulators from ending exploration before anything is
+learned; every topology uses the same rule).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from popplay.agents import networks
+from popplay.agents.replay import Batch, ReplayBuffer
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Hyper-parameters of Double DQN (defaults tuned on CartPole-v1; see docs/deep.md)."""
+
+    hidden: tuple[int, ...] = (128, 128)
+    lr: float = 1e-3
+    gamma: float = 0.99
+    batch_size: int = 64
+    replay_capacity: int = 50_000
+    learning_starts: int = 1_000  # transitions in replay before the first update
+    update_ratio: float = 0.25  # gradient updates per environment step received
+    target_every: int = 250  # updates between target refreshes
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_updates: int = 5_000  # updates over which ε falls linearly
+    max_grad_norm: float = 10.0
+
+    def validate(self) -> None:
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
+        for name in ("lr",):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.learning_starts < 0:
+            raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
+        if not self.update_ratio > 0:
+            raise ValueError(f"update_ratio must be positive (got {self.update_ratio})")
+        if not (0.0 <= self.epsilon_end <= 1.0 and 0.0 <= self.epsilon_start <= 1.0):
+            raise ValueError("epsilon_start and epsilon_end must be in [0, 1]")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive (got {self.max_grad_norm})")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+
+def epsilon(updates: int, config: DQNConfig) -> float:
+    """ε after ``updates`` learner updates (linear, then flat at ``epsilon_end``)."""
+    fraction = min(1.0, updates / config.epsilon_updates)
+    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+def double_dqn_targets(batch: Batch, online: nn.Module, target: nn.Module, gamma: float) -> torch.Tensor:
+    """Equation (1): y = r + γ (1 - terminated) Q_target(s', argmax_a Q_online(s', a))."""
+    with torch.no_grad():
+        best = online(batch.next_obs).argmax(dim=1, keepdim=True)
+        value = target(batch.next_obs).gather(1, best).squeeze(1)
+        return batch.reward + gamma * (1.0 - batch.terminated) * value
+
+
+def dqn_loss(batch: Batch, online: nn.Module, targets: torch.Tensor) -> torch.Tensor:
+    """Huber (smooth L1) loss of Q_online(s, a) against the targets."""
+    q = online(batch.obs).gather(1, batch.action.view(-1, 1)).squeeze(1)
+    return F.smooth_l1_loss(q, targets)
+
+
+@dataclass
+class DoubleDQN:
+    """The learner's state: online and target networks, Adam, the replay buffer and
+    the sampling generator, plus counters. Simulators only need :func:`act`."""
+
+    config: DQNConfig
+    obs_dim: int
+    actions: int
+    seed: int
+    online: nn.Module = field(init=False)
+    target: nn.Module = field(init=False)
+    optimizer: torch.optim.Optimizer = field(init=False)
+    replay: ReplayBuffer = field(init=False)
+    sampler: torch.Generator = field(init=False)
+    updates: int = 0
+    received: int = 0  # transitions given to the learner
+    update_credit: float = 0.0  # updates owed (update_ratio per transition), not yet done
+    last_loss: float = float("nan")
+
+    def __post_init__(self) -> None:
+        self.online = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
+        self.target = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
+        self.target.load_state_dict(self.online.state_dict())
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
+        self.replay = ReplayBuffer(self.config.replay_capacity, self.obs_dim)
+        self.sampler = networks.generator(self.seed * 7919 + 1)
+
+    @property
+    def epsilon(self) -> float:
+        return epsilon(self.updates, self.config)
+
+    def receive(self, batch: Batch) -> None:
+        """Store transitions and owe ``update_ratio`` updates for each."""
+        self.replay.add(batch)
+        self.received += int(batch.obs.shape[0])
+        if len(self.replay) >= self.config.learning_starts:
+            self.update_credit += self.config.update_ratio * int(batch.obs.shape[0])
+
+    def owed_updates(self) -> int:
+        return int(self.update_credit)
+
+    def train(self, max_updates: int | None = None) -> int:
+        """Run the owed updates (at most ``max_updates``); return how many ran."""
+        n = self.owed_updates() if max_updates is None else min(max_updates, self.owed_updates())
+        for _ in range(n):
+            self.update()
+        self.update_credit -= n
+        return n
+
+    def update(self) -> float:
+        """One gradient step on a uniform minibatch; refreshes the target when due."""
+        batch = self.replay.sample(self.config.batch_size, self.sampler)
+        targets = double_dqn_targets(batch, self.online, self.target, self.config.gamma)
+        loss = dqn_loss(batch, self.online, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % self.config.target_every == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        self.last_loss = float(loss.detach())
+        return self.last_loss
+
+    # --- run-file arrays ------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {**networks.module_arrays(self.online, "online"), **networks.module_arrays(self.target, "target"),
+               **networks.optimizer_arrays(self.optimizer, "adam"), **self.replay.arrays("replay"),
+               "rng.sampler": networks.generator_array(self.sampler)}
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.updates, "received": self.received, "update_credit": self.update_credit,
+                "replay_added": self.replay.added, "last_loss": self.last_loss}
+
+    def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
+        networks.load_module_arrays(self.online, "online", arrays)
+        networks.load_module_arrays(self.target, "target", arrays)
+        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.replay.load(arrays, int(counters["replay_added"]), "replay")
+        networks.load_generator(self.sampler, arrays["rng.sampler"])
+        self.updates = int(counters["updates"])
+        self.received = int(counters["received"])
+        self.update_credit = float(counters["update_credit"])
+        self.last_loss = float(counters.get("last_loss", float("nan")))
+
+
+class EpsilonGreedy:
+    """The acting side of DQN: greedy on a Q network, uniform with probability ε.
+    Draws come from its own generator (one per simulator), so runs repeat exactly."""
+
+    def __init__(self, q_network: nn.Module, actions: int, generator: torch.Generator) -> None:
+        self.q = q_network
+        self.actions = actions
+        self.generator = generator
+        self.epsilon = 1.0
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        n = obs.shape[0]
+        explore = torch.rand(n, generator=self.generator) < self.epsilon
+        random = torch.randint(self.actions, (n,), generator=self.generator)
+        if bool(explore.all()):
+            return random.numpy()
+        with torch.no_grad():
+            greedy = self.q(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1)
+        return torch.where(explore, random, greedy).numpy()
+
+
+def greedy_policy(q_network: nn.Module) -> Any:
+    """Actions maximising Q (ties: the lowest action), for evaluation."""
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return q_network(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()
+    return act

@@ -1,0 +1,120 @@
+"""Small networks and the tensor plumbing every agent shares: flat parameter and
+gradient vectors (what topologies send), and arrays for run files (no pickle)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "relu") -> nn.Sequential:
+    """A fully connected network ``in_dim -> hidden... -> out_dim`` (no output activation)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)} (got {activation!r})")
+    layers: list[nn.Module] = []
+    width = in_dim
+    for size in hidden:
+        layers += [nn.Linear(width, int(size)), ACTIVATIONS[activation]()]
+        width = int(size)
+    layers.append(nn.Linear(width, out_dim))
+    return nn.Sequential(*layers)
+
+
+def seeded_mlp(seed: int, *args: Any, **kwargs: Any) -> nn.Sequential:
+    """:func:`mlp` with weights drawn from ``seed`` alone (the global generator is
+    left as it was), so every rank can build the same network."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return mlp(*args, **kwargs)
+
+
+def flat_parameters(module: nn.Module) -> torch.Tensor:
+    """All parameters as one detached float32 vector (the order of ``parameters()``)."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def load_flat_parameters(module: nn.Module, vector: torch.Tensor) -> None:
+    """Copy a vector made by :func:`flat_parameters` into ``module`` in place."""
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            n = p.numel()
+            p.copy_(vector[offset:offset + n].view_as(p))
+            offset += n
+    if offset != vector.numel():
+        raise ValueError(f"parameter vector has {vector.numel()} values; the network has {offset}")
+
+
+def flat_gradients(module: nn.Module) -> torch.Tensor:
+    """All gradients as one vector (zeros where a parameter has none)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in module.parameters()])
+
+
+def set_flat_gradients(module: nn.Module, vector: torch.Tensor) -> None:
+    """Make ``vector`` (laid out as :func:`flat_gradients`) the parameters' gradients."""
+    offset = 0
+    for p in module.parameters():
+        n = p.numel()
+        p.grad = vector[offset:offset + n].view_as(p).clone()
+        offset += n
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# --- run-file arrays --------------------------------------------------------------
+
+def module_arrays(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{name}": t.detach().cpu().numpy().copy() for name, t in module.state_dict().items()}
+
+
+def load_module_arrays(module: nn.Module, prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    state = {}
+    for name, t in module.state_dict().items():
+        value = arrays[f"{prefix}.{name}"]
+        if tuple(value.shape) != tuple(t.shape):
+            raise ValueError(f"{prefix}.{name}: shape {value.shape}, expected {tuple(t.shape)}")
+        state[name] = torch.as_tensor(value, dtype=t.dtype)
+    module.load_state_dict(state)
+
+
+def optimizer_arrays(optimizer: torch.optim.Optimizer, prefix: str) -> dict[str, np.ndarray]:
+    """The optimiser's per-parameter state (Adam: step, exp_avg, exp_avg_sq) as arrays."""
+    out = {}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            out[f"{prefix}.{index}.{key}"] = torch.as_tensor(value).detach().cpu().numpy().copy()
+    return out
+
+
+def load_optimizer_arrays(optimizer: torch.optim.Optimizer, prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    state_dict = optimizer.state_dict()
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in arrays.items():
+        if not name.startswith(prefix + "."):
+            continue
+        index, key = name[len(prefix) + 1:].split(".", 1)
+        state.setdefault(int(index), {})[key] = torch.as_tensor(value)
+    state_dict["state"] = state
+    optimizer.load_state_dict(state_dict)
+
+
+def generator_array(generator: torch.Generator) -> np.ndarray:
+    """A torch generator's position as bytes (restored by :func:`load_generator`)."""
+    return generator.get_state().numpy().copy()
+
+
+def load_generator(generator: torch.Generator, array: np.ndarray) -> None:
+    generator.set_state(torch.as_tensor(np.asarray(array, dtype=np.uint8)))
+
+
+def generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(seed) & ((1 << 63) - 1))
+    return g

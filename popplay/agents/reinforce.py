@@ -1,0 +1,96 @@
+"""REINFORCE (Williams 1992) as seed 001 runs it.
+
+A small policy network gives a softmax over actions; a worker plays one episode,
+computes the discounted returns G_t = Σ_k γ^k r_{t+k}, normalises them within the
+episode, (G - mean) / (std + 0.001), and backpropagates the loss −Σ_t log π(a_t|s_t) G_t
+(summed, not averaged). The parameter server sums the workers' gradients and steps
+Adam. The running reward follows seed 001: R ← 0.05·reward + 0.95·R.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from popplay.agents import networks
+
+RUNNING_RATE = 0.05
+NORMALISE_EPS = 0.001
+
+
+@dataclass(frozen=True)
+class ReinforceConfig:
+    hidden: tuple[int, ...] = (128,)
+    lr: float = 1e-2
+    gamma: float = 0.99
+
+    def validate(self) -> None:
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive (got {self.lr})")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+
+def policy_network(seed: int, obs_dim: int, actions: int, config: ReinforceConfig) -> nn.Module:
+    return networks.seeded_mlp(seed, obs_dim, actions, config.hidden)
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float) -> torch.Tensor:
+    """G_t = r_t + γ G_{t+1}, computed backwards in float64 then stored as float32."""
+    out = np.zeros(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = float(rewards[t]) + gamma * running
+        out[t] = running
+    return torch.as_tensor(out, dtype=torch.float32)
+
+
+def normalised_returns(returns: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
+    """(G - mean) / (std + eps) with the sample standard deviation (0 for one step)."""
+    std = returns.std() if returns.numel() > 1 else torch.zeros(())
+    return (returns - returns.mean()) / (std + eps)
+
+
+def reinforce_loss(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """−Σ_t log π(a_t|s_t) · G_t (summed over the episode)."""
+    return -(log_probs * weights).sum()
+
+
+def update_running_reward(running: float, episode_reward: float, rate: float = RUNNING_RATE) -> float:
+    return rate * episode_reward + (1.0 - rate) * running
+
+
+class SampledPolicy:
+    """Acts by sampling the policy's softmax with its own generator."""
+
+    def __init__(self, policy: nn.Module, generator: torch.Generator) -> None:
+        self.policy = policy
+        self.generator = generator
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            probs = torch.softmax(self.policy(torch.as_tensor(obs, dtype=torch.float32)), dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1).numpy()
+
+
+def episode_gradient(policy: nn.Module, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                     gamma: float) -> tuple[torch.Tensor, float]:
+    """The flat gradient of one episode's REINFORCE loss (and the loss). The log
+    probabilities are recomputed in one batch from the recorded states and actions:
+    the same values, and gradients, as recording them step by step."""
+    policy.zero_grad(set_to_none=True)
+    logits = policy(torch.as_tensor(obs, dtype=torch.float32))
+    log_probs = torch.log_softmax(logits, dim=-1).gather(1, torch.as_tensor(actions).long().view(-1, 1)).squeeze(1)
+    loss = reinforce_loss(log_probs, normalised_returns(discounted_returns(rewards, gamma)))
+    loss.backward()
+    return networks.flat_gradients(policy), float(loss.detach())

@@ -1,0 +1,114 @@
+"""popplay's environments: our cart-pole against gymnasium's, vector envs, one-line errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium")
+
+from popplay import envs  # noqa: E402
+
+
+def test_popplay_cartpole_follows_gymnasium_step_by_step() -> None:
+    envs.register()
+    ours = gymnasium.make(envs.POPPLAY_CARTPOLE)
+    theirs = gymnasium.make("CartPole-v1")
+    rng = np.random.default_rng(5)
+    steps = 0
+    for episode in range(6):
+        a, _ = ours.reset(seed=100 + episode)
+        b, _ = theirs.reset(seed=100 + episode)
+        assert np.array_equal(a, b)  # same start draws from the same np_random
+        done = False
+        while not done:
+            action = int(rng.integers(2)) if episode % 2 else int(steps % 7 < 4)
+            a, ra, ta, tra, _ = ours.step(action)
+            b, rb, tb, trb, _ = theirs.step(action)
+            steps += 1
+            # Our sin/cos and operation order differ from NumPy's in the last bits only.
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            assert (ra, ta, tra) == (rb, tb, trb)
+            done = ta or tra
+    assert steps > 60
+
+
+def test_popplay_cartpole_reaches_the_time_limit() -> None:
+    envs.register()
+    env = gymnasium.make(envs.POPPLAY_CARTPOLE)
+    env.reset(seed=0)
+    # A hand policy that balances: push towards the side the pole falls to.
+    obs, _ = env.reset(seed=1)
+    total, truncated, terminated = 0, False, False
+    while not (terminated or truncated):
+        action = int(obs[2] + 0.5 * obs[3] > 0)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total += reward
+    assert truncated and not terminated and total == 500
+
+
+def test_vector_env_matches_single_envs_and_resets_in_the_same_step() -> None:
+    vec = envs.make_vector(envs.POPPLAY_CARTPOLE, 3)
+    assert type(vec).__name__ == "CartPoleVectorEnv"
+    obs, _ = vec.reset(seed=3)
+    single = [gymnasium.make("CartPole-v1").unwrapped for _ in range(3)]
+    for i, env in enumerate(single):
+        env.reset(seed=0)
+        env.state = obs[i].astype(np.float64)
+    saw_reset = False
+    for t in range(40):
+        actions = np.array([(t + i) % 2 for i in range(3)], dtype=np.int64)
+        if t > 25:
+            actions[:] = 1  # make every copy fail
+        obs, reward, terminated, truncated, info = vec.step(actions)
+        for i, env in enumerate(single):
+            if env.state is None:
+                continue
+            b, _, tb, _, _ = env.step(int(actions[i]))
+            assert bool(terminated[i]) == tb
+            if tb:
+                # The copy restarted: its last observation is in final_obs, obs is a new start.
+                np.testing.assert_allclose(info["final_obs"][i], b, rtol=1e-5, atol=1e-6)
+                assert np.all(np.abs(obs[i]) <= 0.05)
+                env.state = None
+                saw_reset = True
+            else:
+                np.testing.assert_allclose(obs[i], b, rtol=1e-5, atol=1e-6)
+    assert saw_reset
+
+
+def test_gymnasium_ids_become_same_step_vector_envs() -> None:
+    vec = envs.make_vector("CartPole-v1", 2)
+    info = envs.describe(vec, "CartPole-v1")
+    assert (info.obs_dim, info.actions) == (4, 2)
+    assert vec.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
+    pend = envs.describe(envs.make_vector("Pendulum-v1", 1), "Pendulum-v1")
+    assert pend.actions is None and pend.action_dim == 1 and pend.action_high == (2.0,)
+    with pytest.raises(envs.EnvError, match="discrete"):
+        envs.require_discrete(pend, "dqn")
+
+
+def test_bad_env_id_is_one_line() -> None:
+    with pytest.raises(envs.EnvError) as caught:
+        envs.make_vector("CartPol-v1")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("--env CartPol-v1") and "CartPole" in message
+
+
+def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(*args: object, **kwargs: object) -> None:
+        raise gymnasium.error.DependencyNotInstalled("Box2D is not installed, run `pip install swig`\nand more")
+
+    monkeypatch.setattr(gymnasium, "make_vec", missing)
+    with pytest.raises(envs.EnvError) as caught:
+        envs.make_vector("LunarLander-v3")
+    assert str(caught.value) == "--env LunarLander-v3 needs an extra that is not installed: pip install 'popplay[box2d]'"
+
+
+def test_lunar_lander_without_box2d_names_the_extra() -> None:
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        with pytest.raises(envs.EnvError, match=r"pip install 'popplay\[box2d\]'"):
+            envs.make_vector("LunarLander-v3")
+    else:
+        assert envs.describe(envs.make_vector("LunarLander-v3"), "LunarLander-v3").actions == 4
