@@ -171,14 +171,17 @@ def test_vtrace_rejects_bad_shapes_and_levels():
 # --------------------------------------------------------------------------- prioritised replay
 
 from popplay.agents.per import PrioritizedReplay, SumTree, annealed_beta  # noqa: E402
+from popplay.agents.replay import Batch  # noqa: E402
 
-_FIELDS = {"obs": ((2,), torch.float32), "reward": ((), torch.float32)}
+
+def _rows(n, start=0):
+    v = torch.arange(start, start + n, dtype=torch.float32)
+    return Batch(torch.stack([v, 2 * v + 1], 1), (v % 2).long(), v, torch.stack([v + 1, v], 1), torch.zeros(n))
 
 
 def _filled_buffer(n, capacity=None, **kwargs):
-    buf = PrioritizedReplay(capacity or n, _FIELDS, **kwargs)
-    obs = torch.arange(2 * n, dtype=torch.float32).reshape(n, 2)
-    buf.add(obs=obs, reward=torch.arange(n, dtype=torch.float32))
+    buf = PrioritizedReplay(capacity or n, 2, **kwargs)
+    buf.add(_rows(n))
     return buf
 
 
@@ -203,7 +206,7 @@ def test_sumtree_find_matches_cumulative_sums():
 def _counts(buf, draws, batch, generator):
     counts = torch.zeros(buf.size, dtype=torch.int64)
     for _ in range(draws):
-        s = buf.sample(batch, generator=generator)
+        s = buf.sample_prioritized(batch, generator=generator)
         counts += torch.bincount(s.indices, minlength=buf.size)
     return counts.tolist()
 
@@ -257,65 +260,74 @@ def test_per_importance_weights_and_annealed_beta():
     for draw in range(14):
         beta = beta0 + (1 - beta0) * min(1.0, draw / beta_steps)
         assert buf.beta == pytest.approx(beta)
-        s = buf.sample(16, generator=g)
+        s = buf.sample_prioritized(16, generator=g)
         max_w = max((N * q) ** -beta for q in P)
         expected = [(N * P[i]) ** -beta / max_w for i in s.indices.tolist()]
         assert s.weights.tolist() == pytest.approx(expected, rel=1e-6)
         assert s.probabilities.tolist() == pytest.approx([P[i] for i in s.indices.tolist()], rel=1e-12)
-        # the rarest item has weight 1, all others less
-        assert max(s.weights.tolist()) <= 1.0 + 1e-7
+        assert max(s.weights.tolist()) <= 1.0 + 1e-7  # only the rarest item reaches 1
     assert buf.beta == 1.0 and annealed_beta(3, 0.5, 0) == 1.0
-    # the drawn data are the stored rows of the drawn indices
-    assert s.data["reward"].tolist() == [float(i) for i in s.indices.tolist()]
-    assert s.data["obs"][:, 1].tolist() == [2.0 * i + 1 for i in s.indices.tolist()]
+    # the drawn rows are the stored rows of the drawn indices
+    assert s.batch.reward.tolist() == [float(i) for i in s.indices.tolist()]
+    assert s.batch.obs[:, 1].tolist() == [2.0 * i + 1 for i in s.indices.tolist()]
 
 
-def test_per_new_items_get_max_priority_and_ring_wraps():
-    buf = PrioritizedReplay(4, _FIELDS, alpha=1.0)
-    idx = buf.add(obs=torch.zeros(3, 2), reward=torch.zeros(3))
-    assert idx.tolist() == [0, 1, 2]
+def test_per_new_items_get_max_priority_ring_wraps_and_round_trips():
+    buf = PrioritizedReplay(4, 2, alpha=1.0)
+    buf.add(_rows(3))
+    idx = torch.arange(3)
     # before any update every item has priority 1
     assert buf.probabilities(idx).tolist() == pytest.approx([1 / 3] * 3)
-    buf.update_priorities(idx, torch.tensor([0.5, 9.0, 2.0]))
-    idx2 = buf.add(obs=torch.ones(2, 2), reward=torch.tensor([7.0, 8.0]))
-    assert idx2.tolist() == [3, 0]  # wrapped: the oldest item is overwritten
+    buf.update_priorities(idx, torch.tensor([0.5, 9.0, 2.0], dtype=torch.float64))
+    buf.add(_rows(2, start=10))  # slots 3 and 0: the oldest item is overwritten
     assert len(buf) == 4
     top = 9.0 + buf.eps
     total = top + 2.0 + buf.eps + top + top
     assert buf.probabilities(torch.tensor([3, 0, 1, 2])).tolist() == pytest.approx(
         [top / total, top / total, top / total, (2.0 + buf.eps) / total]
     )
-    assert buf.storage["reward"].tolist() == [8.0, 0.0, 0.0, 7.0]
-    with pytest.raises(ValueError, match="fields"):
-        buf.add(obs=torch.zeros(1, 2))
-    with pytest.raises(ValueError, match="shape"):
-        buf.add(obs=torch.zeros(1, 3), reward=torch.zeros(1))
+    assert buf.reward.tolist() == [11.0, 1.0, 2.0, 10.0]
+    # run-file arrays carry the priorities, oldest first
+    arrays = buf.arrays("replay")
+    assert arrays["replay.reward"].tolist() == [1.0, 2.0, 10.0, 11.0]
+    assert arrays["replay.priority"].tolist() == pytest.approx([top, 2.0 + buf.eps, top, top])
+    other = PrioritizedReplay(4, 2, alpha=1.0)
+    other.load(arrays, buf.added, "replay")
+    order = torch.tensor([1, 2, 3, 0])  # where each slot of buf sits in other (oldest first)
+    assert other.probabilities(torch.arange(4)).tolist() == pytest.approx(buf.probabilities(order).tolist())
+    assert other.max_priority == buf.max_priority and other.draws == buf.draws
+    # uniform-replay callers get prioritised batches too
+    assert isinstance(other.sample(5, torch.Generator().manual_seed(0)), Batch)
 
 
 # --------------------------------------------------------------------------- TD3 and DDPG
 
 import copy  # noqa: E402
 
-from popplay.agents.ddpg import DDPGConfig, ddpg_target, ddpg_update, make_ddpg, per_update, soft_update  # noqa: E402
-from popplay.agents.td3 import TD3Config, make_td3, target_action, td3_target, td3_update  # noqa: E402
+from popplay.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, ddpg_targets, ddpg_update, soft_update  # noqa: E402
+from popplay.agents.td3 import TD3, TD3Config, target_actions, td3_targets, td3_update  # noqa: E402
 
-_LOW, _HIGH = [-2.0, -1.0], [2.0, 3.0]
+_LOW, _HIGH = (-2.0, -1.0), (2.0, 3.0)
 
 
 def _batch(n=32, seed=0, obs_dim=3):
     g = torch.Generator().manual_seed(seed)
     low, high = torch.tensor(_LOW), torch.tensor(_HIGH)
-    return {
-        "obs": torch.randn(n, obs_dim, generator=g),
-        "action": low + (high - low) * torch.rand(n, 2, generator=g),
-        "reward": torch.randn(n, generator=g),
-        "next_obs": torch.randn(n, obs_dim, generator=g),
-        "done": (torch.rand(n, generator=g) < 0.25).to(torch.float32),
-    }
+    return Batch(
+        obs=torch.randn(n, obs_dim, generator=g),
+        action=low + (high - low) * torch.rand(n, 2, generator=g),
+        reward=torch.randn(n, generator=g),
+        next_obs=torch.randn(n, obs_dim, generator=g),
+        terminated=(torch.rand(n, generator=g) < 0.25).to(torch.float32),
+    )
 
 
 def _td3(**kw):
-    return make_td3(3, _LOW, _HIGH, TD3Config(hidden=(16, 16), **kw), seed=1)
+    return TD3(TD3Config(hidden=(16, 16), **kw), 3, _LOW, _HIGH, seed=1)
+
+
+def _ddpg(**kw):
+    return DDPG(DDPGConfig(**{"hidden": (16, 16), **kw}), 3, _LOW, _HIGH, seed=3)
 
 
 def _params(module):
@@ -331,17 +343,17 @@ def test_td3_clipped_double_q_switch(clipped):
     agent = _td3(clipped_double_q=clipped, target_smoothing=False)
     b = _batch()
     with torch.no_grad():
-        a = agent.actor_target(b["next_obs"])
-        q1 = agent.critic1_target(b["next_obs"], a)
+        a = agent.actor_target(b.next_obs)
+        q1 = agent.critic1_target(b.next_obs, a)
         # shift the second twin so that it is the smaller one on about half of the batch
-        agent.critic2_target.net[-1].bias += (q1 - agent.critic2_target(b["next_obs"], a)).median()
-        q2 = agent.critic2_target(b["next_obs"], a)
+        agent.critic2_target.net[-1].bias += (q1 - agent.critic2_target(b.next_obs, a)).median()
+        q2 = agent.critic2_target(b.next_obs, a)
     assert 8 <= int((q2 < q1).sum()) <= 24  # the min picks each twin often: the switch is visible
+    targets = lambda: td3_targets(b, agent.actor_target, agent.critic1_target, agent.critic2_target, agent.config)  # noqa: E731
     q = torch.minimum(q1, q2) if clipped else q1
-    expected = b["reward"] + 0.99 * (1 - b["done"]) * q
-    assert torch.allclose(td3_target(agent, b), expected, atol=1e-6)
-    other = b["reward"] + 0.99 * (1 - b["done"]) * (q1 if clipped else torch.minimum(q1, q2))
-    assert not torch.allclose(td3_target(agent, b), other, atol=1e-4)
+    assert torch.allclose(targets(), b.reward + 0.99 * (1 - b.terminated) * q, atol=1e-6)
+    other = torch.minimum(q1, q2) if not clipped else q1
+    assert not torch.allclose(targets(), b.reward + 0.99 * (1 - b.terminated) * other, atol=1e-4)
     # both critics learn either way
     c2 = _params(agent.critic2)
     td3_update(agent, b)
@@ -351,11 +363,10 @@ def test_td3_clipped_double_q_switch(clipped):
 @pytest.mark.parametrize("delay", [1, 2, 3])
 def test_td3_policy_delay(delay):
     agent = _td3(policy_delay=delay)
-    g = torch.Generator().manual_seed(0)
     for step in range(1, 7):
         actor, critic = _params(agent.actor), _params(agent.critic1)
         targets = [_params(m) for m in (agent.actor_target, agent.critic1_target, agent.critic2_target)]
-        stats = td3_update(agent, _batch(seed=step), generator=g)
+        stats = td3_update(agent, _batch(seed=step))
         due = step % delay == 0
         assert stats.actor_updated == due
         assert (stats.actor_loss is not None) == due
@@ -369,11 +380,11 @@ def test_td3_target_policy_smoothing_switch():
     b = _batch(n=256)
     off = _td3(target_smoothing=False)
     with torch.no_grad():
-        raw = off.actor_target(b["next_obs"])
-    assert torch.equal(target_action(off, b["next_obs"], torch.Generator().manual_seed(9)), raw)
+        raw = off.actor_target(b.next_obs)
+    assert torch.equal(target_actions(b.next_obs, off.actor_target, off.config, torch.Generator().manual_seed(9)), raw)
 
     on = _td3(target_smoothing=True, target_noise=1.0, noise_clip=0.5)
-    smoothed = target_action(on, b["next_obs"], torch.Generator().manual_seed(9))
+    smoothed = target_actions(b.next_obs, on.actor_target, on.config, torch.Generator().manual_seed(9))
     scale = (torch.tensor(_HIGH) - torch.tensor(_LOW)) / 2
     noise = torch.randn(raw.shape, generator=torch.Generator().manual_seed(9)).clamp(-0.5, 0.5) * scale
     expected = torch.maximum(torch.minimum(raw + noise, torch.tensor(_HIGH)), torch.tensor(_LOW))
@@ -382,13 +393,13 @@ def test_td3_target_policy_smoothing_switch():
     assert bool((diff.abs() <= 0.5 * scale + 1e-6).all())
     assert bool(((diff.abs() - 0.5 * scale).abs() < 1e-5).any())  # some noise hit the clip
     assert not torch.allclose(smoothed, raw)
-    # the targets differ only through the action
-    assert not torch.allclose(td3_target(on, b, torch.Generator().manual_seed(9)), td3_target(off, b))
+    y_on = td3_targets(b, on.actor_target, on.critic1_target, on.critic2_target, on.config, torch.Generator().manual_seed(9))
+    y_off = td3_targets(b, off.actor_target, off.critic1_target, off.critic2_target, off.config)
+    assert not torch.allclose(y_on, y_off)
 
 
 def test_soft_update_is_polyak_average():
-    src = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(8,)), seed=1).critic
-    dst = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(8,)), seed=2).critic
+    src, dst = _ddpg().critic, DDPG(DDPGConfig(hidden=(16, 16)), 3, _LOW, _HIGH, seed=4).critic
     s, d = _params(src), _params(dst)
     soft_update(dst, src, 0.3)
     for x, y, z in zip(s, d, _params(dst)):
@@ -397,21 +408,26 @@ def test_soft_update_is_polyak_average():
     assert _same(s, _params(dst))
     with pytest.raises(ValueError, match="tau"):
         soft_update(dst, src, 1.5)
+    # DDPG's update moves its targets by exactly tau of the way
+    agent = _ddpg(tau=0.25)
+    target = _params(agent.critic_target)
+    ddpg_update(agent, _batch())
+    for t_old, c_new, t_new in zip(target, _params(agent.critic), _params(agent.critic_target)):
+        assert torch.allclose(t_new, 0.25 * c_new + 0.75 * t_old, atol=1e-6)
 
 
 def test_ddpg_update_and_importance_weights():
     b = _batch()
-    agent = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(16, 16), tau=0.1), seed=3)
-    twin = copy.deepcopy(agent)
-    zero = copy.deepcopy(agent)
+    agent = _ddpg(tau=0.1)
+    twin, zero = copy.deepcopy(agent), copy.deepcopy(agent)
     with torch.no_grad():
-        y = b["reward"] + 0.99 * (1 - b["done"]) * agent.critic_target(b["next_obs"], agent.actor_target(b["next_obs"]))
-        td = y - agent.critic(b["obs"], b["action"])
-    assert torch.allclose(ddpg_target(agent, b), y)
-    critic, target = _params(agent.critic), _params(agent.critic_target)
+        y = b.reward + 0.99 * (1 - b.terminated) * agent.critic_target(b.next_obs, agent.actor_target(b.next_obs))
+        td = y - agent.critic(b.obs, b.action)
+    assert torch.allclose(ddpg_targets(b, agent.actor_target, agent.critic_target, 0.99), y)
+    critic = _params(agent.critic)
     s1 = ddpg_update(agent, b)
     assert torch.allclose(s1.td_errors, td, atol=1e-6)
-    assert not _same(critic, _params(agent.critic)) and not _same(target, _params(agent.critic_target))
+    assert not _same(critic, _params(agent.critic))
     # unit weights are uniform replay; zero weights leave the critic alone
     s2 = ddpg_update(twin, b, torch.ones(32))
     assert s2.critic_loss == pytest.approx(s1.critic_loss, rel=1e-6)
@@ -420,28 +436,68 @@ def test_ddpg_update_and_importance_weights():
     assert _same(critic, _params(zero.critic))
 
 
-def test_ddpg_with_per_sends_td_errors_as_priorities():
+@pytest.mark.parametrize("make", [_ddpg, lambda **kw: _td3(**kw)])
+def test_per_learners_send_td_errors_as_priorities(make):
     n = 40
+    agent = make(per=True, batch_size=16, learning_starts=n)
+    assert isinstance(agent.replay, PrioritizedReplay)
     b = _batch(n=n)
-    fields = {k: (tuple(v.shape[1:]), v.dtype) for k, v in b.items()}
-    replay = PrioritizedReplay(64, fields, alpha=0.6)
-    replay.add(**b)
-    agent = make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(16, 16)), seed=3)
-    g = torch.Generator().manual_seed(0)
-    before = replay.tree.values(torch.arange(n)).clone()
+    agent.receive(b)
+    assert agent.owed_updates() == n
+    before = agent.replay.tree.values(torch.arange(n)).clone()
     assert torch.allclose(before, torch.ones(n, dtype=torch.float64))  # new items: max priority 1
+    # a copy of the learner (generators included) sees the draw the learner will see
+    probe = copy.deepcopy(agent)
+    draw = probe.replay.sample_prioritized(16, probe.sampler)
+    b = draw.batch
+    if isinstance(probe, DDPG):
+        y = ddpg_targets(b, probe.actor_target, probe.critic_target, 0.99)
+        q = probe.critic(b.obs, b.action)
+    else:
+        y = td3_targets(b, probe.actor_target, probe.critic1_target, probe.critic2_target, probe.config, probe.smoothing)
+        q = probe.critic1(b.obs, b.action)
+    td = (y - q).detach()
+    agent.train(max_updates=1)
+    assert agent.updates == 1 and agent.replay.draws == 1
+    after = agent.replay.tree.values(torch.arange(n))
+    changed = sorted(set((after != before).nonzero().reshape(-1).tolist()))
+    assert changed == sorted(set(draw.indices.tolist()))  # exactly the drawn items were re-prioritised
+    # the new priority of a drawn item is (|y - Q(s, a)| + eps)^alpha under the pre-update critic
+    for i, e in zip(draw.indices.tolist(), td.tolist()):
+        assert float(after[i]) == pytest.approx((abs(e) + agent.replay.eps) ** 0.6, rel=1e-5)
+    assert agent.replay.max_priority == pytest.approx(max(abs(e) for e in td.tolist()) + agent.replay.eps, rel=1e-5)
+
+
+def test_learner_arrays_round_trip():
+    agent = _td3(per=True, batch_size=8, learning_starts=8)
+    agent.receive(_batch(n=20))
+    agent.train(max_updates=3)
+    copy_ = _td3(per=True, batch_size=8, learning_starts=8)
+    copy_.load(agent.arrays(), agent.counters())
+    assert copy_.counters() == agent.counters()
+    agent.train(max_updates=2)
+    copy_.train(max_updates=2)
+    for name, m in agent.modules().items():
+        assert _same(_params(m), _params(copy_.modules()[name])), name
+    assert torch.equal(agent.replay.tree.values(torch.arange(20)), copy_.replay.tree.values(torch.arange(20)))
+
+
+def test_explorer_is_uniform_first_then_noisy_around_the_actor():
+    agent = _td3(exploration_noise=0.1)
+    explorer = GaussianExplorer(agent.actor, agent.config.exploration_noise, torch.Generator().manual_seed(0))
+    obs = torch.randn(2000, 3).numpy()
+    low, high = torch.tensor(_LOW), torch.tensor(_HIGH)
+    first = torch.as_tensor(explorer(obs))
+    assert bool(((first >= low) & (first <= high)).all())
+    assert first.mean(0).tolist() == pytest.approx(((low + high) / 2).tolist(), abs=0.1)
+    explorer.uniform = False
     with torch.no_grad():
-        td_all = ddpg_target(agent, b) - agent.critic(b["obs"], b["action"])
-    stats = per_update(agent, replay, 16, ddpg_update, generator=g)
-    # every drawn item's priority is now (|its TD error| + eps)^alpha, the others keep theirs
-    after = replay.tree.values(torch.arange(n))
-    changed = (after != before).nonzero().reshape(-1).tolist()
-    assert len(changed) >= 10
-    for i in changed:
-        expected = (abs(float(td_all[i])) + replay.eps) ** 0.6
-        assert float(after[i]) == pytest.approx(expected, rel=1e-5)
-    assert stats.td_errors.shape == (16,)
-    assert replay.max_priority == pytest.approx(max(abs(float(td_all[i])) for i in changed) + replay.eps, rel=1e-5)
+        mu = agent.actor(torch.as_tensor(obs))
+    noisy = torch.as_tensor(explorer(obs))
+    assert bool(((noisy >= low) & (noisy <= high)).all())
+    inside = ((mu - low) > 0.5) & ((high - mu) > 0.5)  # away from the clip
+    spread = (noisy - mu)[inside[:, 0], 0].std()
+    assert float(spread) == pytest.approx(0.1 * 2.0, rel=0.15)
 
 
 def test_td3_and_ddpg_learn_a_one_step_task():
@@ -451,20 +507,18 @@ def test_td3_and_ddpg_learn_a_one_step_task():
     obs = torch.rand(512, 3, generator=g) * 2 - 1
     goal = torch.stack([obs[:, 0], 1 + obs[:, 1]], dim=1)  # inside the box
     low, high = torch.tensor(_LOW), torch.tensor(_HIGH)
+    kw = dict(hidden=(32, 32), actor_lr=3e-3, critic_lr=3e-3)
     for agent, update in (
-        (make_td3(3, _LOW, _HIGH, TD3Config(hidden=(32, 32), policy_delay=1, actor_lr=3e-3, critic_lr=3e-3), seed=1), td3_update),
-        (make_ddpg(3, _LOW, _HIGH, DDPGConfig(hidden=(32, 32), actor_lr=3e-3, critic_lr=3e-3), seed=1), ddpg_update),
+        (TD3(TD3Config(policy_delay=1, **kw), 3, _LOW, _HIGH, seed=1), td3_update),
+        (DDPG(DDPGConfig(**kw), 3, _LOW, _HIGH, seed=1), ddpg_update),
     ):
-        explored = agent.act(obs[:64], generator=g)
-        assert bool(((explored >= low) & (explored <= high)).all())
-        assert not torch.allclose(explored, agent.act(obs[:64], explore=False))
         data = torch.rand(512, 2, generator=g) * (high - low) + low
         reward = -((data - goal) ** 2).sum(dim=1)
         with torch.no_grad():
             err0 = float(((agent.actor(obs) - goal) ** 2).sum(dim=1).mean())
         for _ in range(200):
             i = torch.randint(0, 512, (64,), generator=g)
-            update(agent, {"obs": obs[i], "action": data[i], "reward": reward[i], "next_obs": obs[i], "done": torch.ones(64)})
+            update(agent, Batch(obs[i], data[i], reward[i], obs[i], torch.ones(64)))
         with torch.no_grad():
             err = float(((agent.actor(obs) - goal) ** 2).sum(dim=1).mean())
         assert err < 0.5 * err0, (type(agent).__name__, err0, err)

@@ -15,12 +15,19 @@ sums do not drift and repeated indices in one update are harmless. Draws are
 stratified: a batch of ``k`` splits the total mass into ``k`` equal segments and
 draws one mass uniformly in each, which keeps each item's expected count at
 ``k P(i)`` with less spread than independent draws.
+
+:class:`PrioritizedReplay` is :class:`~popplay.agents.replay.ReplayBuffer` (same
+ring, same :class:`~popplay.agents.replay.Batch`, same run-file arrays) plus the
+tree; its priorities travel in run files beside the transitions.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import NamedTuple
 
+import numpy as np
 import torch
+
+from popplay.agents.replay import Batch, ReplayBuffer
 
 
 class SumTree:
@@ -85,12 +92,12 @@ class SumTree:
 
 
 class PrioritizedBatch(NamedTuple):
-    """A prioritised draw: buffer ``indices``, importance ``weights`` and the items."""
+    """A prioritised draw: the transitions, their buffer ``indices`` and importance ``weights``."""
 
-    indices: torch.Tensor  # int64 [k]
+    batch: Batch
+    indices: torch.Tensor  # int64 [k], slots in the ring
     weights: torch.Tensor  # float32 [k], in (0, 1]
     probabilities: torch.Tensor  # float64 [k], P(i) of each drawn item
-    data: dict[str, torch.Tensor]
 
 
 def annealed_beta(draws: int, beta0: float, beta_steps: int) -> float:
@@ -100,122 +107,125 @@ def annealed_beta(draws: int, beta0: float, beta_steps: int) -> float:
     return beta0 + (1.0 - beta0) * min(1.0, draws / beta_steps)
 
 
-class PrioritizedReplay:
-    """Ring buffer of transitions with proportional prioritised sampling.
+class PrioritizedReplay(ReplayBuffer):
+    """The replay ring with proportional prioritised sampling.
 
-    ``fields`` maps each field name to ``(shape, dtype)`` of one item (e.g.
-    ``{"obs": ((3,), torch.float32), "action": ((1,), torch.float32), ...}``);
-    storage is one preallocated tensor ``[capacity, *shape]`` per field.
+    :meth:`sample_prioritized` gives indices and importance weights with the batch;
+    :meth:`sample` (what code written for uniform replay calls) draws by priority too
+    and drops them.
     """
 
     def __init__(
         self,
         capacity: int,
-        fields: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        obs_dim: int,
+        action_dim: int = 0,
+        device: str = "cpu",
         *,
         alpha: float = 0.6,
         beta0: float = 0.4,
         beta_steps: int = 100_000,
         eps: float = 1e-6,
-        device: str | torch.device = "cpu",
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"PrioritizedReplay: capacity must be >= 1, got {capacity}")
+        super().__init__(capacity, obs_dim, action_dim, device)
         if alpha < 0:
-            raise ValueError(f"PrioritizedReplay: alpha must be >= 0, got {alpha}")
+            raise ValueError(f"alpha must be non-negative (got {alpha})")
         if not 0 <= beta0 <= 1:
-            raise ValueError(f"PrioritizedReplay: beta0 must lie in [0, 1], got {beta0}")
+            raise ValueError(f"beta0 must be in [0, 1] (got {beta0})")
         if not eps > 0:
-            raise ValueError(f"PrioritizedReplay: eps must be > 0, got {eps}")
-        self.capacity = int(capacity)
+            raise ValueError(f"priority eps must be positive (got {eps})")
         self.alpha = float(alpha)
         self.beta0 = float(beta0)
         self.beta_steps = int(beta_steps)
         self.eps = float(eps)
-        self.device = torch.device(device)
         self.tree = SumTree(capacity)
-        self.storage = {
-            name: torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
-            for name, (shape, dtype) in fields.items()
-        }
-        self.size = 0
-        self.position = 0
-        self.draws = 0  # sample() calls so far: the clock of beta's schedule
-        self.max_priority = 1.0  # raw priority |delta| + eps, before alpha
-
-    def __len__(self) -> int:
-        return self.size
+        self.draws = 0  # prioritised draws so far: the clock of beta's schedule
+        self.max_priority = 1.0  # largest raw priority |delta| + eps seen, before alpha
 
     @property
     def beta(self) -> float:
         return annealed_beta(self.draws, self.beta0, self.beta_steps)
 
-    def add(self, **items: torch.Tensor) -> torch.Tensor:
-        """Store a batch of items (leading axis) at the largest priority so far; returns their indices."""
-        if set(items) != set(self.storage):
-            raise ValueError(
-                f"PrioritizedReplay.add: fields {sorted(items)} differ from {sorted(self.storage)}"
-            )
-        counts = {name: value.shape[0] for name, value in items.items()}
-        n = next(iter(counts.values()))
-        if any(c != n for c in counts.values()):
-            raise ValueError(f"PrioritizedReplay.add: fields have different batch sizes {counts}")
-        if n > self.capacity:
-            raise ValueError(f"PrioritizedReplay.add: {n} items exceed the capacity {self.capacity}")
-        indices = (self.position + torch.arange(n, dtype=torch.int64)) % self.capacity
-        for name, value in items.items():
-            store = self.storage[name]
-            if tuple(value.shape[1:]) != tuple(store.shape[1:]):
-                raise ValueError(
-                    f"PrioritizedReplay.add: {name} items have shape {tuple(value.shape[1:])},"
-                    f" expected {tuple(store.shape[1:])}"
-                )
-            store[indices.to(self.device)] = value.to(device=self.device, dtype=store.dtype)
-        self.tree.update(indices, torch.full((n,), self.max_priority**self.alpha, dtype=torch.float64))
-        self.position = (self.position + n) % self.capacity
-        self.size = min(self.capacity, self.size + n)
-        return indices
+    def add(self, batch: Batch) -> None:
+        """Append transitions at the largest priority seen so far."""
+        n = min(int(batch.obs.shape[0]), self.capacity)
+        start = self.position
+        super().add(batch)
+        if n:
+            slots = (start + torch.arange(n, dtype=torch.int64)) % self.capacity
+            self.tree.update(slots, torch.full((n,), self.max_priority**self.alpha, dtype=torch.float64))
 
     def probabilities(self, indices: torch.Tensor) -> torch.Tensor:
         """P(i) of stored items."""
         return self.tree.values(indices) / self.tree.total
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None, beta: float | None = None) -> PrioritizedBatch:
+    def sample_prioritized(
+        self, batch_size: int, generator: torch.Generator | None = None, beta: float | None = None
+    ) -> PrioritizedBatch:
         """Draw ``batch_size`` items (with replacement) in proportion to their priority.
 
         ``beta`` defaults to the annealed schedule, whose clock this call advances.
         """
         if self.size == 0:
-            raise ValueError("PrioritizedReplay.sample: the buffer is empty")
+            raise ValueError("cannot sample from an empty replay buffer")
         if batch_size < 1:
-            raise ValueError(f"PrioritizedReplay.sample: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         if beta is None:
             beta = self.beta
         self.draws += 1
         total = self.tree.total
-        segment = total / batch_size
         offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64)
-        masses = (torch.arange(batch_size, dtype=torch.float64) + offsets) * segment
+        masses = (torch.arange(batch_size, dtype=torch.float64) + offsets) * (total / batch_size)
         # rounding can carry a mass past the last stored item into empty leaves
         indices = torch.clamp(self.tree.find(masses), max=self.size - 1)
         leaf = self.tree.values(indices)
-        probabilities = leaf / total
         # (N P(i))^-beta / (N P_min)^-beta = (p_i / p_min)^-beta
         weights = (leaf / self.tree.min) ** (-beta)
-        device_indices = indices.to(self.device)
-        data = {name: store[device_indices] for name, store in self.storage.items()}
+        idx = indices.to(self.device)
+        batch = Batch(self.obs[idx], self.action[idx], self.reward[idx], self.next_obs[idx], self.terminated[idx])
         return PrioritizedBatch(
+            batch=batch,
             indices=indices,
             weights=weights.to(device=self.device, dtype=torch.float32),
-            probabilities=probabilities,
-            data=data,
+            probabilities=leaf / total,
         )
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        return self.sample_prioritized(batch_size, generator).batch
 
     def update_priorities(self, indices: torch.Tensor, td_errors: torch.Tensor) -> None:
         """New priorities ``|td_errors| + eps`` for items drawn earlier."""
         priorities = td_errors.detach().to("cpu", torch.float64).abs().reshape(-1) + self.eps
         indices = indices.to("cpu", torch.int64).reshape(-1)
-        if indices.numel() and int(indices.max()) >= self.size:
-            raise IndexError("PrioritizedReplay.update_priorities: index of an empty slot")
-        self.max_priority = max(self.max_priority, float(priorities.max())) if priorities.numel() else self.max_priority
+        if indices.numel() != priorities.numel():
+            raise ValueError("update_priorities: one TD error per index")
+        if indices.numel() == 0:
+            return
+        if int(indices.max()) >= self.size:
+            raise IndexError("update_priorities: index of an empty slot")
+        self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.update(indices, priorities**self.alpha)
+
+    # --- run-file arrays ------------------------------------------------------------
+    def _ordered_slots(self) -> torch.Tensor:
+        if self.size < self.capacity:
+            return torch.arange(self.size)
+        return (self.position + torch.arange(self.capacity)) % self.capacity
+
+    def arrays(self, prefix: str = "replay") -> dict[str, np.ndarray]:
+        """Transitions and their tree values (``p^alpha``), oldest first, for a run file."""
+        out = super().arrays(prefix)
+        out[f"{prefix}.priority"] = self.tree.values(self._ordered_slots()).numpy().copy()
+        out[f"{prefix}.per_state"] = np.array([self.max_priority, float(self.draws)], dtype=np.float64)
+        return out
+
+    def load(self, arrays: dict[str, np.ndarray], added: int, prefix: str = "replay") -> None:
+        self.tree = SumTree(self.capacity)
+        super().load(arrays, added, prefix)
+        values = torch.as_tensor(arrays[f"{prefix}.priority"], dtype=torch.float64)
+        if values.numel() != self.size:
+            raise ValueError(f"{prefix}.priority has {values.numel()} values for {self.size} transitions")
+        self.tree = SumTree(self.capacity)
+        self.tree.update(torch.arange(self.size), values)
+        self.max_priority = float(arrays[f"{prefix}.per_state"][0])
+        self.draws = int(arrays[f"{prefix}.per_state"][1])
