@@ -522,3 +522,167 @@ def test_td3_and_ddpg_learn_a_one_step_task():
         with torch.no_grad():
             err = float(((agent.actor(obs) - goal) ** 2).sum(dim=1).mean())
         assert err < 0.5 * err0, (type(agent).__name__, err0, err)
+
+
+# --------------------------------------------------------------------------- A2C
+
+import numpy as np  # noqa: E402
+
+from popplay.agents import networks  # noqa: E402
+from popplay.agents.a2c import A2C, A2CConfig, Trajectory, a2c_loss, log_probs, trajectory_from_episodes  # noqa: E402
+from popplay.envs.rollout import Episodes  # noqa: E402
+
+
+def _trajectory(seed=0, T=4, B=3, obs_dim=4, actions=3, policy=None, lag=0.0):
+    """Column 0 terminates at t=1 and restarts; column 1 is cut by a time limit at t=2;
+    column 2 terminates at t=2 and is padded at t=3."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(T, B, obs_dim, generator=g)
+    next_obs = torch.cat([obs[1:], torch.randn(1, B, obs_dim, generator=g)])
+    terminated = torch.zeros(T, B)
+    truncated = torch.zeros(T, B)
+    mask = torch.ones(T, B)
+    terminated[1, 0] = 1
+    next_obs[1, 0] = torch.randn(obs_dim, generator=g)  # the real successor, not row 2
+    truncated[2, 1] = 1
+    next_obs[2, 1] = torch.randn(obs_dim, generator=g)
+    terminated[2, 2] = 1
+    mask[3, 2] = 0
+    action = torch.randint(actions, (T, B), generator=g)
+    reward = torch.randn(T, B, generator=g)
+    if policy is not None:
+        blp = log_probs(policy, obs, action) + lag * (2 * torch.rand(T, B, generator=g) - 1)
+    else:
+        blp = torch.log(torch.rand(T, B, generator=g) * 0.8 + 0.1)
+    return Trajectory(obs, action, reward, next_obs, terminated, truncated, blp.detach(), mask)
+
+
+def _a2c_loss_reference(traj, policy, value, cfg):
+    """Per column, over its real steps: delta_t uses V(real successor) (0 after a
+    termination), traces stop at every episode end, then IMPALA's sums."""
+    T, B = traj.reward.shape
+    with torch.no_grad():
+        logp_all = torch.log_softmax(policy(traj.obs), -1).double()
+        V = value(traj.obs).squeeze(-1).double()
+        Vn = value(traj.next_obs).squeeze(-1).double()
+    clip = lambda x, lvl: min(x, lvl)  # noqa: E731
+    pg = vl = ent = 0.0
+    n = 0
+    for b in range(B):
+        L = int(traj.mask[:, b].sum())
+        lp = [float(logp_all[t, b, int(traj.action[t, b])]) for t in range(L)]
+        ratio = [math.exp(lp[t] - float(traj.behaviour_log_prob[t, b])) if cfg.vtrace else 1.0 for t in range(L)]
+        term = [float(traj.terminated[t, b]) for t in range(L)]
+        done = [max(term[t], float(traj.truncated[t, b])) for t in range(L)]
+        r = [float(traj.reward[t, b]) for t in range(L)]
+        gnext = [0.0 if term[t] else cfg.gamma for t in range(L)]
+        delta = [clip(ratio[t], cfg.rho_bar) * (r[t] + gnext[t] * float(Vn[t, b]) - float(V[t, b])) for t in range(L)]
+        vs = []
+        for s in range(L):
+            total, weight = float(V[s, b]), 1.0
+            for t in range(s, L):
+                total += weight * delta[t]
+                if done[t]:
+                    break
+                weight *= cfg.gamma * clip(ratio[t], cfg.c_bar)
+            vs.append(total)
+        for s in range(L):
+            succ = vs[s + 1] if (s + 1 < L and not done[s]) else float(Vn[s, b])
+            adv = clip(ratio[s], cfg.rho_bar) * (r[s] + gnext[s] * succ - float(V[s, b]))
+            pg -= adv * lp[s]
+            vl += 0.5 * (vs[s] - float(V[s, b])) ** 2
+            p = [math.exp(float(x)) for x in logp_all[s, b]]
+            ent += -sum(q * math.log(q) for q in p)
+            n += 1
+    return (pg + cfg.value_coef * vl - cfg.entropy_coef * ent) / n, pg / n, vl / n, ent / n
+
+
+@pytest.mark.parametrize("use_vtrace,rho_bar,c_bar", [(True, 1.0, 1.0), (True, 2.0, 0.5), (False, 1.0, 1.0)])
+def test_a2c_loss_matches_reference(use_vtrace, rho_bar, c_bar):
+    cfg = A2CConfig(hidden=(8,), vtrace=use_vtrace, rho_bar=rho_bar, c_bar=c_bar, entropy_coef=0.03, value_coef=0.7)
+    agent = A2C(cfg, 4, 3, seed=2)
+    traj = _trajectory()
+    out = a2c_loss(traj, agent.policy, agent.value, cfg)
+    total, pg, vl, ent = _a2c_loss_reference(traj, agent.policy, agent.value, cfg)
+    assert out.policy_loss == pytest.approx(pg, rel=1e-4, abs=1e-5)
+    assert out.value_loss == pytest.approx(vl, rel=1e-4, abs=1e-5)
+    assert out.entropy == pytest.approx(ent, rel=1e-5)
+    assert float(out.loss.detach()) == pytest.approx(total, rel=1e-4, abs=1e-5)
+
+
+def test_a2c_with_and_without_vtrace_agree_on_policy_only():
+    agent = A2C(A2CConfig(hidden=(8,)), 4, 3, seed=2)
+    on = _trajectory(policy=agent.policy)
+    off = _trajectory(policy=agent.policy, lag=1.0)  # the actor's copy lagged: ratios != 1
+    with_vt = A2CConfig(hidden=(8,), vtrace=True)
+    without = A2CConfig(hidden=(8,), vtrace=False)
+    a, b = a2c_loss(on, agent.policy, agent.value, with_vt), a2c_loss(on, agent.policy, agent.value, without)
+    assert a.mean_rho == pytest.approx(1.0, abs=1e-6)
+    assert float(a.loss.detach()) == pytest.approx(float(b.loss.detach()), abs=1e-6)
+    assert torch.allclose(a.vs, b.vs, atol=1e-6)
+    c, d = a2c_loss(off, agent.policy, agent.value, with_vt), a2c_loss(off, agent.policy, agent.value, without)
+    assert abs(c.mean_rho - 1.0) > 0.1
+    assert abs(float(c.loss.detach()) - float(d.loss.detach())) > 1e-3
+    # without V-trace the behaviour policy is ignored altogether
+    assert float(d.loss.detach()) == pytest.approx(float(b.loss.detach()), abs=1e-6)
+
+
+def test_a2c_data_parallel_gradients_average_to_the_full_batch():
+    agent = A2C(A2CConfig(hidden=(8,)), 4, 3, seed=5)
+    traj = _trajectory(T=5, B=4)
+    left = Trajectory(*(t[:, :2] for t in traj))
+    right = Trajectory(*(t[:, 2:] for t in traj))
+    n_l, n_r = float(left.mask.sum()), float(right.mask.sum())  # 10 and 9 real steps
+    assert n_l != n_r
+    full, _ = agent.gradients(traj)
+    gl, _ = agent.gradients(left)
+    gr, _ = agent.gradients(right)
+    # what learners all-reducing mean gradients compute, weighted by their real steps
+    assert torch.allclose((gl * n_l + gr * n_r) / (n_l + n_r), full, atol=1e-6)
+    before = networks.flat_parameters(agent.policy)
+    agent.apply(full)
+    assert agent.updates == 1 and not torch.equal(before, networks.flat_parameters(agent.policy))
+
+
+def test_a2c_learns_a_two_armed_bandit_from_lagging_actors():
+    # one-step episodes, arm 1 pays 1 and arm 0 pays 0; the actors play a stale copy
+    for use_vtrace in (True, False):
+        agent = A2C(A2CConfig(hidden=(16,), lr=1e-2, vtrace=use_vtrace, entropy_coef=0.0), 2, 2, seed=0)
+        g = torch.Generator().manual_seed(0)
+        obs = torch.ones(1, 64, 2)
+        stale = copy.deepcopy(agent.policy)
+        for step in range(60):
+            if step % 5 == 0:
+                stale.load_state_dict(agent.policy.state_dict())
+            with torch.no_grad():
+                probs = torch.softmax(stale(obs), -1)[0]
+            action = torch.multinomial(probs, 1, generator=g).T
+            traj = Trajectory(obs, action, action.float(), obs, torch.ones(1, 64), torch.zeros(1, 64),
+                              log_probs(stale, obs, action), torch.ones(1, 64))
+            agent.learn(traj)
+        with torch.no_grad():
+            p1 = float(torch.softmax(agent.policy(obs[0, :1]), -1)[0, 1])
+        assert p1 > 0.9, (use_vtrace, p1)
+        assert agent.received == 60 * 64
+
+
+def test_trajectory_from_episodes_pads_and_marks_time_limits():
+    # two episodes: 3 steps ending by termination, 2 steps cut by a time limit
+    obs = np.arange(10, dtype=np.float32).reshape(5, 2)
+    ep = Episodes(obs=obs, action=np.array([0, 1, 1, 0, 1]), reward=np.ones(5, dtype=np.float32),
+                  next_obs=obs + 100, terminated=np.array([False, False, True, False, False]),
+                  returns=np.array([3.0, 2.0]), lengths=np.array([3, 2]))
+    policy = networks.seeded_mlp(0, 2, 2, (8,))
+    traj = trajectory_from_episodes(ep, policy)
+    assert traj.obs.shape == (3, 2, 2)
+    assert traj.mask.T.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert traj.terminated.T.tolist() == [[0, 0, 1], [0, 0, 0]]
+    assert traj.truncated.T.tolist() == [[0, 0, 0], [0, 1, 0]]
+    assert traj.next_obs[1, 1].tolist() == [108.0, 109.0]
+    assert torch.allclose(traj.behaviour_log_prob[:2, 1], log_probs(policy, torch.as_tensor(obs[3:]), torch.tensor([0, 1])))
+    agent = A2C(A2CConfig(hidden=(8,)), 2, 2, seed=0)
+    agent.learn(traj)
+    twin = A2C(A2CConfig(hidden=(8,)), 2, 2, seed=0)
+    twin.load(agent.arrays(), agent.counters())
+    assert torch.equal(networks.flat_parameters(twin.policy), networks.flat_parameters(agent.policy))
+    assert twin.counters() == agent.counters() and agent.received == 5
