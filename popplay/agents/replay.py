@@ -93,11 +93,3 @@ class ReplayBuffer:
         self.position = n % self.capacity
         self.added = int(added)
 
-
-def transitions_checksum(batch: Batch) -> float:
-    """An order-independent checksum of transitions (float64 sums of every field,
-    weighted per field), for tests that follow transitions across ranks."""
-    total = 0.0
-    for weight, t in zip((1.0, 3.0, 5.0, 7.0, 11.0), batch):
-        total += weight * float(t.to(torch.float64).sum())
-    return total

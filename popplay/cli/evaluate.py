@@ -30,6 +30,8 @@ def evaluate(
     seed: Annotated[Optional[int], typer.Option(
         help="knights: seed of the evaluation games (default: the run's seed, as during training).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+    episodes: Annotated[Optional[int], typer.Option(
+        min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
 ) -> None:
     """Re-measure the population stored in a run file (bandit: block-estimate quality;
     knights: every agent's quality against a benchmark opponent)."""
@@ -43,6 +45,13 @@ def evaluate(
         raise CommandError(str(error)) from None
     if stored.domain not in registry.DOMAINS:
         raise CommandError(f"{run}: unknown domain {stored.domain!r}")
+    if stored.domain in registry.DEEP_DOMAINS:
+        from popplay.cli.evaluate_deep import evaluate_deep
+
+        evaluate_deep(run, stored, episodes or 100, seed, json_output)
+        return
+    if episodes is not None:
+        raise CommandError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
     given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed)) if value is not None]
     if stored.domain != "knights" and given:
         raise CommandError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")

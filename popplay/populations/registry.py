@@ -29,7 +29,12 @@ DOMAINS: dict[str, DomainSpec] = {
                            "popplay.populations.cartpole:CartPoleExperiment"),
     "knights": DomainSpec("knights", "popplay.games.knights:KnightsParams",
                           "popplay.populations.knights:KnightsExperiment"),
+    # Deep agents (popplay.topologies): not populations, but the same runner and run files.
+    "dqn": DomainSpec("dqn", "popplay.topologies.dqn:DQNParams", "popplay.topologies.dqn:DQNExperiment"),
+    "reinforce": DomainSpec("reinforce", "popplay.topologies.reinforce:ReinforceParams",
+                            "popplay.topologies.reinforce:ReinforceExperiment"),
 }
+DEEP_DOMAINS = ("dqn", "reinforce")
 
 
 def build(domain: str, params: Any, backend: Backend) -> Any:

@@ -1,0 +1,196 @@
+"""``popplay train dqn``: Double DQN with a learner and simulators (seed 003)."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from popplay.cli.common import (CheckpointOption, CommandError, DeviceName, DeviceOption, JsonOption, OutOption,
+                                OverwriteOption, ResumeOption, SeedOption, given)
+from popplay.cli.train import train_app
+
+
+class Topology(str, Enum):
+    sequential = "sequential"
+    pipelined = "pipelined"
+    collective = "collective"
+    async_ = "async"
+
+
+ENV_HELP = "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, popplay/CartPole-v1, ...)."
+EPISODES_HELP = "Budget: episodes summed over all simulators (0: none; with --env-steps, whichever comes first)."
+ENV_STEPS_HELP = "Budget: environment steps summed over all simulators (0: none)."
+EVAL_HELP = "Greedy episodes played at the end for `quality` (0: skip)."
+TIMEOUT_HELP = "Seconds any wait for another rank may take before the job ends with an error."
+# Options a resumed run may still be given: the new budget and how (not what) to run.
+DEEP_RESUME_ALLOWED = {"resume", "episodes", "env_steps", "checkpoint_every", "device", "json_output", "timeout"}
+
+
+@train_app.command("dqn")
+def train_dqn(
+    ctx: typer.Context,
+    env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
+    topology: Annotated[Topology, typer.Option(
+        help="sequential: simulate an episode, then train (one process); pipelined: one simulator and the "
+             "learner in two processes; collective: N simulators, transitions gathered and weights broadcast "
+             "every --sync-every episodes; async: simulators and learner never wait for each other.")
+    ] = Topology.sequential,
+    simulators: Annotated[int, typer.Option(min=1, help="Simulator ranks (collective, async).")] = 1,
+    sync_every: Annotated[int, typer.Option(min=1, help="Episodes per simulator between exchanges.")] = 1,
+    episodes: Annotated[int, typer.Option(min=0, help=EPISODES_HELP)] = 0,
+    env_steps: Annotated[int, typer.Option(min=0, help=ENV_STEPS_HELP)] = 0,
+    hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "128,128",
+    lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
+    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+    batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each update.")] = 64,
+    replay: Annotated[int, typer.Option(min=1, help="Replay capacity in transitions.")] = 50_000,
+    learning_starts: Annotated[int, typer.Option(min=0, help="Transitions stored before the first update.")] = 1_000,
+    update_ratio: Annotated[float, typer.Option(help="Gradient updates per environment step received.")] = 0.25,
+    target_every: Annotated[int, typer.Option(min=1, help="Updates between target-network refreshes.")] = 250,
+    epsilon_start: Annotated[float, typer.Option(min=0.0, max=1.0, help="ε before any update.")] = 1.0,
+    epsilon_end: Annotated[float, typer.Option(min=0.0, max=1.0, help="ε after --epsilon-updates.")] = 0.05,
+    epsilon_updates: Annotated[int, typer.Option(
+        min=1, help="Learner updates over which ε falls linearly (ε follows training, not simulation).")] = 5_000,
+    eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 100,
+    timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 60.0,
+    slow_simulator: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per episode.")] = 0.0,
+    slow_learner: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per update.")] = 0.0,
+    seed: SeedOption = 0,
+    device: DeviceOption = DeviceName.auto,
+    out: OutOption = None,
+    overwrite: OverwriteOption = False,
+    json_output: JsonOption = False,
+    checkpoint_every: CheckpointOption = None,
+    resume: ResumeOption = None,
+) -> None:
+    """Train Double DQN: the online network picks the next action and the target network
+    values it (seed 003 eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
+    from popplay.topologies.dqn import DQNParams
+
+    if resume is not None:
+        stored = load_deep_resume(ctx, "dqn", resume)
+        params = resumed_deep_params("dqn", stored, ctx, episodes=episodes, env_steps=env_steps)
+        run_deep("dqn", params, out=resume, overwrite=True, json_output=json_output, device=device,
+                 checkpoint_every=checkpoint_every, resume=stored)
+        return
+    try:
+        widths = tuple(int(v) for v in hidden.split(","))
+    except ValueError:
+        raise CommandError(f"--hidden: expected comma-separated widths such as 128,128 (got {hidden!r})") from None
+    params = DQNParams(
+        env=env, topology=topology.value, simulators=simulators, sync_every=sync_every, episodes=episodes,
+        env_steps=env_steps, seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size,
+        replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
+        target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
+        epsilon_updates=epsilon_updates, eval_episodes=eval_episodes, timeout=timeout,
+        slow_simulator=slow_simulator, slow_learner=slow_learner)
+    run_deep("dqn", params, out=out, overwrite=overwrite, json_output=json_output, device=device,
+             checkpoint_every=checkpoint_every)
+
+
+_OPTION_NAMES = {"replay_capacity": "--replay", "episodes": "--episodes"}
+
+
+def option_message(message: str) -> str:
+    """A params error in the user's terms: the field name becomes the option name."""
+    field, _, rest = message.partition(" ")
+    if field == "episodes":
+        return "--episodes or --env-steps must be positive (a budget is needed)"
+    option = _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+    return f"{option} {rest}"
+
+
+def load_deep_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
+    from popplay.checkpoints.runfile import RunFileError, read_run
+
+    for param in ctx.command.params:
+        if param.name not in DEEP_RESUME_ALLOWED and given(ctx, param.name):
+            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only --episodes, "
+                               "--env-steps, --checkpoint-every and --json may be given")
+    try:
+        return read_run(path, expected_domain=domain)
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+
+
+def resumed_deep_params(domain: str, stored: Any, ctx: typer.Context, **budget: int) -> Any:
+    import dataclasses
+
+    from popplay.populations import registry
+
+    try:
+        params = registry.params_from_config(domain, stored.config)
+    except (TypeError, ValueError) as error:
+        raise CommandError(f"{stored.path}: damaged config ({error})") from None
+    new = {k: v for k, v in budget.items() if given(ctx, k)}
+    if not new:
+        raise CommandError("--resume needs a new budget: --episodes or --env-steps")
+    return dataclasses.replace(params, **new)
+
+
+def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, json_output: bool,
+             device: DeviceName, checkpoint_every: Optional[str], resume: Any = None) -> None:
+    """Shared tail of `train dqn` and `train reinforce`: validate, run, report."""
+    import sys
+
+    from popplay.cli.common import default_out, print_json, stop_on_signals
+    from popplay.console import reporter_for
+    from popplay.envs import EnvError
+    from popplay.topologies.run import DeepRunError, train_deep
+
+    try:
+        params.validate()
+    except ValueError as error:
+        raise CommandError(option_message(str(error))) from None
+    except EnvError as error:
+        raise CommandError(str(error)) from None
+    target = out if out is not None else default_out(domain)
+    if params.ranks > 1:
+        from popplay.distributed.launch import in_rank
+
+        if not in_rank():
+            _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume)
+            return
+    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
+    try:
+        with stop_on_signals() as should_stop:
+            summary = train_deep(domain, params, out=target, overwrite=overwrite, checkpoint_every=checkpoint_every,
+                                 resume=resume, reporter=reporter, should_stop=should_stop, device=device.value)
+    except DeepRunError as error:
+        raise CommandError(str(error), error.exit_code) from None
+    finally:
+        reporter.close()
+    if summary is None:
+        return  # not rank 0
+    if json_output:
+        print_json(summary)
+    else:
+        quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
+        extra = f", running reward {summary['running_reward']:.1f}" if "running_reward" in summary else ""
+        print(f"{domain} on {summary['env']} ({summary['topology']}, {summary['ranks']} rank(s)): quality "
+              f"{quality} (mean of {summary['eval_episodes']} greedy episodes){extra} after {summary['episodes']:,} "
+              f"episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s "
+              f"({summary['env_steps_per_second']:,.0f} env-steps/s); wrote {summary['out']}")
+    if not summary["complete"]:
+        print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: bool, checkpoint_every: Optional[str],
+            resume: Any) -> None:
+    """Run this command as ``params.ranks`` local processes (rank 0 prints the results)."""
+    from popplay.checkpoints.runfile import RunFileError, check_writable
+    from popplay.topologies.launch import launch
+
+    if resume is None and Path(out).exists() and not overwrite:
+        raise CommandError(f"--out {out}: file exists (pass --overwrite to replace it)")
+    try:
+        check_writable(Path(out))
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+    code = launch(domain, params, out=Path(out), overwrite=overwrite, checkpoint_every=checkpoint_every,
+                  json_output=json_output, resume=resume.path if resume is not None else None)
+    if code:
+        raise typer.Exit(code)

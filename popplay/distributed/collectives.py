@@ -1,0 +1,218 @@
+"""Tensor-only collectives whose results do not depend on the number of ranks.
+
+Every function takes NumPy arrays or torch tensors and gives back the same kind; in
+a one-process job each is the identity (or the plain local computation), so callers
+need no second code path. Every call is bounded by the group's timeout; a lost or
+silent peer turns into one :class:`CollectiveError` naming this rank and the
+operation. Nothing here pickles: only tensors cross the wire.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from popplay.distributed.group import Dist, current
+
+#: What a rank exits with when a collective failed because a peer vanished.
+from popplay.distributed.launch import PEER_LOST_EXIT  # noqa: E402  (re-exported)
+
+_TRAFFIC = {"calls": 0, "bytes": 0, "seconds": 0.0}
+
+
+class CollectiveError(RuntimeError):
+    """A collective did not complete: a peer rank was lost or did not answer in time."""
+
+    exit_code = PEER_LOST_EXIT
+
+
+def traffic(reset: bool = False) -> dict[str, float]:
+    """Collectives so far in this process: ``calls``, payload ``bytes`` sent by this
+    rank, and wall ``seconds`` spent inside them (for benchmarks)."""
+    snapshot = dict(_TRAFFIC)
+    if reset:
+        _TRAFFIC.update(calls=0, bytes=0, seconds=0.0)
+    return snapshot
+
+
+def shard(n: int, dist: Dist | None = None) -> slice:
+    """This rank's contiguous block of an axis of length ``n`` (rank order = agent order)."""
+    dist = dist or current()
+    if n % dist.world_size:
+        raise ValueError(f"{n} agents cannot be split evenly over {dist.world_size} ranks "
+                         "(the number of ranks must divide the number of agents)")
+    size = n // dist.world_size
+    return slice(dist.rank * size, (dist.rank + 1) * size)
+
+
+# -- plumbing -----------------------------------------------------------------------
+
+def _to_tensor(array: Any, dist: Dist) -> tuple[Any, bool, Any]:
+    """(tensor on the group's device, was NumPy, original dtype)."""
+    import torch
+
+    if isinstance(array, torch.Tensor):
+        tensor, numpy_in, dtype = array, False, array.dtype
+    else:
+        array = np.ascontiguousarray(array)
+        dtype = array.dtype
+        if dtype == np.uint64:  # gloo has no unsigned 64-bit type: send the bits as int64
+            array = array.view(np.int64)
+        tensor, numpy_in = torch.from_numpy(array), True
+    if str(tensor.device) != dist.device and dist.backend == "nccl":
+        tensor = tensor.to(dist.device)
+    return tensor, numpy_in, dtype
+
+
+def _from_tensor(tensor: Any, numpy_in: bool, dtype: Any, like: Any = None) -> Any:
+    if not numpy_in:
+        return tensor.to(like.device) if like is not None and tensor.device != like.device else tensor
+    out = tensor.cpu().numpy()
+    if dtype == np.uint64:
+        out = out.view(np.uint64)
+    return out
+
+
+def _run(dist: Dist, name: str, payload_bytes: int, fn: Any) -> Any:
+    started = time.perf_counter()
+    try:
+        result = fn()
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CollectiveError(
+            f"rank {dist.rank} of {dist.world_size}: {name} failed: a peer rank was lost or did not answer "
+            f"within {dist.timeout:g}s ({first[:200]})") from None
+    _TRAFFIC["calls"] += 1
+    _TRAFFIC["bytes"] += int(payload_bytes)
+    _TRAFFIC["seconds"] += time.perf_counter() - started
+    return result
+
+
+# -- collectives --------------------------------------------------------------------
+
+def all_gather_axis(local: Any, axis: int, dist: Dist | None = None) -> Any:
+    """Every rank's ``local`` concatenated in rank order along ``axis``.
+
+    All ranks must pass the same shape and dtype. With contiguous shards
+    (:func:`shard`) the result is the whole agent axis in agent order.
+    """
+    dist = dist or current()
+    if not dist.distributed:
+        return local
+    import torch
+    import torch.distributed as c10d
+
+    tensor, numpy_in, dtype = _to_tensor(local, dist)
+    axis = axis % tensor.dim()
+    front = torch.movedim(tensor, axis, 0).contiguous()
+    parts = [torch.empty_like(front) for _ in range(dist.world_size)]
+    _run(dist, "all_gather", front.numel() * front.element_size(), lambda: c10d.all_gather(parts, front))
+    whole = torch.movedim(torch.cat(parts, dim=0), 0, axis).contiguous()
+    return _from_tensor(whole, numpy_in, dtype, like=local if not numpy_in else None)
+
+
+def broadcast(array: Any, src: int = 0, dist: Dist | None = None) -> Any:
+    """``src``'s array on every rank (same shape and dtype everywhere)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return array
+    import torch.distributed as c10d
+
+    tensor, numpy_in, dtype = _to_tensor(array, dist)
+    tensor = tensor.contiguous().clone()
+    _run(dist, "broadcast", tensor.numel() * tensor.element_size(), lambda: c10d.broadcast(tensor, src))
+    return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
+
+
+def _reduce_scalar(value: float, op_name: str, dtype: Any, dist: Dist) -> Any:
+    import torch
+    import torch.distributed as c10d
+
+    tensor = torch.tensor([value], dtype=dtype, device=dist.device)
+    op = {"max": c10d.ReduceOp.MAX, "sum": c10d.ReduceOp.SUM}[op_name]
+    _run(dist, f"all_reduce({op_name})", tensor.element_size(), lambda: c10d.all_reduce(tensor, op=op))
+    return tensor.item()
+
+
+def any_flag(flag: bool, dist: Dist | None = None) -> bool:
+    """True on every rank when it is true on any (e.g. a stop request)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return bool(flag)
+    import torch
+
+    return bool(_reduce_scalar(1 if flag else 0, "max", torch.int64, dist))
+
+
+def sum_int(value: int, dist: Dist | None = None) -> int:
+    """The sum of an integer over ranks (integers: exact in any order)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return int(value)
+    import torch
+
+    return int(_reduce_scalar(int(value), "sum", torch.int64, dist))
+
+
+def max_float(value: float, dist: Dist | None = None) -> float:
+    """The largest value over ranks (a max is exact in any order)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return float(value)
+    import torch
+
+    return float(_reduce_scalar(float(value), "max", torch.float64, dist))
+
+
+def barrier(dist: Dist | None = None) -> None:
+    """Wait for every rank (bounded by the timeout)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return
+    import torch
+    import torch.distributed as c10d
+
+    # A tiny all_reduce instead of c10d.barrier: it honours the group timeout on
+    # gloo and NCCL alike and needs no device guessing.
+    token = torch.zeros(1, dtype=torch.int64, device=dist.device)
+    _run(dist, "barrier", token.element_size(), lambda: c10d.all_reduce(token))
+
+
+# -- fixed-order reductions ---------------------------------------------------------
+
+def _tree(x: Any, axis: int) -> Any:
+    """The one-process pairwise tree over ``axis`` (kept, length 1): pairs (0, 1),
+    (2, 3), ... at every level, an odd last element carried up unchanged."""
+    import torch
+
+    x = torch.movedim(x, axis, 0)
+    while x.shape[0] > 1:
+        n = x.shape[0]
+        half = n // 2
+        pairs = x[0:2 * half:2] + x[1:2 * half:2]
+        x = torch.cat([pairs, x[2 * half:]], dim=0) if n % 2 else pairs
+    return torch.movedim(x, 0, axis)
+
+
+def tree_sum(local: Any, axis: int = -2, dist: Dist | None = None) -> Any:
+    """The sum over the whole agent axis (sharded contiguously over ranks), keeping
+    that axis with length 1, in exactly the order of the one-process pairwise tree.
+
+    When every rank's block is a power of two long, the first levels of the tree stay
+    inside blocks: each rank sums its own block and only the partial sums travel.
+    Otherwise the per-agent values are gathered and summed in agent order. Either way
+    the bits are those of one process summing all agents.
+    """
+    dist = dist or current()
+    import torch
+
+    tensor, numpy_in, dtype = _to_tensor(local, dist) if not isinstance(local, torch.Tensor) else (local, False, local.dtype)
+    axis = axis % tensor.dim()
+    size = tensor.shape[axis]
+    if dist.distributed and size & (size - 1) == 0:
+        whole = all_gather_axis(_tree(tensor, axis), axis, dist)
+    else:
+        whole = all_gather_axis(tensor, axis, dist)
+    result = _tree(whole, axis)
+    return _from_tensor(result, numpy_in, dtype, like=None if numpy_in else local)

@@ -1,0 +1,267 @@
+"""Start N local ranks as real processes and watch them (``--nproc N``).
+
+Every rank runs ``python -m popplay.distributed.rank "popplay rank R/N" ARGV...`` with
+the environment torchrun would give it, so the code under it cannot tell the two
+launchers apart. The role string is an argv element, so ``ps`` shows each rank's role.
+
+The launcher is the one place that sees every rank's fate: when one dies (kill -9,
+out of memory, an exception) it stops the others within a bounded time and prints
+*one* line naming the lost rank; the ranks' own secondary complaints ("a peer
+vanished") are held back so that the user sees the cause, not its echoes. Ctrl-C
+(SIGINT) and SIGTERM are forwarded once to every rank (which stop together at the
+next phase and save once); a second Ctrl-C kills them.
+
+This module imports no torch: the launcher only starts and watches processes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, IO
+
+#: Exit code of a job that lost a rank (and of ``launch_local`` in that case).
+LOST_EXIT = 3
+#: Exit code of a rank that stopped because a peer vanished or stopped answering.
+PEER_LOST_EXIT = 75
+
+_GRACE_SECONDS = 2.0  # how long survivors may take to exit on their own after a loss
+
+
+def launched_here() -> bool:
+    """True inside a rank started by :func:`launch_local` (not by torchrun)."""
+    return os.environ.get("POPPLAY_LAUNCHED") == "1"
+
+
+def in_rank() -> bool:
+    """True inside any rank of a multi-process job (ours or torchrun's)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (bound and released; rank 0 binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def role(rank: int, world_size: int) -> str:
+    """The role string shown in ``ps`` for a rank: ``popplay rank R/N``."""
+    return f"popplay rank {rank}/{world_size}"
+
+
+def rank_environment(rank: int, world_size: int, port: int, threads: int,
+                     base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of one local rank (torchrun's variables plus ours)."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0", "POPPLAY_LAUNCHED": "1", "POPPLAY_ROLE": role(rank, world_size),
+        # Local jobs talk over loopback only (c10d has no authentication).
+        "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
+    })
+    # The machine's cores are split between the ranks unless the user chose.
+    for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS"):
+        env.setdefault(name, str(threads))
+    return env
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen
+    held: list[str] = field(default_factory=list)  # its "Error: ..." lines, shown only if it is the cause
+    reader: threading.Thread | None = None
+
+
+def _forward(stream: IO[bytes], target: IO[str] | None, held: list[str]) -> None:
+    """Copy a rank's stderr line by line; hold back its error lines for the verdict."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if line.startswith("Error:"):
+            held.append(line.rstrip("\n"))
+        elif target is not None:
+            target.write(line)
+            target.flush()
+    stream.close()
+
+
+def _describe_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_per_rank: int | None = None,
+                 describe_lost: Callable[[], str] | None = None, module: str = "popplay.distributed.rank",
+                 stderr: IO[str] | None = None) -> int:
+    """Run ``popplay ARGV`` as ``nproc`` local ranks and return the job's exit code.
+
+    Args:
+        argv: the command line after ``popplay`` (the ranks get it unchanged).
+        nproc: number of ranks (>= 1).
+        timeout: seconds a rank may go silent; also the bound on stopping the others
+            after a loss (the ranks' process groups use the same timeout).
+        threads_per_rank: numba/OpenMP threads per rank (default: cores // nproc, >= 1).
+        describe_lost: called after a loss; its text ends the error line (e.g. where
+            the last good checkpoint is).
+        module: the module each rank runs with ``python -m`` (it receives the role
+            string first, then ``argv``).
+        stderr: where to write (default ``sys.stderr``).
+
+    Returns:
+        0 when every rank succeeded; rank 0's code when all stopped on their own
+        (e.g. 130 after Ctrl-C, 2 for a usage error); :data:`LOST_EXIT` when a rank was
+        lost (one line ``Error: rank R of N was lost (...)`` is printed).
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1 (got {nproc})")
+    out = stderr if stderr is not None else sys.stderr
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+    port = free_port()
+    ranks: list[_Rank] = []
+    interrupts = {"count": 0}
+
+    def on_signal(signum: int, frame: object) -> None:
+        interrupts["count"] += 1
+        for r in ranks:
+            if r.process.poll() is None:
+                try:
+                    r.process.send_signal(signal.SIGINT if interrupts["count"] == 1 else signal.SIGKILL)
+                except OSError:
+                    pass
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        for rank in range(nproc):
+            env = rank_environment(rank, nproc, port, threads)
+            process = subprocess.Popen(
+                [sys.executable, "-m", module, role(rank, nproc), *argv], env=env,
+                stdin=subprocess.DEVNULL, stdout=None if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                # Own session: the terminal's Ctrl-C reaches the ranks once, through us.
+                start_new_session=True,
+            )
+            entry = _Rank(rank, process)
+            entry.reader = threading.Thread(target=_forward, args=(process.stderr, out if rank == 0 else None,
+                                                                   entry.held), daemon=True)
+            entry.reader.start()
+            ranks.append(entry)
+        return _watch(ranks, nproc, timeout, describe_lost, out, lambda: interrupts["count"] > 0)
+    finally:
+        for r in ranks:
+            if r.process.poll() is None:
+                r.process.kill()
+            try:
+                r.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callable[[], str] | None,
+           out: IO[str], interrupted: Callable[[], bool]) -> int:
+    cause: _Rank | None = None
+    stop_deadline: float | None = None
+    while True:
+        codes = [r.process.poll() for r in ranks]
+        if all(code is not None for code in codes):
+            break
+        failed = [r for r, code in zip(ranks, codes) if code is not None and code != 0]
+        if interrupted() and not any(code is not None and code < 0 for code in codes):
+            # Stopping on request: the ranks agree on the last phase, rank 0 saves; wait
+            # for that (bounded), and only then count stragglers as lost.
+            if stop_deadline is None:
+                stop_deadline = time.monotonic() + timeout
+            if time.monotonic() < stop_deadline:
+                time.sleep(0.05)
+                continue
+            _stop_survivors(ranks, 0.0)
+            continue
+        if failed:
+            cause = _root_cause(failed)
+            _stop_survivors(ranks, min(timeout, _GRACE_SECONDS))
+            # The survivors' own exits may reveal a better cause (a signal death).
+            cause = _root_cause([r for r in ranks if r.process.returncode not in (0, None)])
+            break
+        time.sleep(0.05)
+    for r in ranks:
+        if r.reader is not None:
+            r.reader.join(timeout=5)
+    codes = [r.process.returncode for r in ranks]
+    if cause is None:
+        cause = _root_cause([r for r in ranks if r.process.returncode != 0]) if any(codes) else None
+    if cause is None:
+        return 0
+    code = cause.process.returncode
+    lost = code < 0 or code == PEER_LOST_EXIT or any(c < 0 for c in codes)
+    if not lost and all(c == code or c == 0 for c in codes):
+        # Every rank ended the same way on its own (a usage error, a stop): rank 0 speaks.
+        speaker = ranks[0] if ranks[0].held or ranks[0].process.returncode == code else cause
+        for line in speaker.held[:1]:
+            out.write(line + "\n")
+        out.flush()
+        return code
+    if not lost:
+        # One rank failed for its own reason: show its error, say which rank it was.
+        detail = cause.held[0][len("Error:"):].strip() if cause.held else _describe_status(code)
+        suffix = f"; {describe_lost()}" if describe_lost is not None else ""
+        out.write(f"Error: rank {cause.rank} of {nproc} failed: {detail}{suffix}\n")
+        out.flush()
+        return code if code not in (0, None) else LOST_EXIT
+    suffix = f"; {describe_lost()}" if describe_lost is not None else ""
+    out.write(f"Error: rank {cause.rank} of {nproc} was lost ({_describe_status(code)}); "
+              f"stopped the job{suffix}\n")
+    out.flush()
+    return LOST_EXIT
+
+
+def _root_cause(failed: list[_Rank]) -> _Rank | None:
+    """The rank that failed first-hand: a signal death beats an error, an error beats
+    a rank that only saw a peer vanish."""
+    if not failed:
+        return None
+
+    def badness(r: _Rank) -> int:
+        code = r.process.returncode
+        if code is not None and code < 0:
+            return 0
+        if code == PEER_LOST_EXIT:
+            return 2
+        return 1
+
+    return min(failed, key=lambda r: (badness(r), r.rank))
+
+
+def _stop_survivors(ranks: list[_Rank], grace: float) -> None:
+    """Give the others ``grace`` seconds to notice and exit, then kill them. Only rank
+    0 writes, atomically, so killing it cannot damage the last good checkpoint."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(r.process.poll() is None for r in ranks):
+        time.sleep(0.05)
+    for r in ranks:
+        if r.process.poll() is None:
+            try:
+                r.process.kill()
+            except OSError:
+                pass
+    for r in ranks:
+        try:
+            r.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass

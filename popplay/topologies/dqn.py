@@ -1,0 +1,251 @@
+"""Double DQN over simulators and a learner (seed 003).
+
+``sequential`` is Algorithm 1: play an episode, store it, train, repeat. The other
+topologies (``pipelined``, ``collective``, ``async``) run the learner on rank 0 and the
+simulators on ranks 1..N (:mod:`popplay.topologies.dqn_ranks`). In every topology the
+learner owes ``update_ratio`` gradient updates per transition it receives (seed 003
+§III-C: it trains as much as the simulators produced), ε falls with learner updates,
+and one phase of the experiment is ``sync_every`` episodes per simulator.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from popplay.topologies import DQN_TOPOLOGIES
+from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
+                                       tuple_of_ints)
+
+
+@dataclass(frozen=True)
+class DQNParams:
+    """Everything a DQN run depends on (stored in the run file's config)."""
+
+    env: str = "CartPole-v1"
+    topology: str = "sequential"
+    simulators: int = 1
+    sync_every: int = 1  # episodes per simulator between exchanges (one phase)
+    episodes: int = 0  # budget: episodes summed over simulators (0: none)
+    env_steps: int = 0  # budget: environment steps summed over simulators (0: none)
+    seed: int = 0
+    hidden: tuple[int, ...] = (128, 128)
+    lr: float = 1e-3
+    gamma: float = 0.99
+    batch_size: int = 64
+    replay_capacity: int = 50_000
+    learning_starts: int = 1_000
+    update_ratio: float = 0.25
+    target_every: int = 250
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_updates: int = 5_000
+    max_grad_norm: float = 10.0
+    eval_episodes: int = 100
+    timeout: float = 60.0  # seconds any wait for another rank may take
+    slow_simulator: float = 0.0  # test hook: seconds a simulator sleeps per episode
+    slow_learner: float = 0.0  # test hook: seconds the learner sleeps per update
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
+
+    def agent_config(self) -> Any:
+        from popplay.agents.dqn import DQNConfig
+
+        names = {f.name for f in dataclasses.fields(DQNConfig)}
+        return DQNConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def validate(self) -> None:
+        if self.topology not in DQN_TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(DQN_TOPOLOGIES)} (got {self.topology!r})")
+        if self.simulators < 1:
+            raise ValueError(f"simulators must be at least 1 (got {self.simulators})")
+        if self.topology in ("sequential", "pipelined") and self.simulators != 1:
+            raise ValueError(f"simulators: the {self.topology} topology has exactly one simulator")
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every must be at least 1 (got {self.sync_every})")
+        if self.eval_episodes < 0:
+            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        check_budget(self.episodes, self.env_steps)
+        self.agent_config().validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.topology == "sequential" else 1 + self.simulators
+
+
+@dataclass
+class DQNState:
+    """The learner's view: the agent, its explorer's generator, counters and curves."""
+
+    agent: Any  # popplay.agents.dqn.DoubleDQN
+    explore: Any  # torch.Generator of the (sequential) simulator's ε-greedy draws
+    episodes: int = 0
+    env_steps: int = 0
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # topology counters (e.g. checksums)
+
+
+class DQNExperiment:
+    """The runner's view of a DQN run (:class:`popplay.runner.Experiment`)."""
+
+    domain = "dqn"
+
+    def __init__(self, params: DQNParams, backend: Any) -> None:
+        from popplay import envs
+
+        params.validate()
+        self.params = params
+        self.backend = backend
+        self.config = params.agent_config()
+        self._env = envs.make_vector(params.env, 1)
+        self.info = envs.describe(self._env, params.env)
+        envs.require_discrete(self.info, "dqn")
+        self._topology: Any = None  # the ranks' side, set by the launcher for other topologies
+
+    # --- lifecycle ----------------------------------------------------------------
+    def attach(self, topology: Any) -> None:
+        """Let a multi-rank topology (rank 0's side) drive the phases."""
+        self._topology = topology
+
+    def initial_state(self) -> DQNState:
+        from popplay.agents import networks
+        from popplay.agents.dqn import DoubleDQN
+
+        agent = DoubleDQN(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed)
+        return DQNState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 2))
+
+    def warmup(self) -> None:
+        pass
+
+    def finished(self, state: DQNState, *, time_mode: bool) -> bool:
+        p = self.params
+        return budget_reached(state.episodes, state.env_steps, p.episodes, p.env_steps)
+
+    def phase(self, state: DQNState, *, time_left: float | None) -> DQNState:
+        if self._topology is not None:
+            return self._topology.round(self, state)
+        return self._sequential_round(state)
+
+    def _sequential_round(self, state: DQNState) -> DQNState:
+        """Seed 003 Algorithm 1, ``sync_every`` times: an episode, then training."""
+        from popplay.agents.dqn import EpsilonGreedy
+        from popplay.envs.rollout import episode_seed, play_episodes
+
+        agent = state.agent
+        actor = EpsilonGreedy(agent.online, agent.actions, state.explore)
+        for _ in range(self.params.sync_every):
+            if self.finished(state, time_mode=False):
+                break
+            actor.epsilon = agent.epsilon
+            episodes = play_episodes(self._env, actor, [episode_seed(self.params.seed, 0, state.episodes)])
+            self.learn(state, episodes)
+            agent.train()
+        return state
+
+    def learn(self, state: DQNState, episodes: Any) -> None:
+        """Hand a batch of episodes to the learner and count them."""
+        agent = state.agent
+        agent.receive(to_batch(episodes))
+        state.episodes += len(episodes.returns)
+        state.env_steps += episodes.steps
+        state.returns.extend(float(r) for r in episodes.returns)
+        state.lengths.extend(int(n) for n in episodes.lengths)
+
+    # --- measurements and the run file ------------------------------------------------
+    def measure(self, state: DQNState) -> dict[str, float]:
+        return {"return": recent_mean(state.returns), "epsilon": state.agent.epsilon,
+                "updates": float(state.agent.updates)}
+
+    def agent_steps(self, state: DQNState) -> int:
+        return state.env_steps
+
+    def total_agent_steps(self, state: DQNState) -> int:
+        return state.env_steps
+
+    def budget_agent_steps(self) -> int:
+        s = getattr(self, "_last", (0, 0))
+        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
+
+    def progress(self, state: DQNState) -> int:
+        """Episodes, or environment steps with an --env-steps budget (the unit of
+        --checkpoint-every)."""
+        self._last = (state.episodes, state.env_steps)
+        return state.env_steps if self.params.env_steps and not self.params.episodes else state.episodes
+
+    def state_arrays(self, state: DQNState) -> dict[str, Any]:
+        from popplay.agents import networks
+
+        self._last = (state.episodes, state.env_steps)
+        return {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore),
+                "episode_returns": np.asarray(state.returns, dtype=np.float64),
+                "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+
+    def state_counters(self, state: DQNState) -> dict[str, Any]:
+        return {**state.agent.counters(), "episodes": state.episodes, "env_steps": state.env_steps,
+                **{f"topology_{k}": v for k, v in state.extra.items()}}
+
+    def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> DQNState:
+        from popplay.agents import networks
+
+        state = self.initial_state()
+        state.agent.load(arrays, counters)
+        networks.load_generator(state.explore, arrays["rng.explore"])
+        state.episodes = int(counters["episodes"])
+        state.env_steps = int(counters["env_steps"])
+        state.returns = [float(r) for r in arrays["episode_returns"]]
+        state.lengths = [int(n) for n in arrays["episode_lengths"]]
+        if len(state.returns) != state.episodes:
+            raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
+        state.extra = {k[len("topology_"):]: v for k, v in counters.items() if k.startswith("topology_")}
+        self._last = (state.episodes, state.env_steps)
+        return state
+
+    def static_arrays(self) -> dict[str, Any]:
+        return {}
+
+    def results(self, state: DQNState) -> dict[str, Any]:
+        return {}
+
+    def summary_extras(self, state: DQNState) -> dict[str, Any]:
+        """What a DQN run adds to the summary every deep run prints."""
+        return {"return": recent_mean(state.returns), "updates": state.agent.updates,
+                "epsilon": state.agent.epsilon}
+
+    # --- evaluation -------------------------------------------------------------------
+    def quality(self, state: DQNState, episodes: int | None = None) -> float:
+        """Mean return of greedy episodes (default ``eval_episodes``); NaN for 0."""
+        from popplay.agents.dqn import greedy_policy
+        from popplay.topologies.common import greedy_quality
+
+        n = self.params.eval_episodes if episodes is None else episodes
+        if n == 0:
+            return float("nan")
+        return greedy_quality(self.params.env, greedy_policy(state.agent.online), n, self.params.seed)[0]
+
+    def returns_of_greedy(self, state: DQNState, episodes: int, seed: int) -> np.ndarray:
+        from popplay.agents.dqn import greedy_policy
+        from popplay.topologies.common import greedy_quality
+
+        return greedy_quality(self.params.env, greedy_policy(state.agent.online), episodes, seed)[1]
+
+
+def to_batch(episodes: Any) -> Any:
+    import torch
+
+    from popplay.agents.replay import Batch
+
+    return Batch(torch.as_tensor(episodes.obs), torch.as_tensor(episodes.action).long(),
+                 torch.as_tensor(episodes.reward), torch.as_tensor(episodes.next_obs),
+                 torch.as_tensor(episodes.terminated).float())
+
