@@ -182,7 +182,8 @@ class A2C:
                 **networks.optimizer_arrays(self.optimizer, "adam")}
 
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.updates, "received": self.received, "last_loss": self.last_loss}
+        return {"updates": self.updates, "received": self.received, "last_loss": self.last_loss,
+                "last_mean_rho": self.last_mean_rho}
 
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         networks.load_module_arrays(self.policy, "policy", arrays)
@@ -191,6 +192,7 @@ class A2C:
         self.updates = int(counters["updates"])
         self.received = int(counters["received"])
         self.last_loss = float(counters.get("last_loss", float("nan")))
+        self.last_mean_rho = float(counters.get("last_mean_rho", float("nan")))
 
 
 def trajectory_from_episodes(episodes: Any, policy: nn.Module) -> Trajectory:

@@ -90,3 +90,4 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
 # Each domain module registers its `popplay train <domain>` subcommand on import.
 from popplay.cli import train_bandit, train_cartpole, train_knights  # noqa: E402,F401
 from popplay.cli import train_dqn, train_reinforce  # noqa: E402,F401
+from popplay.cli import train_exarl  # noqa: E402,F401

@@ -33,8 +33,12 @@ DOMAINS: dict[str, DomainSpec] = {
     "dqn": DomainSpec("dqn", "popplay.topologies.dqn:DQNParams", "popplay.topologies.dqn:DQNExperiment"),
     "reinforce": DomainSpec("reinforce", "popplay.topologies.reinforce:ReinforceParams",
                             "popplay.topologies.reinforce:ReinforceExperiment"),
+    # EXARL's agents (issue 16)
+    "a2c": DomainSpec("a2c", "popplay.topologies.exarl:A2CParams", "popplay.topologies.exarl:A2CExperiment"),
+    "td3": DomainSpec("td3", "popplay.topologies.exarl:TD3Params", "popplay.topologies.exarl:TD3Experiment"),
+    "ddpg": DomainSpec("ddpg", "popplay.topologies.exarl:DDPGParams", "popplay.topologies.exarl:DDPGExperiment"),
 }
-DEEP_DOMAINS = ("dqn", "reinforce")
+DEEP_DOMAINS = ("dqn", "reinforce", "a2c", "td3", "ddpg")
 
 
 def build(domain: str, params: Any, backend: Backend) -> Any:
