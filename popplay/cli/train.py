@@ -121,4 +121,4 @@ def ranks_note(summary: dict[str, Any]) -> str:
 
 # Each domain module registers its `popplay train <domain>` subcommand on import.
 from popplay.cli import train_bandit, train_cartpole, train_knights  # noqa: E402,F401
-from popplay.cli import train_dqn, train_gorila, train_reinforce  # noqa: E402,F401
+from popplay.cli import train_dqn, train_exarl, train_gorila, train_reinforce  # noqa: E402,F401

@@ -35,8 +35,12 @@ DOMAINS: dict[str, DomainSpec] = {
                             "popplay.topologies.reinforce:ReinforceExperiment"),
     "gorila": DomainSpec("gorila", "popplay.topologies.gorila:GorilaConfig",
                          "popplay.topologies.gorila:GorilaExperiment"),
+    # EXARL's agents (issue 16)
+    "a2c": DomainSpec("a2c", "popplay.topologies.exarl:A2CParams", "popplay.topologies.exarl:A2CExperiment"),
+    "td3": DomainSpec("td3", "popplay.topologies.exarl:TD3Params", "popplay.topologies.exarl:TD3Experiment"),
+    "ddpg": DomainSpec("ddpg", "popplay.topologies.exarl:DDPGParams", "popplay.topologies.exarl:DDPGExperiment"),
 }
-DEEP_DOMAINS = ("dqn", "reinforce", "gorila")
+DEEP_DOMAINS = ("dqn", "reinforce", "gorila", "a2c", "td3", "ddpg")
 
 
 def build(domain: str, params: Any, backend: Backend) -> Any:

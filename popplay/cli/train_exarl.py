@@ -1,0 +1,157 @@
+"""``popplay train a2c|td3|ddpg``: EXARL's agents (issue 16), sequential workflow."""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+
+from popplay.cli.common import (CheckpointOption, CommandError, DeviceName, DeviceOption, JsonOption, OutOption,
+                                OverwriteOption, ResumeOption, SeedOption)
+from popplay.cli.train import train_app
+from popplay.cli.train_dqn import EPISODES_HELP, ENV_HELP, ENV_STEPS_HELP, EVAL_HELP
+
+
+class Workflow(str, Enum):
+    sequential = "sequential"
+
+
+WORKFLOW_HELP = "sequential: the actor plays, then the learner trains, in one process."
+
+
+def _widths(hidden: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in hidden.split(","))
+    except ValueError:
+        raise CommandError(f"--hidden: expected comma-separated widths such as 256,256 (got {hidden!r})") from None
+
+
+def _run(ctx: typer.Context, domain: str, make_params: Any, *, episodes: int, env_steps: int, resume: Any,
+         out: Any, overwrite: bool, json_output: bool, device: DeviceName, checkpoint_every: Any) -> None:
+    from popplay.cli.train_dqn import load_deep_resume, resumed_deep_params, run_deep
+
+    if resume is not None:
+        stored = load_deep_resume(ctx, domain, resume)
+        params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
+        run_deep(domain, params, out=resume, overwrite=True, json_output=json_output, device=device,
+                 checkpoint_every=checkpoint_every, resume=stored)
+        return
+    run_deep(domain, make_params(), out=out, overwrite=overwrite, json_output=json_output, device=device,
+             checkpoint_every=checkpoint_every)
+
+
+@train_app.command("a2c")
+def train_a2c(
+    ctx: typer.Context,
+    env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
+    workflow: Annotated[Workflow, typer.Option(help=WORKFLOW_HELP)] = Workflow.sequential,
+    vtrace: Annotated[bool, typer.Option(
+        "--vtrace/--no-vtrace", help="Correct for the actor's stale policy with V-trace (IMPALA).")] = True,
+    rho_bar: Annotated[float, typer.Option(help="V-trace: truncation of the ratios in targets and advantages.")] = 1.0,
+    c_bar: Annotated[float, typer.Option(help="V-trace: truncation of the ratios in the traces.")] = 1.0,
+    copies: Annotated[int, typer.Option(min=1, help="Environment copies; one episode each per phase.")] = 8,
+    n_steps: Annotated[int, typer.Option(min=1, help="Rows of each learning segment (one update each).")] = 16,
+    sync_every: Annotated[int, typer.Option(
+        min=1, help="Phases between refreshes of the actor's copy of the policy.")] = 1,
+    episodes: Annotated[int, typer.Option(min=0, help=EPISODES_HELP)] = 0,
+    env_steps: Annotated[int, typer.Option(min=0, help=ENV_STEPS_HELP)] = 0,
+    hidden: Annotated[str, typer.Option(help="Hidden widths of the policy and value networks.")] = "64,64",
+    lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
+    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+    value_coef: Annotated[float, typer.Option(help="Weight of the value loss.")] = 0.5,
+    entropy_coef: Annotated[float, typer.Option(help="Weight of the entropy bonus.")] = 0.01,
+    max_grad_norm: Annotated[float, typer.Option(help="Gradient norm clip.")] = 0.5,
+    eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 20,
+    seed: SeedOption = 0,
+    device: DeviceOption = DeviceName.auto,
+    out: OutOption = None,
+    overwrite: OverwriteOption = False,
+    json_output: JsonOption = False,
+    checkpoint_every: CheckpointOption = None,
+    resume: ResumeOption = None,
+) -> None:
+    """Train A2C (policy gradient with a learned baseline and an entropy bonus), with or
+    without V-trace's off-policy correction."""
+    from popplay.topologies.exarl import A2CParams
+
+    def make() -> Any:
+        return A2CParams(env=env, workflow=workflow.value, copies=copies, n_steps=n_steps, sync_every=sync_every,
+                         episodes=episodes, env_steps=env_steps, seed=seed, hidden=_widths(hidden), lr=lr,
+                         gamma=gamma, value_coef=value_coef, entropy_coef=entropy_coef, max_grad_norm=max_grad_norm,
+                         vtrace=vtrace, rho_bar=rho_bar, c_bar=c_bar, eval_episodes=eval_episodes)
+
+    _run(ctx, "a2c", make, episodes=episodes, env_steps=env_steps, resume=resume, out=out, overwrite=overwrite,
+         json_output=json_output, device=device, checkpoint_every=checkpoint_every)
+
+
+def _continuous_command(domain: str, doc: str) -> Any:
+    td3 = domain == "td3"
+
+    def command(
+        ctx: typer.Context,
+        env: Annotated[str, typer.Option(help="A gymnasium id with continuous actions (Pendulum-v1, ...).")
+                       ] = "Pendulum-v1",
+        workflow: Annotated[Workflow, typer.Option(help=WORKFLOW_HELP)] = Workflow.sequential,
+        per: Annotated[bool, typer.Option("--per/--no-per", help="Prioritised experience replay (sum-tree).")] = False,
+        clipped_double_q: Annotated[bool, typer.Option(
+            "--clipped-double-q/--no-clipped-double-q", help="td3: target from the smaller of two critics.")] = True,
+        policy_delay: Annotated[int, typer.Option(min=1, help="td3: critic steps per actor step.")] = 2,
+        target_smoothing: Annotated[bool, typer.Option(
+            "--target-smoothing/--no-target-smoothing", help="td3: clipped noise on the target action.")] = True,
+        target_noise: Annotated[float, typer.Option(help="td3: smoothing noise, in action half-ranges.")] = 0.2,
+        noise_clip: Annotated[float, typer.Option(help="td3: smoothing noise clip, in action half-ranges.")] = 0.5,
+        sync_every: Annotated[int, typer.Option(min=1, help="Episodes per phase.")] = 1,
+        episodes: Annotated[int, typer.Option(min=0, help=EPISODES_HELP)] = 0,
+        env_steps: Annotated[int, typer.Option(min=0, help=ENV_STEPS_HELP)] = 0,
+        hidden: Annotated[str, typer.Option(help="Hidden widths of the actor and critics.")] = "256,256",
+        actor_lr: Annotated[float, typer.Option(help="Adam learning rate of the actor.")] = 1e-3,
+        critic_lr: Annotated[float, typer.Option(help="Adam learning rate of the critics.")] = 1e-3,
+        gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+        tau: Annotated[float, typer.Option(min=0.0, max=1.0, help="Polyak rate of the target networks.")] = 0.005,
+        batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each update.")] = 256,
+        replay: Annotated[int, typer.Option(min=1, help="Replay capacity in transitions.")] = 200_000,
+        learning_starts: Annotated[int, typer.Option(
+            min=0, help="Transitions stored (uniform random actions) before the first update.")] = 1_000,
+        update_ratio: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
+        exploration_noise: Annotated[float, typer.Option(help="Acting noise, in action half-ranges.")] = 0.1,
+        eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 10,
+        seed: SeedOption = 0,
+        device: DeviceOption = DeviceName.auto,
+        out: OutOption = None,
+        overwrite: OverwriteOption = False,
+        json_output: JsonOption = False,
+        checkpoint_every: CheckpointOption = None,
+        resume: ResumeOption = None,
+    ) -> None:
+        from popplay.topologies.exarl import DDPGParams, TD3Params
+
+        def make() -> Any:
+            common = dict(env=env, workflow=workflow.value, sync_every=sync_every, episodes=episodes,
+                          env_steps=env_steps, seed=seed, hidden=_widths(hidden), actor_lr=actor_lr,
+                          critic_lr=critic_lr, gamma=gamma, tau=tau, batch_size=batch_size, replay_capacity=replay,
+                          learning_starts=learning_starts, update_ratio=update_ratio,
+                          exploration_noise=exploration_noise, per=per, eval_episodes=eval_episodes)
+            if td3:
+                return TD3Params(clipped_double_q=clipped_double_q, policy_delay=policy_delay,
+                                 target_smoothing=target_smoothing, target_noise=target_noise, noise_clip=noise_clip,
+                                 **common)
+            from popplay.cli.common import given
+
+            for name in ("clipped_double_q", "policy_delay", "target_smoothing", "target_noise", "noise_clip"):
+                if given(ctx, name):
+                    raise CommandError(f"--{name.replace('_', '-')} applies to td3 only")
+            return DDPGParams(**common)
+
+        _run(ctx, domain, make, episodes=episodes, env_steps=env_steps, resume=resume, out=out,
+             overwrite=overwrite, json_output=json_output, device=device, checkpoint_every=checkpoint_every)
+
+    command.__doc__ = doc
+    return command
+
+
+train_app.command("td3")(_continuous_command(
+    "td3", "Train TD3: DDPG with clipped double Q, delayed policy updates and target policy smoothing, "
+           "each of which can be switched off."))
+train_app.command("ddpg")(_continuous_command(
+    "ddpg", "Train DDPG (deterministic actor, Q critic, soft target updates), optionally with "
+            "prioritised experience replay."))

@@ -1,0 +1,398 @@
+"""EXARL's agents (issue 16) in one process: ``train td3``, ``train ddpg``, ``train a2c``.
+
+Only the ``sequential`` workflow lives here: one actor and the learner take turns in
+one process, like seed 003's Algorithm 1 (:mod:`popplay.topologies.dqn`).
+
+- **TD3, DDPG**: one phase plays ``sync_every`` episodes with the explorer (uniform
+  actions until the learner's first update, then ``mu(s)`` plus Gaussian noise),
+  stores them and runs the ``update_ratio`` updates per transition the learner owes.
+- **A2C**: one phase plays one episode on each of ``copies`` environment copies with
+  the actor's copy of the policy, then cuts the padded ``(T, copies)`` trajectory
+  into ``n_steps``-row segments and learns from them in time order. The actor's copy
+  is refreshed from the learner every ``sync_every`` phases, so every segment after
+  the first is played by a policy that lags the learner's — the staleness EXARL's
+  actors have, which V-trace corrects and plain A2C ignores.
+
+A phase depends only on the state and the run's seed (episode seeds come from
+:func:`popplay.envs.rollout.episode_seed`), so ``--resume`` continues exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
+                                       tuple_of_ints)
+
+WORKFLOWS = ("sequential",)
+
+
+def _check_workflow(workflow: str) -> None:
+    if workflow not in WORKFLOWS:
+        raise ValueError(f"workflow must be one of {', '.join(WORKFLOWS)} (got {workflow!r})")
+
+
+@dataclass(frozen=True)
+class DDPGParams:
+    """Everything a DDPG run depends on (stored in the run file's config)."""
+
+    env: str = "Pendulum-v1"
+    workflow: str = "sequential"
+    sync_every: int = 1  # episodes per phase
+    episodes: int = 0
+    env_steps: int = 0
+    seed: int = 0
+    hidden: tuple[int, ...] = (256, 256)
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    gamma: float = 0.99
+    tau: float = 0.005
+    batch_size: int = 256
+    replay_capacity: int = 200_000
+    learning_starts: int = 1_000
+    update_ratio: float = 1.0
+    exploration_noise: float = 0.1
+    per: bool = False
+    per_alpha: float = 0.6
+    per_beta0: float = 0.4
+    per_beta_updates: int = 20_000
+    eval_episodes: int = 10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
+
+    def _config_type(self) -> type:
+        from popplay.agents.ddpg import DDPGConfig
+
+        return DDPGConfig
+
+    def agent_config(self) -> Any:
+        config_type = self._config_type()
+        names = {f.name for f in dataclasses.fields(config_type)}
+        return config_type(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def validate(self) -> None:
+        _check_workflow(self.workflow)
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every must be at least 1 (got {self.sync_every})")
+        if self.eval_episodes < 0:
+            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
+        check_budget(self.episodes, self.env_steps)
+        self.agent_config().validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @property
+    def topology(self) -> str:
+        return self.workflow
+
+    @property
+    def ranks(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class TD3Params(DDPGParams):
+    clipped_double_q: bool = True
+    policy_delay: int = 2
+    target_smoothing: bool = True
+    target_noise: float = 0.2
+    noise_clip: float = 0.5
+
+    def _config_type(self) -> type:
+        from popplay.agents.td3 import TD3Config
+
+        return TD3Config
+
+
+@dataclass(frozen=True)
+class A2CParams:
+    env: str = "CartPole-v1"
+    workflow: str = "sequential"
+    copies: int = 8  # environment copies, one episode each per phase
+    n_steps: int = 16  # rows of a learning segment
+    sync_every: int = 1  # phases between refreshes of the actor's copy of the policy
+    episodes: int = 0
+    env_steps: int = 0
+    seed: int = 0
+    hidden: tuple[int, ...] = (64, 64)
+    lr: float = 1e-3
+    gamma: float = 0.99
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    vtrace: bool = True
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+    eval_episodes: int = 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
+
+    def agent_config(self) -> Any:
+        from popplay.agents.a2c import A2CConfig
+
+        names = {f.name for f in dataclasses.fields(A2CConfig)}
+        return A2CConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def validate(self) -> None:
+        _check_workflow(self.workflow)
+        for name in ("copies", "n_steps", "sync_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.eval_episodes < 0:
+            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
+        check_budget(self.episodes, self.env_steps)
+        self.agent_config().validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @property
+    def topology(self) -> str:
+        return self.workflow
+
+    @property
+    def ranks(self) -> int:
+        return 1
+
+
+@dataclass
+class ExarlState:
+    agent: Any  # DDPG, TD3 or A2C learner
+    explore: Any  # torch.Generator of the actor's draws
+    actor: Any = None  # A2C: the actor's (possibly stale) copy of the policy
+    phases: int = 0
+    episodes: int = 0
+    env_steps: int = 0
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+class _Experiment:
+    """What the three experiments share: budgets, curves, the run file's arrays."""
+
+    domain = ""
+
+    def __init__(self, params: Any, backend: Any) -> None:
+        from popplay import envs
+
+        params.validate()
+        self.params = params
+        self.backend = backend
+        self.config = params.agent_config()
+        self._env = envs.make_vector(params.env, getattr(params, "copies", 1))
+        self.info = envs.describe(self._env, params.env)
+        self._check_env()
+
+    def _check_env(self) -> None:
+        raise NotImplementedError
+
+    def warmup(self) -> None:
+        pass
+
+    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
+        return budget_reached(state.episodes, state.env_steps, self.params.episodes, self.params.env_steps)
+
+    def _count(self, state: ExarlState, episodes: Any) -> None:
+        state.episodes += len(episodes.returns)
+        state.env_steps += episodes.steps
+        state.returns.extend(float(r) for r in episodes.returns)
+        state.lengths.extend(int(n) for n in episodes.lengths)
+
+    def measure(self, state: ExarlState) -> dict[str, float]:
+        return {"return": recent_mean(state.returns), "updates": float(state.agent.updates)}
+
+    def agent_steps(self, state: ExarlState) -> int:
+        return state.env_steps
+
+    def total_agent_steps(self, state: ExarlState) -> int:
+        return state.env_steps
+
+    def budget_agent_steps(self) -> int:
+        s = getattr(self, "_last", (0, 0))
+        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
+
+    def progress(self, state: ExarlState) -> int:
+        self._last = (state.episodes, state.env_steps)
+        return state.env_steps if self.params.env_steps and not self.params.episodes else state.episodes
+
+    def state_arrays(self, state: ExarlState) -> dict[str, Any]:
+        from popplay.agents import networks
+
+        self._last = (state.episodes, state.env_steps)
+        out = {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore),
+               "episode_returns": np.asarray(state.returns, dtype=np.float64),
+               "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+        if state.actor is not None:
+            out.update(networks.module_arrays(state.actor, "actor_copy"))
+        return out
+
+    def state_counters(self, state: ExarlState) -> dict[str, Any]:
+        return {**state.agent.counters(), "phases": state.phases, "episodes": state.episodes,
+                "env_steps": state.env_steps}
+
+    def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ExarlState:
+        from popplay.agents import networks
+
+        state = self.initial_state()
+        state.agent.load(arrays, counters)
+        networks.load_generator(state.explore, arrays["rng.explore"])
+        if state.actor is not None:
+            networks.load_module_arrays(state.actor, "actor_copy", arrays)
+        state.phases = int(counters["phases"])
+        state.episodes = int(counters["episodes"])
+        state.env_steps = int(counters["env_steps"])
+        state.returns = [float(r) for r in arrays["episode_returns"]]
+        state.lengths = [int(n) for n in arrays["episode_lengths"]]
+        if len(state.returns) != state.episodes:
+            raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
+        self._last = (state.episodes, state.env_steps)
+        return state
+
+    def static_arrays(self) -> dict[str, Any]:
+        return {}
+
+    def results(self, state: ExarlState) -> dict[str, Any]:
+        return {}
+
+    def summary_extras(self, state: ExarlState) -> dict[str, Any]:
+        return {"return": recent_mean(state.returns), "updates": state.agent.updates}
+
+    def _greedy(self, state: ExarlState) -> Any:
+        raise NotImplementedError
+
+    def quality(self, state: ExarlState, episodes: int | None = None) -> float:
+        """Mean return of noiseless episodes (default ``eval_episodes``); NaN for 0."""
+        from popplay.topologies.common import greedy_quality
+
+        n = self.params.eval_episodes if episodes is None else episodes
+        if n == 0:
+            return float("nan")
+        return greedy_quality(self.params.env, self._greedy(state), n, self.params.seed)[0]
+
+    def returns_of_greedy(self, state: ExarlState, episodes: int, seed: int) -> np.ndarray:
+        from popplay.topologies.common import greedy_quality
+
+        return greedy_quality(self.params.env, self._greedy(state), episodes, seed)[1]
+
+
+class _ContinuousExperiment(_Experiment):
+    agent_name = ""
+
+    def _check_env(self) -> None:
+        from popplay.envs import EnvError
+
+        if self.info.discrete:
+            raise EnvError(f"--env {self.params.env}: {self.agent_name} needs continuous actions "
+                           "(this environment's are discrete)")
+
+    def _learner(self) -> Any:
+        raise NotImplementedError
+
+    def initial_state(self) -> ExarlState:
+        from popplay.agents import networks
+
+        return ExarlState(agent=self._learner(), explore=networks.generator(self.params.seed * 7919 + 3))
+
+    def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
+        import torch
+
+        from popplay.agents.ddpg import GaussianExplorer
+        from popplay.agents.replay import Batch
+        from popplay.envs.rollout import episode_seed, play_episodes
+
+        agent = state.agent
+        explorer = GaussianExplorer(agent.actor, self.config.exploration_noise, state.explore)
+        for _ in range(self.params.sync_every):
+            if self.finished(state, time_mode=False):
+                break
+            explorer.uniform = agent.updates == 0
+            episodes = play_episodes(self._env, explorer, [episode_seed(self.params.seed, 0, state.episodes)])
+            agent.receive(Batch(torch.as_tensor(episodes.obs),
+                                torch.as_tensor(episodes.action, dtype=torch.float32).reshape(episodes.steps, -1),
+                                torch.as_tensor(episodes.reward), torch.as_tensor(episodes.next_obs),
+                                torch.as_tensor(episodes.terminated).float()))
+            self._count(state, episodes)
+            agent.train()
+        state.phases += 1
+        return state
+
+    def _greedy(self, state: ExarlState) -> Any:
+        from popplay.agents.ddpg import deterministic_policy
+
+        return deterministic_policy(state.agent.actor)
+
+
+class DDPGExperiment(_ContinuousExperiment):
+    domain = "ddpg"
+    agent_name = "ddpg"
+
+    def _learner(self) -> Any:
+        from popplay.agents.ddpg import DDPG
+
+        return DDPG(self.config, self.info.obs_dim, self.info.action_low, self.info.action_high, self.params.seed)
+
+
+class TD3Experiment(_ContinuousExperiment):
+    domain = "td3"
+    agent_name = "td3"
+
+    def _learner(self) -> Any:
+        from popplay.agents.td3 import TD3
+
+        return TD3(self.config, self.info.obs_dim, self.info.action_low, self.info.action_high, self.params.seed)
+
+
+class A2CExperiment(_Experiment):
+    domain = "a2c"
+
+    def _check_env(self) -> None:
+        from popplay import envs
+
+        envs.require_discrete(self.info, "a2c")
+
+    def initial_state(self) -> ExarlState:
+        import copy
+
+        from popplay.agents import networks
+        from popplay.agents.a2c import A2C
+
+        agent = A2C(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed)
+        return ExarlState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 4),
+                          actor=copy.deepcopy(agent.policy))
+
+    def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
+        from popplay.agents.a2c import SampledPolicy, Trajectory, trajectory_from_episodes
+        from popplay.envs.rollout import episode_seed, play_episodes
+
+        p = self.params
+        if state.phases % p.sync_every == 0:
+            state.actor.load_state_dict(state.agent.policy.state_dict())
+        seeds = [episode_seed(p.seed, copy, state.phases) for copy in range(p.copies)]
+        episodes = play_episodes(self._env, SampledPolicy(state.actor, state.explore), seeds)
+        traj = trajectory_from_episodes(episodes, state.actor)
+        for start in range(0, traj.reward.shape[0], p.n_steps):
+            segment = Trajectory(*(t[start:start + p.n_steps] for t in traj))
+            if float(segment.mask.sum()) > 0:
+                state.agent.learn(segment)
+        self._count(state, episodes)
+        state.phases += 1
+        return state
+
+    def summary_extras(self, state: ExarlState) -> dict[str, Any]:
+        rho = state.agent.last_mean_rho  # mean pi/mu of the last segment learned from (1: on policy)
+        return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho}
+
+    def _greedy(self, state: ExarlState) -> Any:
+        from popplay.agents.a2c import greedy_policy
+
+        return greedy_policy(state.agent.policy)
