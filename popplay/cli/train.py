@@ -29,20 +29,35 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         if given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
                                "--checkpoint-every, --backend, --device and --json may be given")
+    from popplay.checkpoints.lock import LockBusy, RunLock
+
+    # The lock before the read, held until the last write (released when the command
+    # ends): a concurrent resume cannot write an older state over this one's.
+    lock = RunLock(path)
     try:
-        return read_run(path, expected_domain=domain)
-    except RunFileError as error:
+        lock.acquire()
+    except LockBusy as error:
         raise CommandError(str(error)) from None
+    except OSError as error:
+        raise CommandError(f"{path}: cannot lock the run file ({error.strerror})") from None
+    ctx.call_on_close(lock.release)
+    try:
+        stored = read_run(path, expected_domain=domain)
+    except RunFileError as error:
+        lock.release()
+        raise CommandError(str(error)) from None
+    stored.lock = lock
+    return stored
 
 
 def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
     """The stored run's parameters with a new budget."""
     import dataclasses
 
-    from popplay.populations import registry
+    from popplay.validation import params_from_config
 
     try:
-        params = registry.params_from_config(domain, stored.config)
+        params = params_from_config(domain, stored.config)
     except (TypeError, ValueError) as error:
         raise CommandError(f"{stored.path}: damaged config ({error})") from None
     return dataclasses.replace(params, **{k: v for k, v in budget.items() if v is not None})
@@ -52,11 +67,12 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
                  resume: Any = None) -> None:
     """Shared tail of every ``train`` command: run, report, exit 130 if stopped."""
+    from popplay.checkpoints.runfile import RunFileError
     from popplay.console import reporter_for
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
 
     try:
-        every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
+        every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every is not None else None
     except UsageProblem as error:
         raise CommandError(str(error)) from None
     if resume is not None:
@@ -70,6 +86,8 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
             outcome = train(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
     except UsageProblem as error:
         raise CommandError(str(error)) from None
+    except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
+        raise CommandError(str(error), getattr(error, "exit_code", 2)) from None
     finally:
         reporter.close()
     for warning in outcome.warnings:
