@@ -236,8 +236,8 @@ class CheckpointEvery:
             amount = float(number)
         except ValueError:
             raise UsageProblem(f"--checkpoint-every: expected a count or a time such as 30s, 5m, 2h (got {text!r})") from None
-        if not amount > 0:
-            raise UsageProblem(f"--checkpoint-every must be positive (got {text!r})")
+        if not 0 < amount < float("inf"):
+            raise UsageProblem(f"--checkpoint-every must be positive and finite (got {text!r})")
         if scale:
             return cls(amount * scale, "seconds")
         if amount != int(amount):

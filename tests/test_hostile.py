@@ -111,3 +111,150 @@ def test_overwrite_replaces_only_regular_files(tmp_path, capsys):
     assert _train(foreign, 64, "--overwrite") == 0
     capsys.readouterr()
     assert read_run(foreign).complete
+
+
+# -- crafted files -------------------------------------------------------------------
+
+
+def _craft(path, mutate, digest=True):
+    """Edit a run file with h5py and recompute its (unkeyed) checksum, as anyone can."""
+    with h5py.File(path, "a") as f:
+        mutate(f)
+        if digest:
+            f.attrs[runfile.DIGEST] = np.bytes_(runfile.content_digest(f).encode())
+    return path
+
+
+def _set_config(**changes):
+    def mutate(f):
+        config = json.loads(f["config"].attrs["config_json"].decode())
+        config.update(changes)
+        f["config"].attrs["config_json"] = np.bytes_(json.dumps(config).encode())
+    return mutate
+
+
+def _replace(name, **create):
+    def mutate(f):
+        del f[name]
+        f.create_dataset(name, **create)
+    return mutate
+
+
+# -- 2. bounded memory on any file ----------------------------------------------------
+
+
+def test_tiny_chunks_and_unwritten_datasets_are_refused_before_reading(run_copy, tmp_path, capsys):
+    chunky = tmp_path / "chunky.h5"
+    chunky.write_bytes(run_copy.read_bytes())
+    # 65,536 chunks of one value: HDF5's own bookkeeping grows with the chunk count
+    _craft(chunky, _replace("state/q", data=np.zeros(2**16), chunks=(1,)), digest=False)
+    hollow = tmp_path / "hollow.h5"
+    hollow.write_bytes(run_copy.read_bytes())
+    _craft(hollow, _replace("state/q", shape=(2**27,), dtype="f8"), digest=False)  # 1 GiB declared, none stored
+    assert hollow.stat().st_size < 100_000
+    for path, reason in ((chunky, "chunks"), (hollow, "stores only")):
+        for argv in (["evaluate", str(path)], ["inspect", str(path)], ["plot", str(path)],
+                     ["lineage", str(path)], ["train", "bandit", "--resume", str(path), "--agent-steps", "128"]):
+            assert main(argv) == 2, argv
+            assert reason in _error_line(capsys), argv
+
+
+def test_a_figure_file_declaring_a_huge_dataset_is_refused(tmp_path, capsys):
+    path = tmp_path / "figure.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = np.bytes_(b"popplay-figure")
+        f.attrs["schema_version"] = 1
+        f.create_group("curve").create_dataset("y", shape=(2**27,), dtype="f8")
+    assert main(["plot", str(path)]) == 2
+    assert "stores only" in _error_line(capsys)
+
+
+def test_a_config_declaring_a_billion_agents_is_refused(run_copy, capsys, monkeypatch):
+    monkeypatch.setenv("POPPLAY_MAX_MEMORY", "4G")
+    _craft(run_copy, _set_config(agents=10**9))
+    assert main(["evaluate", str(run_copy)]) == 2
+    err = _error_line(capsys)
+    assert "needs about" in err and "4.0 GB available" in err
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "2000000000"]) == 2
+    assert "needs about" in _error_line(capsys)
+
+
+def test_loading_is_refused_when_the_arrays_exceed_available_memory(run_copy, monkeypatch):
+    monkeypatch.setenv("POPPLAY_MAX_MEMORY", "1K")  # the arrays need more than half of this
+    with pytest.raises(RunFileError, match="memory"):
+        read_run(run_copy)
+    monkeypatch.delenv("POPPLAY_MAX_MEMORY")
+    assert read_run(run_copy).complete
+
+
+# -- 3. disk full ------------------------------------------------------------------
+
+
+def test_simulated_disk_full_keeps_the_previous_file_and_rescues_the_state(run_copy, tmp_path, capsys,
+                                                                            monkeypatch):
+    before = run_copy.read_bytes()
+    rescue = tmp_path / "rescue"
+    rescue.mkdir()
+    monkeypatch.setenv("POPPLAY_RESCUE_DIR", str(rescue))
+    real_fsync = os.fsync
+
+    def fsync(fd):  # the disk fills up as the new run file is flushed beside the old one
+        name = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else ""
+        if os.path.dirname(name) == str(tmp_path) and name.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"Error: no space left on device: the run file at {run_copy} still holds step 16")
+    rescued = list(rescue.iterdir())
+    assert len(rescued) == 1 and str(rescued[0]) in err
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert run_copy.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rescue", "run.h5"]  # no temp, no lock left
+    assert _step(rescued[0]) == 32 and read_run(rescued[0]).complete
+
+
+def test_disk_full_on_a_real_small_file_system(small_run, tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(fs)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root?)")
+    try:
+        path = fs / "run.h5"
+        path.write_bytes(small_run.read_bytes())
+        fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT)  # every block taken
+        try:
+            while True:
+                os.write(fd, b"\0" * 1024)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        monkeypatch.setenv("POPPLAY_RESCUE_DIR", str(tmp_path))
+        assert main(["train", "bandit", "--resume", str(path), "--agent-steps", "128"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"no space left on device: the run file at {path} still holds step 16" in err
+        assert "saved to" in err and _step(path) == 16 and read_run(path).complete
+        assert sorted(p.name for p in fs.iterdir()) == ["filler", "run.h5"]
+        assert len(list(tmp_path.glob("run-rescued-*.h5"))) == 1
+    finally:
+        subprocess.run(["umount", str(fs)], capture_output=True)
+
+
+# -- 4. everything saved is validated before training -----------------------------------
+
+
+def test_unstorable_seed_and_long_names_are_handled_before_training(tmp_path, capsys):
+    assert _train(tmp_path / "s.h5", 64, "--seed", str(2**64)) == 2
+    assert "--seed" in _error_line(capsys) and not (tmp_path / "s.h5").exists()
+    long = tmp_path / ("a" * 242 + ".h5")  # a legal name; ".NAME.XXXXXXXX.tmp" would not be
+    assert _train(long, 64, "--checkpoint-every", "32") == 0
+    assert main(["train", "bandit", "--resume", str(long), "--agent-steps", "128", "--checkpoint-every", "32",
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert _step(long) == 32 and sorted(p.name for p in tmp_path.iterdir()) == [long.name]

@@ -75,8 +75,11 @@ class RunLock:
             os.close(fd)  # released and removed meanwhile: lock the file now under the name
         else:  # pragma: no cover - a lock file replaced 100 times in a row
             raise self._error(f"{self.path}: cannot lock the run file")
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:  # the holder's pid, for people; optional (a full disk must not stop the save)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError:
+            pass
         self._fd = fd
         _HELD[self._key] = _HELD.get(self._key, 0) + 1
         return self

@@ -53,6 +53,13 @@ def tournament(
         raise CommandError(str(error)) from None
     if len(field.players) < 2:
         raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
+    from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
+
+    players = len(field.players)
+    try:  # every pair's games are played as one batch
+        check_fits(knights_games_bytes(players * (players - 1) // 2 * games), f"--games {games} for {players} players")
+    except MemoryLimitError as error:
+        raise CommandError(str(error)) from None
     result = round_robin(field.nets, field.players, games, params=field.params, seed=seed, tag=TAG_TOURNAMENT)
     ratings = result.ratings(anchor=field.anchor)
     names = [e.name for e in field.entrants]
