@@ -258,3 +258,55 @@ def test_unstorable_seed_and_long_names_are_handled_before_training(tmp_path, ca
                  "--json"]) == 0
     capsys.readouterr()
     assert _step(long) == 32 and sorted(p.name for p in tmp_path.iterdir()) == [long.name]
+
+
+# -- 5. lock races -----------------------------------------------------------------
+
+
+def test_a_writer_that_opened_the_lock_file_before_its_release_does_not_get_in(tmp_path, monkeypatch):
+    from popplay.checkpoints import lock as lockmod
+
+    path = tmp_path / "run.h5"
+    first = lockmod.RunLock(path).acquire()
+    opened, go_on, outcome = threading.Event(), threading.Event(), {}
+
+    def pause():  # only the late writer waits, between opening the old lock file and locking it
+        if threading.current_thread().name == "late":
+            opened.set()
+            assert go_on.wait(10)
+
+    def late():
+        try:
+            lockmod.RunLock(path).acquire()
+            outcome["late"] = "locked"
+        except lockmod.LockBusy:
+            outcome["late"] = "refused"
+
+    monkeypatch.setattr(lockmod, "_BEFORE_LOCK", pause)
+    thread = threading.Thread(target=late, name="late")
+    thread.start()
+    assert opened.wait(10)
+    first.release()  # the late writer still holds the old lock file open
+    third = lockmod.RunLock(path).acquire()  # a new writer takes the lock under the name
+    go_on.set()
+    thread.join(10)
+    assert outcome == {"late": "refused"}  # one writer at a time, even across a release
+    third.release()
+    assert not lockmod.lock_path(path).exists()
+
+
+def test_resume_takes_the_lock_before_reading(run_copy, capsys, monkeypatch):
+    from popplay.runner import RunLock
+
+    reads = []
+    real = runfile.read_run
+    monkeypatch.setattr(runfile, "read_run", lambda *a, **k: reads.append(a) or real(*a, **k))
+    with RunLock(run_copy):
+        assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128"]) == 2
+        assert "another popplay process" in _error_line(capsys)
+        assert reads == []  # refused before the file was read
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128", "--json"]) == 0
+    capsys.readouterr()
+    assert len(reads) == 1 and _step(run_copy) == 32
+    with RunLock(run_copy):  # released when the command ended
+        pass
