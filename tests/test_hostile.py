@@ -310,3 +310,97 @@ def test_resume_takes_the_lock_before_reading(run_copy, capsys, monkeypatch):
     assert len(reads) == 1 and _step(run_copy) == 32
     with RunLock(run_copy):  # released when the command ended
         pass
+
+
+# -- 6. crafted files: one line, never an internal error; nonsense refused -------------------
+
+
+@pytest.fixture(scope="module")
+def domain_runs(small_run, tmp_path_factory):
+    root = tmp_path_factory.mktemp("domains")
+    runs = {"bandit": small_run, "cartpole": root / "cartpole.h5", "knights": root / "knights.h5"}
+    assert main(["train", "cartpole", "--agents", "2", "--trials", "2", "--agent-steps", "256", "--share-every", "64",
+                 "--replicate-every", "1", "--out", str(runs["cartpole"]), "--json"]) == 0
+    assert main(["train", "knights", "--agents", "2", "--games-per-agent", "2", "--episodes", "4", "--hidden", "2",
+                 "--eval-every", "2", "--eval-games", "2", "--snapshot-every", "2", "--out", str(runs["knights"]),
+                 "--json"]) == 0
+    return runs
+
+
+def _attr(group, **values):
+    def mutate(f):
+        for name, value in values.items():
+            f[group].attrs[name] = np.bytes_(value.encode()) if isinstance(value, str) else value
+    return mutate
+
+
+def _json_config(text):
+    def mutate(f):
+        f["config"].attrs["config_json"] = np.bytes_(text.encode())
+    return mutate
+
+
+def _without_backend(f):
+    config = json.loads(f["config"].attrs["config_json"].decode())
+    del config["backend"]
+    f["config"].attrs["config_json"] = np.bytes_(json.dumps(config).encode())
+
+
+def _dataset(name, transform):
+    def mutate(f):
+        data = transform(f[name][()])
+        del f[name]
+        f[name] = data
+    return mutate
+
+
+def _duplicate_ids(ids):
+    ids = ids.copy()
+    ids.reshape(-1)[1] = ids.reshape(-1)[0]
+    return ids
+
+
+# (domain, name, mutation, refused by every command that loads the population)
+CRAFTED = [
+    ("bandit", "config is a list", _json_config("[1, 2]"), True),
+    ("bandit", "config is null", _json_config("null"), True),
+    ("bandit", "config is a number", _json_config("3"), True),
+    ("bandit", "a trillion agents", _set_config(agents=10**12), True),
+    ("bandit", "1e30 arms", _set_config(arms=1e30), True),
+    ("bandit", "string trials", _set_config(trials="8"), True),
+    ("bandit", "NaN epsilon", _set_config(epsilon=float("nan")), True),
+    ("bandit", "NaN counter", _attr("state", step=float("nan")), True),
+    ("bandit", "string counter", _attr("state", step="16"), True),
+    ("bandit", "negative counter", _attr("state", step=-5), True),
+    ("bandit", "2-D curve", _dataset("curves/quality", lambda q: np.stack([q, q])), True),
+    ("bandit", "no backend", _without_backend, False),  # resume needs it; evaluate does not
+    ("cartpole", "alpha -1", _set_config(alpha=-1.0), True),
+    ("cartpole", "lam 5", _set_config(lam=5.0), True),
+    ("cartpole", "duplicate agent ids", _dataset("state/agent_id", _duplicate_ids), True),
+    ("cartpole", "lineage parent out of range", _dataset("state/lineage_parent", lambda p: p + 10**6), True),
+    ("cartpole", "negative per-agent alpha", _dataset("state/alpha", lambda a: -a), True),
+    ("knights", "negative evaluation record", _dataset("state/eval_record", lambda r: r - 5), True),
+    ("knights", "lam 5", _set_config(lam=5.0), True),
+]
+
+
+@pytest.mark.parametrize("domain,name,mutate,refused", CRAFTED, ids=[c[1] for c in CRAFTED])
+def test_crafted_files_get_one_line_refusals(domain_runs, tmp_path, capsys, domain, name, mutate, refused):
+    path = tmp_path / f"{domain}.h5"
+    path.write_bytes(domain_runs[domain].read_bytes())
+    _craft(path, mutate)
+    budget = ["--episodes", "8"] if domain == "knights" else ["--agent-steps", "100000"]
+    commands = [["evaluate", str(path)] + (["--games", "2"] if domain == "knights" else []),
+                ["train", domain, "--resume", str(path), *budget, "--json"],
+                ["inspect", str(path)], ["lineage", str(path), "--format", "csv"]]
+    if domain == "bandit":  # drawing is slow; every domain's curves load the same way
+        commands.append(["plot", str(path), "--out", str(tmp_path / "p.png")])
+    for argv in commands:
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert "internal error" not in err and "Traceback" not in err, (argv, err)
+        assert code in (0, 2), (argv, code, err)
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1 and err.startswith("Error: "), (argv, err)
+        if argv[0] in ("evaluate", "train") and (refused or argv[0] == "train"):
+            assert code == 2, (argv, out)
