@@ -404,3 +404,146 @@ def test_crafted_files_get_one_line_refusals(domain_runs, tmp_path, capsys, doma
             assert len(err.strip().splitlines()) == 1 and err.startswith("Error: "), (argv, err)
         if argv[0] in ("evaluate", "train") and (refused or argv[0] == "train"):
             assert code == 2, (argv, out)
+
+
+# -- 7. memory checks from options ------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "bandit", "--agents", "100000", "--trials", "10000"],
+    ["train", "knights", "--agents", "20000", "--hidden", "1024"],
+    ["train", "knights", "--games-per-agent", "1000000000"],
+    ["train", "cartpole", "--agents", "100000", "--trials", "100000"],
+])
+def test_runs_too_big_for_memory_are_refused_before_allocating(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("POPPLAY_MAX_MEMORY", "16G")
+    assert main(argv + ["--out", str(tmp_path / "big.h5")]) == 2
+    err = _error_line(capsys)
+    assert "needs about" in err and "16.0 GB available" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_games_too_many_for_memory(domain_runs, capsys, monkeypatch):
+    monkeypatch.setenv("POPPLAY_MAX_MEMORY", "16G")
+    assert main(["evaluate", str(domain_runs["knights"]), "--games", "10000000000"]) == 2
+    assert "needs about" in _error_line(capsys)
+
+
+def test_memory_estimates_grow_with_the_population():
+    from popplay.games.bandit import BanditParams
+    from popplay.limits import bandit_bytes, parse_bytes
+
+    small, big = BanditParams(agents=10, trials=10), BanditParams(agents=1000, trials=1000)
+    # measured: 1000 x 1000 agents, 100 arms, share every 16 took about 430 MB over an empty run
+    assert 300 * 2**20 < bandit_bytes(big) - bandit_bytes(small) < 600 * 2**20
+    assert parse_bytes("16G") == 16 * 2**30 and parse_bytes("512k") == 512 * 1024
+
+
+# -- 8. stale temp files ------------------------------------------------------------------
+
+
+def test_a_successful_write_removes_its_own_stale_temp_files(run_copy, tmp_path, capsys):
+    stale = tmp_path / ".run.h5.abcd1234.tmp"
+    stale.write_bytes(b"x" * 1000)
+    other = tmp_path / ".other.h5.abcd1234.tmp"  # another file's: not ours
+    other.write_bytes(b"x")
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128", "--json"]) == 0
+    capsys.readouterr()
+    assert not stale.exists() and other.exists()
+    # without the run file's lock (plots, exports), only temps older than an hour go
+    png = tmp_path / "c.png"
+    fresh, old = tmp_path / ".c.png.fresh123.tmp", tmp_path / ".c.png.old12345.tmp"
+    for path in (fresh, old):
+        path.write_bytes(b"x")
+    os.utime(old, (1, 1))
+    assert main(["plot", str(run_copy), "--out", str(png)]) == 0
+    capsys.readouterr()
+    assert fresh.exists() and not old.exists()
+
+
+# -- 9. options ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [
+    ["--checkpoint-every", "inf"], ["--checkpoint-every", "1e400"], ["--checkpoint-every", ""],
+    ["--checkpoint-every", "nan"], ["--time-budget", "inf"], ["--time-budget", "nan"],
+    ["--agents", str(2**63)], ["--agents", str(2**63), "--agent-steps", str(2**65)], ["--seed", str(-2**64)],
+])
+def test_bad_options_are_one_line_usage_errors(extra, tmp_path, capsys):
+    assert main(SMALL + ["--agent-steps", "64", "--out", str(tmp_path / "o.h5"), *extra]) == 2
+    _error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 10. signals at start-up, extending a time-budget run ----------------------------------
+
+
+def test_ctrl_c_at_start_up_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys; sys.stderr.write('ready\\n'); sys.stderr.flush()\n"
+              "from popplay._entry import entry_point; entry_point()")
+    for delay in (0.01, 0.1, 0.3):
+        proc = subprocess.Popen([sys.executable, "-c", script, *SMALL, "--agent-steps", "64", "--out",
+                                 str(tmp_path / f"r{delay}.h5"), "--json"], stderr=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, text=True)
+        assert proc.stderr.readline() == "ready\n"
+        time.sleep(delay)
+        proc.send_signal(2)
+        err = proc.communicate(timeout=120)[1]
+        assert "Traceback" not in err, (delay, err)
+        assert proc.returncode in (130, 0), (delay, proc.returncode, err)
+        if proc.returncode == 130:
+            assert "Error: interrupted" in err or "Stopped early" in err or "Interrupted" in err, err
+
+
+def test_a_stop_request_in_the_last_phase_exits_130_with_a_complete_file(tmp_path, capsys, monkeypatch):
+    from contextlib import contextmanager
+
+    import popplay.cli.train as train_cli
+
+    calls = []
+
+    @contextmanager
+    def stop_after_the_loop():  # the runner asks once per phase (4 here); the request comes later
+        yield lambda: calls.append(1) or len(calls) > 4
+
+    monkeypatch.setattr(train_cli, "stop_on_signals", stop_after_the_loop)
+    path = tmp_path / "r.h5"
+    assert _train(path) == 130
+    assert "is complete" in capsys.readouterr().err
+    assert read_run(path).complete and _step(path) == 16
+
+
+def test_a_time_budget_run_can_be_extended(tmp_path, capsys):
+    path = tmp_path / "t.h5"
+    assert main(SMALL + ["--time-budget", "0.05", "--out", str(path), "--json"]) == 0
+    capsys.readouterr()
+    done = _step(path)
+    assert main(["train", "bandit", "--resume", str(path), "--agent-steps", str(4 * (done + 8)), "--json"]) == 0
+    assert _step(path) == done + 8
+    learned = read_run(path).attrs["learning_seconds"]
+    assert main(["train", "bandit", "--resume", str(path), "--time-budget", str(learned / 2)]) == 2
+    assert "already learned" in _error_line(capsys)
+    assert main(["train", "bandit", "--resume", str(path), "--time-budget", str(learned + 0.05), "--json"]) == 0
+    capsys.readouterr()
+    assert _step(path) > done + 8 and read_run(path).config["time_budget"] == pytest.approx(learned + 0.05)
+
+
+# -- 11. inspect checks the checksum; link messages ---------------------------------------
+
+
+def test_inspect_verifies_the_checksum_and_names_links_plainly(run_copy, tmp_path, capsys):
+    assert main(["inspect", str(run_copy)]) == 0
+    assert "verified" in capsys.readouterr().out
+    _craft(run_copy, _dataset("state/q", lambda q: q + 1), digest=False)
+    assert main(["inspect", str(run_copy)]) == 2
+    assert "checksum" in _error_line(capsys)
+    linked = tmp_path / "linked.h5"
+    linked.write_bytes(run_copy.read_bytes())
+    _craft(linked, lambda f: f.__setitem__("extra", h5py.ExternalLink("/etc/passwd", "/")), digest=False)
+    assert main(["inspect", str(linked)]) == 2
+    err = _error_line(capsys)
+    assert "ExternalLink at /extra;" in err and "//" not in err

@@ -16,7 +16,8 @@ app.add_typer(train_app, name="train")
 
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
+RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "time_budget", "checkpoint_every", "backend", "device",
+                  "json_output"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
@@ -27,8 +28,9 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         if param.name in RESUME_ALLOWED:
             continue
         if given(ctx, param.name):
-            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
-                               "--checkpoint-every, --backend, --device and --json may be given")
+            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "
+                               "(steps, episodes or --time-budget), --checkpoint-every, --backend, --device and "
+                               "--json may be given")
     from popplay.checkpoints.lock import LockBusy, RunLock
 
     # The lock before the read, held until the last write (released when the command
@@ -63,6 +65,22 @@ def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
     return dataclasses.replace(params, **{k: v for k, v in budget.items() if v is not None})
 
 
+def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | None, steps_option: str) -> float | None:
+    """The time budget of a resumed run: a new --time-budget (total learning seconds,
+    at least what is already learned); none when a new step or episode budget is
+    given (the run is extended to it, whatever budget it was trained under); else
+    the stored one."""
+    if given(ctx, "time_budget"):
+        learned = float(stored.attrs.get("learning_seconds") or 0.0)
+        if time_budget is not None and time_budget <= learned:
+            raise CommandError(f"--time-budget ({time_budget:g}s) is not above what {stored.path} has already "
+                               f"learned ({learned:.3g}s of learning)")
+        return time_budget
+    if given(ctx, steps_option):
+        return None
+    return stored.config.get("time_budget")
+
+
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
                  resume: Any = None) -> None:
@@ -81,9 +99,11 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
                            out=out if out is not None else default_out(domain), overwrite=overwrite,
                            checkpoint_every=every)
     reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
+    stop_requested = False
     try:
         with stop_on_signals() as should_stop:
             outcome = train(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
+            stop_requested = should_stop()
     except UsageProblem as error:
         raise CommandError(str(error)) from None
     except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
@@ -102,6 +122,10 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
               f"{summary['backend']} on {summary['device']}); wrote {summary['out']}")
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
+        raise typer.Exit(130)
+    if stop_requested:  # announced during the last phase: it finished, and says so
+        print(f"Interrupted during the last phase, which finished; the run file {summary['out']} is complete.",
+              file=sys.stderr)
         raise typer.Exit(130)
 
 
