@@ -93,13 +93,7 @@ _COUNTERS = {"step", "shares", "episode", "turns"}
 def check_run(run: Any) -> None:
     """Counters, curves and population bookkeeping of a loaded
     :class:`popplay.checkpoints.runfile.RunFile`; ValueError naming the first problem."""
-    for name, value in run.state_counters.items():
-        if name in _COUNTERS:
-            check_value(f"counter {name}", value, int)
-            if value < 0:
-                raise ValueError(f"counter {name} is negative ({value})")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"counter {name} is not finite")
+    check_counters(run.state_counters)
     _check_curves(run.curves)
     state = run.state
     ids = state.get("agent_id")
@@ -135,6 +129,18 @@ def check_run(run: Any) -> None:
             values = np.asarray(values, dtype=np.float64)
             if not (np.isfinite(values).all() and values.min() >= low and values.max() <= high):
                 raise ValueError(f"per-agent {name} outside [{low}, {high}]")
+
+
+def check_counters(counters: dict[str, Any]) -> None:
+    """The /state attributes: step, shares, episode and turns are non-negative whole
+    numbers; any other number is finite."""
+    for name, value in counters.items():
+        if name in _COUNTERS:
+            check_value(f"counter {name}", value, int)
+            if value < 0:
+                raise ValueError(f"counter {name} is negative ({value})")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"counter {name} is not finite")
 
 
 def _check_curves(curves: dict[str, Any]) -> None:

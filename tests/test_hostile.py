@@ -362,25 +362,25 @@ def _duplicate_ids(ids):
 
 # (domain, name, mutation, refused by every command that loads the population)
 CRAFTED = [
-    ("bandit", "config is a list", _json_config("[1, 2]"), True),
-    ("bandit", "config is null", _json_config("null"), True),
-    ("bandit", "config is a number", _json_config("3"), True),
-    ("bandit", "a trillion agents", _set_config(agents=10**12), True),
-    ("bandit", "1e30 arms", _set_config(arms=1e30), True),
-    ("bandit", "string trials", _set_config(trials="8"), True),
-    ("bandit", "NaN epsilon", _set_config(epsilon=float("nan")), True),
-    ("bandit", "NaN counter", _attr("state", step=float("nan")), True),
-    ("bandit", "string counter", _attr("state", step="16"), True),
-    ("bandit", "negative counter", _attr("state", step=-5), True),
-    ("bandit", "2-D curve", _dataset("curves/quality", lambda q: np.stack([q, q])), True),
+    ("bandit", "config is a list", _json_config("[1, 2]"), "all"),
+    ("bandit", "config is null", _json_config("null"), "all"),
+    ("bandit", "config is a number", _json_config("3"), "all"),
+    ("bandit", "a trillion agents", _set_config(agents=10**12), "all"),
+    ("bandit", "1e30 arms", _set_config(arms=1e30), "all"),
+    ("bandit", "string trials", _set_config(trials="8"), "all"),
+    ("bandit", "NaN epsilon", _set_config(epsilon=float("nan")), "all"),
+    ("bandit", "NaN counter", _attr("state", step=float("nan")), "all"),
+    ("bandit", "string counter", _attr("state", step="16"), "all"),
+    ("bandit", "negative counter", _attr("state", step=-5), "all"),
+    ("bandit", "2-D curve", _dataset("curves/quality", lambda q: np.stack([q, q])), "load"),
     ("bandit", "no backend", _without_backend, False),  # resume needs it; evaluate does not
-    ("cartpole", "alpha -1", _set_config(alpha=-1.0), True),
-    ("cartpole", "lam 5", _set_config(lam=5.0), True),
-    ("cartpole", "duplicate agent ids", _dataset("state/agent_id", _duplicate_ids), True),
-    ("cartpole", "lineage parent out of range", _dataset("state/lineage_parent", lambda p: p + 10**6), True),
-    ("cartpole", "negative per-agent alpha", _dataset("state/alpha", lambda a: -a), True),
-    ("knights", "negative evaluation record", _dataset("state/eval_record", lambda r: r - 5), True),
-    ("knights", "lam 5", _set_config(lam=5.0), True),
+    ("cartpole", "alpha -1", _set_config(alpha=-1.0), "all"),
+    ("cartpole", "lam 5", _set_config(lam=5.0), "all"),
+    ("cartpole", "duplicate agent ids", _dataset("state/agent_id", _duplicate_ids), "load"),
+    ("cartpole", "lineage parent out of range", _dataset("state/lineage_parent", lambda p: p + 10**6), "load"),
+    ("cartpole", "negative per-agent alpha", _dataset("state/alpha", lambda a: -a), "load"),
+    ("knights", "negative evaluation record", _dataset("state/eval_record", lambda r: r - 5), "load"),
+    ("knights", "lam 5", _set_config(lam=5.0), "all"),
 ]
 
 
@@ -402,7 +402,7 @@ def test_crafted_files_get_one_line_refusals(domain_runs, tmp_path, capsys, doma
         assert code in (0, 2), (argv, code, err)
         if code == 2:
             assert len(err.strip().splitlines()) == 1 and err.startswith("Error: "), (argv, err)
-        if argv[0] in ("evaluate", "train") and (refused or argv[0] == "train"):
+        if argv[0] == "train" or (refused and argv[0] != "inspect") or refused == "all":
             assert code == 2, (argv, out)
 
 

@@ -40,6 +40,9 @@ class NoSpace(OSError):
         super().__init__(errno.ENOSPC, "no space left on device", str(path))
         self.path = Path(path)
 
+    def __str__(self) -> str:
+        return f"no space left on device: {self.path} was not written"
+
 
 def resolve_output(path: Path) -> Path:
     """The file a write to ``path`` replaces: a symlink is followed (to its final

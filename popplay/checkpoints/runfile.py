@@ -286,6 +286,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
             last = {name: float(curves[name][-1]) for name in curves
                     if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
             progress = {name: _plain(state.attrs[name]) for name in state.attrs}
+            _check_settings(path, attrs.get("domain"), config, progress)
             if "agent_steps" in curves and curves["agent_steps"].shape[0]:
                 progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
             population = {key: config[key] for key in ("trials", "agents", "arms", "games_per_agent") if key in config}
@@ -302,6 +303,19 @@ def summarize_run(path: Path) -> dict[str, Any]:
         raise
     except Exception as error:
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
+
+
+def _check_settings(path: Path, domain: Any, config: dict[str, Any], counters: dict[str, Any]) -> None:
+    """The config by the CLI's rules and the counters, as every loading command checks them."""
+    from popplay.populations.registry import DOMAINS
+    from popplay.validation import check_counters, params_from_config
+
+    try:
+        if domain in DOMAINS:
+            params_from_config(domain, config, run_options=False)
+        check_counters(counters)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(f"{path}: damaged run file ({error})") from None
 
 
 def _check_file(path: Path) -> None:
@@ -368,6 +382,7 @@ def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
     # is known to fit in memory and to be stored as popplay stores it.
     _check_tree(f, path)
     config = _config(f, path)
+    _check_settings(path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs})
     if attrs.get(DIGEST) != content_digest(f):
         raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
     state_group = f["state"]
