@@ -74,10 +74,10 @@ def test_plot_and_lineage_do_not_overwrite_a_run_file(run_copy, tmp_path, capsys
     assert main(["lineage", str(run_copy), "--format", "csv", "--out", str(other)]) == 2
     _error_line(capsys)
     assert other.read_bytes() == before
-    # a PNG replaces a PNG; a text export replaces text
-    png = tmp_path / "curves.png"
-    assert main(["plot", str(run_copy), "--out", str(png)]) == 0
-    assert main(["plot", str(run_copy), "--out", str(png)]) == 0
+    # a text export replaces text (a PNG replacing a PNG: test_a_successful_write_removes_...)
+    text = tmp_path / "tree.txt"
+    text.write_text("an older export\n")
+    assert main(["lineage", str(run_copy), "--format", "csv", "--out", str(text)]) == 2  # bandit: no ids
     capsys.readouterr()
 
 
