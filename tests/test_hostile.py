@@ -83,12 +83,15 @@ def test_plot_and_lineage_do_not_overwrite_a_run_file(run_copy, tmp_path, capsys
 
 def test_resume_through_a_symlink_writes_the_target_and_keeps_its_mode(run_copy, tmp_path, capsys):
     os.chmod(run_copy, 0o600)
+    owner = (1234, 1234) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(run_copy, *owner)
     link = tmp_path / "link.h5"
     link.symlink_to(run_copy.name)
     assert main(["train", "bandit", "--resume", str(link), "--agent-steps", "128", "--json"]) == 0
     capsys.readouterr()
     assert link.is_symlink() and os.readlink(link) == run_copy.name
-    assert _step(run_copy) == 32 and stat.S_IMODE(os.stat(run_copy).st_mode) == 0o600
+    info = os.stat(run_copy)
+    assert _step(run_copy) == 32 and stat.S_IMODE(info.st_mode) == 0o600 and (info.st_uid, info.st_gid) == owner
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.h5", "run.h5"]  # nothing left beside it
 
 

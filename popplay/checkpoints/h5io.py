@@ -165,6 +165,7 @@ def atomic_output(path: Path, *, stale_seconds: float = STALE_SECONDS) -> Iterat
     target = resolve_output(Path(path))
     directory = target.parent if str(target.parent) else Path(".")
     mode = _existing_mode(target)
+    owner = _existing_owner(target)
     fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), suffix=".tmp", dir=directory)
     os.close(fd)
     try:
@@ -173,6 +174,8 @@ def atomic_output(path: Path, *, stale_seconds: float = STALE_SECONDS) -> Iterat
             os.umask(umask)
             mode = 0o666 & ~umask
         yield tmp_name
+        if owner is not None:  # root rewriting someone's run file leaves it theirs
+            os.chown(tmp_name, *owner)
         os.chmod(tmp_name, mode)  # after writing: the kept mode may be read-only
         fd = os.open(tmp_name, os.O_RDONLY)
         try:
@@ -205,6 +208,18 @@ def _existing_mode(target: Path) -> int | None:
         raise OutputError(f"{target}: {'is a directory' if stat.S_ISDIR(info.st_mode) else 'not a regular file'}; "
                           "refused")
     return stat.S_IMODE(info.st_mode)
+
+
+def _existing_owner(target: Path) -> tuple[int, int] | None:
+    """The owner of the file at ``target`` when it is not ours and we may give files
+    away (root); None otherwise."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        return None
+    if os.geteuid() != 0 or (info.st_uid, info.st_gid) == (os.geteuid(), os.getegid()):
+        return None
+    return info.st_uid, info.st_gid
 
 
 def clean_stale_temps(path: Path, *, older_than: float = STALE_SECONDS) -> list[str]:
