@@ -1,3 +1,3 @@
-from popplay.cli import entry_point
+from popplay._entry import entry_point
 
 entry_point()

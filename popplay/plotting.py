@@ -176,7 +176,9 @@ def plot_file(path: Path, out: Path | None = None) -> PlotResult:
 
 
 def _check_writable(png: Path) -> None:
-    from popplay.checkpoints.h5io import probe_directory
+    from popplay.checkpoints.h5io import check_replaceable, probe_directory
+
+    check_replaceable(png, PlotInputError, kind="png")  # never a run file, a device or a directory
 
     directory = png.parent if str(png.parent) else Path(".")
     problem = probe_directory(directory)

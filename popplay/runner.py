@@ -215,6 +215,9 @@ class UsageProblem(ValueError):
     """Bad user input, reported as one line with exit code 2."""
 
 
+from popplay.checkpoints.lock import RunLock as _RunLock  # noqa: E402  (stdlib-only module)
+
+
 @dataclass(frozen=True)
 class CheckpointEvery:
     """How often to checkpoint: every ``amount`` seconds of wall time, or every
@@ -233,8 +236,8 @@ class CheckpointEvery:
             amount = float(number)
         except ValueError:
             raise UsageProblem(f"--checkpoint-every: expected a count or a time such as 30s, 5m, 2h (got {text!r})") from None
-        if not amount > 0:
-            raise UsageProblem(f"--checkpoint-every must be positive (got {text!r})")
+        if not 0 < amount < float("inf"):
+            raise UsageProblem(f"--checkpoint-every must be positive and finite (got {text!r})")
         if scale:
             return cls(amount * scale, "seconds")
         if amount != int(amount):
@@ -263,41 +266,11 @@ class TrainOutcome:
     warnings: list[str]
 
 
-class RunLock:
-    """Refuses a second writer of the same run file (an advisory lock beside it)."""
+class RunLock(_RunLock):
+    """Refuses a second writer of the same run file (see :mod:`popplay.checkpoints.lock`)."""
 
     def __init__(self, path: Any) -> None:
-        from pathlib import Path
-
-        path = Path(path)
-        self.lock_path = path.with_name(f".{path.name}.lock")
-        self._fd: int | None = None
-
-    def __enter__(self) -> "RunLock":
-        import fcntl
-        import os
-
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UsageProblem(f"{self.lock_path.name[1:-5]}: another popplay process is writing this run file") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import os
-
-        if self._fd is not None:
-            try:
-                os.unlink(self.lock_path)
-            except OSError:
-                pass
-            os.close(self._fd)
-            self._fd = None
+        super().__init__(path, UsageProblem)
 
 
 class RunWriter:
@@ -320,14 +293,18 @@ class RunWriter:
             return
 
         metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
-        runfile.write_run(
-            self.out, domain=self.domain, config=self.config,
+        contents = dict(
+            domain=self.domain, config=self.config,
             state=self.experiment.state_arrays(state), state_counters=self.experiment.state_counters(state),
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=self.experiment.results(state), result_attrs={**metrics, "events_json": self.events},
             attrs={"learning_seconds": learning_seconds, "phases": len(curve)}, complete=complete,
         )
+        try:
+            runfile.write_run(self.out, **contents)
+        except runfile.NoSpaceError as error:
+            runfile.rescue(error, contents)  # keeps this state elsewhere if it can; always raises
 
 
 def curve_from_file(curves: dict[str, Any]) -> Curve:
@@ -361,15 +338,16 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
     if options.time_budget is not None and not options.time_budget > 0:
         raise UsageProblem(f"--time-budget must be positive (got {options.time_budget})")
     out = Path(options.out)
-    if resume is None and out.exists() and not options.overwrite:
-        raise UsageProblem(f"--out {out}: file exists (pass --overwrite to replace it)")
-    try:
-        runfile.check_writable(out)
-    except runfile.RunFileError as error:
+    from popplay.validation import check_before_training
+
+    try:  # everything a save needs, before any learning: settings, memory, the file
+        check_before_training(domain, params, options, resume=resume is not None)
+    except ValueError as error:
         raise UsageProblem(str(error)) from None
     import contextlib
 
-    with RunLock(out) if options.writer else contextlib.nullcontext():
+    held = getattr(resume, "lock", None)  # --resume took it before reading the file
+    with held if held is not None else RunLock(out) if options.writer else contextlib.nullcontext():
         experiment = registry.build(domain, params, backend)
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:

@@ -19,6 +19,7 @@ before loading it.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
-                                      first_line, probe_directory, read_header)
+from popplay.checkpoints.h5io import (STALE_SECONDS, NoSpace, OutputError, check_hdf5_path, check_replaceable,
+                                      check_tree, decode_attr, encode_attr, first_line, read_header,
+                                      resolve_output, sibling_name, write_hdf5_atomically)
 
 FORMAT = "popplay-run"
 SCHEMA_VERSION = 1
@@ -36,7 +38,20 @@ DIGEST = "content_sha256"
 
 
 class RunFileError(Exception):
-    """A run file that cannot be written or read; the message is one line for users."""
+    """A run file that cannot be written or read; the message is one line for users.
+    ``exit_code``: 2 for bad input (the usual case), 1 for a failure of the machine."""
+
+    exit_code = 2
+
+
+class NoSpaceError(RunFileError):
+    """The disk filled up while writing; the previous run file is intact."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass
@@ -55,6 +70,7 @@ class RunFile:
     curves: dict[str, np.ndarray]
     results: dict[str, np.ndarray]
     result_attrs: dict[str, Any]
+    lock: Any = None  # the run file's lock, when it was read to be written again (--resume)
 
 
 def library_versions() -> dict[str, str]:
@@ -71,17 +87,50 @@ def library_versions() -> dict[str, str]:
     }
 
 
-def check_writable(path: Path) -> None:
-    """Fail early (before any learning) if ``path`` cannot be written."""
+def check_writable(path: Path, *, overwrite: bool = False, resume: bool = False) -> None:
+    """Fail early (before any learning) if ``path`` cannot be written: a directory
+    that does not exist or refuses files, an existing file that is not a regular file
+    (devices, FIFOs and directories are never replaced), a read-only or hard-linked
+    file, a file other than a popplay run file without ``overwrite``, or a name too
+    long for the lock and temporary files beside it."""
+    import tempfile
+
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if path.exists() and path.is_dir():
-        raise RunFileError(f"--out {path}: is a directory")
+    option = "--resume" if resume else "--out"
+    target = check_replaceable(path, RunFileError, kind="run", overwrite=overwrite or not resume, option=option)
+    if not resume and path.exists() and not overwrite:
+        raise RunFileError(f"--out {path}: file exists (pass --overwrite to replace it)")
+    directory = target.parent if str(target.parent) else Path(".")
     if not directory.exists():
-        raise RunFileError(f"--out {path}: directory {directory} does not exist")
-    problem = probe_directory(directory)
-    if problem:
-        raise RunFileError(f"--out {path}: cannot write in {directory} ({problem})")
+        raise RunFileError(f"{option} {path}: directory {directory} does not exist")
+    # A temporary file by the very name writes will use, created and removed.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=sibling_name(target, ".", reserve=12), suffix=".tmp", dir=directory)
+    except OSError as error:
+        raise RunFileError(f"{option} {path}: cannot write in {directory} ({error.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def no_space_message(path: Path) -> str:
+    """'no space left on device: the run file at PATH still holds step N', read from
+    the previous file's counters (or: nothing was written to PATH)."""
+    import h5py
+
+    path = Path(path)
+    if not path.exists():
+        return f"no space left on device: nothing was written to {path}"
+    held = "its previous state"
+    try:
+        with h5py.File(path, "r") as f:
+            counters = {k: decode_attr(v) for k, v in f["state"].attrs.items()}
+        for name in ("step", "episode"):
+            if isinstance(counters.get(name), int):
+                held = f"{name} {counters[name]}"
+                break
+    except Exception:
+        pass
+    return f"no space left on device: the run file at {path} still holds {held}"
 
 
 def write_run(
@@ -101,38 +150,104 @@ def write_run(
     """Write a run file atomically: a temporary file in the same directory, fsynced,
     then renamed over ``path`` (and the directory fsynced). A crash at any moment
     leaves either the old file or the new one, never a half-written file."""
-    import h5py
+    from popplay.checkpoints.lock import held_here
 
-    with atomic_output(Path(path)) as tmp_name:
+    def fill(f: Any) -> None:
         # libver v110: checksummed superblock and object headers; fletcher32 on every
         # dataset: a flipped bit anywhere that matters is detected when read.
-        with h5py.File(tmp_name, "w", libver=("v110", "latest")) as f:
-            f.attrs["format"] = _attr(FORMAT)
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            f.attrs["domain"] = _attr(domain)
-            f.attrs["complete"] = bool(complete)
-            f.attrs["created"] = _attr(datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            for name, value in attrs.items():
+        f.attrs["format"] = _attr(FORMAT)
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        f.attrs["domain"] = _attr(domain)
+        f.attrs["complete"] = bool(complete)
+        f.attrs["created"] = _attr(datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        for name, value in attrs.items():
+            f.attrs[name] = _attr(value)
+        group = f.create_group("config")
+        for name, value in config.items():
+            group.attrs[name] = _attr(value)
+        group.attrs["config_json"] = _attr(json.dumps(config, sort_keys=True))
+        group = f.create_group("versions")
+        for name, value in library_versions().items():
+            group.attrs[name] = _attr(str(value))
+        group = f.create_group("state")
+        for name, value in state_counters.items():
+            group.attrs[name] = _attr(value)
+        _write_arrays(group, state)
+        _write_arrays(f, static)
+        _write_arrays(f.create_group("curves"), curves)
+        group = f.create_group("results")
+        for name, value in result_attrs.items():
+            group.attrs[name] = _attr(value)
+        _write_arrays(group, results)
+        f.attrs[DIGEST] = _attr(content_digest(f))
+
+    path = Path(path)
+    # Under the run file's lock no other writer of it exists: every temp file of its
+    # name is a leftover of a killed writer, whatever its age.
+    stale = 0.0 if held_here(path) else STALE_SECONDS
+    try:
+        write_hdf5_atomically(path, fill, stale_seconds=stale)
+    except NoSpace:
+        raise NoSpaceError(no_space_message(resolve_output(path)), path) from None
+    except OutputError as error:
+        raise RunFileError(str(error)) from None
+
+
+RESCUE_ENV = "POPPLAY_RESCUE_DIR"
+
+
+def rescue_directories(failed: Path) -> list[Path]:
+    """Where a state that could not be saved at ``failed`` is tried next:
+    ``POPPLAY_RESCUE_DIR`` if set, the temporary directory, the home directory and the
+    working directory (each once, the failed file's own directory left out)."""
+    import tempfile
+
+    candidates = [os.environ.get(RESCUE_ENV), tempfile.gettempdir(), os.path.expanduser("~"), os.getcwd()]
+    own = os.path.realpath(Path(failed).parent)
+    seen, found = {own}, []
+    for candidate in candidates:
+        if not candidate:
+            continue
+        real = os.path.realpath(candidate)
+        if real not in seen and os.path.isdir(real):
+            seen.add(real)
+            found.append(Path(real))
+    return found
+
+
+def rescue(error: NoSpaceError, contents: dict[str, Any]) -> None:
+    """After a full disk: write the same run (``write_run`` keyword arguments) to the
+    first of :func:`rescue_directories` that takes it, and raise :class:`NoSpaceError`
+    saying where it went (or that it could not be kept anywhere)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(error.path)
+    for directory in rescue_directories(path):
+        where = directory / f"{path.stem[:100]}-rescued-{stamp}.h5"
+        try:
+            write_run(where, **contents)
+        except (RunFileError, OSError):
+            continue
+        raise NoSpaceError(f"{error}; this run's latest state was saved to {where} instead", path) from None
+    raise NoSpaceError(f"{error}; the latest state could not be saved anywhere else either", path) from None
+
+
+def check_storable(config: dict[str, Any], what: str = "setting") -> None:
+    """Raise :class:`RunFileError` unless every value of ``config`` can be stored as
+    a run-file attribute (checked before training, not at the first save)."""
+    import h5py
+
+    with h5py.File(f"popplay-check-{id(config)}.h5", "w", driver="core", backing_store=False) as f:
+        for name, value in config.items():
+            try:
                 f.attrs[name] = _attr(value)
-            group = f.create_group("config")
-            for name, value in config.items():
-                group.attrs[name] = _attr(value)
-            group.attrs["config_json"] = _attr(json.dumps(config, sort_keys=True))
-            group = f.create_group("versions")
-            for name, value in library_versions().items():
-                group.attrs[name] = _attr(str(value))
-            group = f.create_group("state")
-            for name, value in state_counters.items():
-                group.attrs[name] = _attr(value)
-            _write_arrays(group, state)
-            _write_arrays(f, static)
-            _write_arrays(f.create_group("curves"), curves)
-            group = f.create_group("results")
-            for name, value in result_attrs.items():
-                group.attrs[name] = _attr(value)
-            _write_arrays(group, results)
-        with h5py.File(tmp_name, "r+") as f:
-            f.attrs[DIGEST] = _attr(content_digest(f))
+            except (TypeError, ValueError, OverflowError) as error:
+                shown = f"--{name.replace('_', '-')}" if what == "setting" else name
+                raise RunFileError(f"{shown} cannot be stored in a run file (got {value!r}: {first_line(error)})") \
+                    from None
+        try:
+            json.dumps(config, sort_keys=True, allow_nan=True)
+        except (TypeError, ValueError) as error:
+            raise RunFileError(f"the settings cannot be stored in a run file ({first_line(error)})") from None
 
 
 def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
@@ -151,7 +266,8 @@ def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
 
 
 def summarize_run(path: Path) -> dict[str, Any]:
-    """What ``popplay inspect`` shows, read from attributes and curve tails only."""
+    """What ``popplay inspect`` shows, from attributes and curve tails, once the file's
+    layout and content checksum are verified (streamed; no array is kept)."""
     import h5py
 
     path = Path(path)
@@ -160,12 +276,17 @@ def summarize_run(path: Path) -> dict[str, Any]:
         with h5py.File(path, "r") as f:
             attrs = _header(f, path, None)
             _check_tree(f, path)
-            config = json.loads(_plain(f["config"].attrs["config_json"]))
+            config = _config(f, path)
+            # Streamed: as cheap in memory as the attributes; the run file is checked
+            # exactly as the commands that load it will check it.
+            if attrs.get(DIGEST) != content_digest(f):
+                raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
             state = f["state"]
             curves = f["curves"] if "curves" in f else {}
             last = {name: float(curves[name][-1]) for name in curves
                     if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
             progress = {name: _plain(state.attrs[name]) for name in state.attrs}
+            _check_settings(path, attrs.get("domain"), config, progress)
             if "agent_steps" in curves and curves["agent_steps"].shape[0]:
                 progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
             population = {key: config[key] for key in ("trials", "agents", "arms", "games_per_agent") if key in config}
@@ -174,6 +295,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
                 "written": attrs.get("created"), "schema_version": attrs.get("schema_version"),
                 "learning_seconds": attrs.get("learning_seconds"), "phases": attrs.get("phases"),
                 "population": population, "progress": progress, "last": last, "config": config,
+                "checksum": "verified",
                 "versions": {name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs}
                 if "versions" in f else {},
             }
@@ -181,6 +303,19 @@ def summarize_run(path: Path) -> dict[str, Any]:
         raise
     except Exception as error:
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
+
+
+def _check_settings(path: Path, domain: Any, config: dict[str, Any], counters: dict[str, Any]) -> None:
+    """The config by the CLI's rules and the counters, as every loading command checks them."""
+    from popplay.populations.registry import DOMAINS
+    from popplay.validation import check_counters, params_from_config
+
+    try:
+        if domain in DOMAINS:
+            params_from_config(domain, config, run_options=False)
+        check_counters(counters)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(f"{path}: damaged run file ({error})") from None
 
 
 def _check_file(path: Path) -> None:
@@ -196,6 +331,9 @@ def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
     if expected_domain is not None and domain != expected_domain:
         raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")
     return attrs
+
+
+_DIGEST_SLICE_BYTES = 32 * 2**20
 
 
 def content_digest(f: Any) -> str:
@@ -218,9 +356,17 @@ def content_digest(f: Any) -> str:
                 continue
             digest.update(f"\0@{key}={_plain(item.attrs[key])!r}".encode())
         if isinstance(item, h5py.Dataset):
-            data = np.ascontiguousarray(item[()])
-            digest.update(f"\0{data.dtype.str}{data.shape}".encode())
-            digest.update(data.tobytes())
+            # Read in slices of the first axis: the same bytes as the whole array,
+            # without ever holding more than one slice of a large dataset.
+            shape = tuple(item.shape)
+            digest.update(f"\0{item.dtype.str}{shape}".encode())
+            if not shape:
+                digest.update(np.ascontiguousarray(item[()]).tobytes())
+            else:
+                row = max(1, item.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64)))
+                step = max(1, _DIGEST_SLICE_BYTES // row)
+                for start in range(0, shape[0], step):
+                    digest.update(np.ascontiguousarray(item[start:start + step]).tobytes())
         else:
             for key in sorted(item):
                 visit(f"{name}/{key}", item[key])
@@ -232,14 +378,13 @@ def content_digest(f: Any) -> str:
 def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
     attrs = _header(f, path, expected_domain)
     domain = attrs.get("domain")
+    # Metadata and the config first: nothing is read from a dataset until every one
+    # is known to fit in memory and to be stored as popplay stores it.
     _check_tree(f, path)
+    config = _config(f, path)
+    _check_settings(path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs})
     if attrs.get(DIGEST) != content_digest(f):
         raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
-    config_group = f["config"]
-    try:
-        config = json.loads(_plain(config_group.attrs["config_json"]))
-    except (KeyError, ValueError):
-        raise RunFileError(f"{path}: damaged config") from None
     state_group = f["state"]
     results_group = f["results"] if "results" in f else None
     static = {}
@@ -248,7 +393,7 @@ def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
             continue
         for name, value in _read_arrays(f[top]).items():
             static[f"{top}/{name}"] = value
-    return RunFile(
+    run = RunFile(
         path=path, domain=str(domain), complete=bool(attrs.get("complete", False)), config=config,
         attrs=attrs,
         versions={name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs} if "versions" in f else {},
@@ -259,16 +404,39 @@ def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
         results=_read_arrays(results_group) if results_group is not None else {},
         result_attrs={name: _plain(results_group.attrs[name]) for name in results_group.attrs} if results_group is not None else {},
     )
+    from popplay.validation import check_run
+
+    try:
+        check_run(run)
+    except ValueError as error:
+        raise RunFileError(f"{path}: damaged run file ({error})") from None
+    return run
+
+
+def _config(f: Any, path: Path) -> dict[str, Any]:
+    """The config as one JSON object (refused otherwise: a list, null, a number)."""
+    try:
+        config = json.loads(_plain(f["config"].attrs["config_json"]))
+    except (KeyError, ValueError, TypeError):
+        raise RunFileError(f"{path}: damaged config") from None
+    if not isinstance(config, dict):
+        raise RunFileError(f"{path}: damaged config (a JSON {type(config).__name__}, not an object)")
+    return config
 
 
 _MAX_ARRAY_BYTES = 64 * 2**30
 
 
 def _check_tree(f: Any, path: Path) -> None:
+    import h5py
+
+    from popplay.limits import available_bytes
+
     for required in ("config", "state"):
-        if required not in f:
+        if required not in f or not isinstance(f.get(required, getlink=True), h5py.HardLink):
             raise RunFileError(f"{path}: damaged run file (no /{required})")
-    check_tree(f, path, RunFileError, _MAX_ARRAY_BYTES)
+    # Loading keeps every array, plus one slice at a time for the checksum.
+    check_tree(f, path, RunFileError, _MAX_ARRAY_BYTES, max_total_bytes=available_bytes() // 2)
 
 
 def _read_arrays(group: Any) -> dict[str, np.ndarray]:

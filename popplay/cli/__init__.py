@@ -53,23 +53,26 @@ ARGV: list[str] | None = None
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
-    from popplay.cli.common import CommandError
-
     global ARGV
     ARGV = list(sys.argv[1:] if argv is None else argv)
-    _register()
     try:
+        # Imports and command registration inside the guard: Ctrl-C at start-up is
+        # "interrupted" like Ctrl-C anywhere else, never a traceback.
+        _register()
         result = app(args=argv, prog_name="popplay", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except _USAGE as error:
         _error(error.format_message())
         return 2
-    except CommandError as error:
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except _command_error() as error:
         _error(str(error))
         return error.exit_code
     except _EXIT as error:
         return int(getattr(error, "exit_code", 0) or 0)
-    except (*_ABORT, KeyboardInterrupt):
+    except _ABORT:
         _error("interrupted")
         return 130
     except _CLICK as error:
@@ -80,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(f"internal error: {type(error).__name__}: {error} (set POPPLAY_DEBUG=1 for a traceback)")
         return 1
+
+
+def _command_error() -> type[BaseException]:
+    from popplay.cli.common import CommandError
+
+    return CommandError
 
 
 def _error(message: str) -> None:

@@ -82,7 +82,13 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     """Every agent against one benchmark opponent; a table or one JSON object."""
     from popplay.opponents import quality
 
+    from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
+
     games += games % 2
+    try:  # the whole batch of games is allocated at once
+        check_fits(knights_games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
+    except MemoryLimitError as error:
+        raise CommandError(str(error)) from None
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
     best = int(q.score.argmax())
     per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "quality": float(q.score[i]),

@@ -33,7 +33,7 @@ def inspect(
     table = Table(title=f"{run}", show_header=False, title_justify="left")
     table.add_column(style="dim")
     table.add_column()
-    for key in ("domain", "complete", "written", "population", "progress", "learning_seconds", "phases"):
+    for key in ("domain", "complete", "written", "population", "progress", "learning_seconds", "phases", "checksum"):
         table.add_row(key, _text(info.get(key)))
     for name, value in info.get("last", {}).items():
         table.add_row(f"last {name}", _text(value))

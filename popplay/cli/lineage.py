@@ -69,10 +69,15 @@ def lineage(
         if text:
             typer.echo(text, nl=False)
         return
+    from popplay.checkpoints.h5io import NoSpace, OutputError, check_replaceable, write_file_atomically
+
+    check_replaceable(out, CommandError, kind="text")  # replaces an earlier export, never a run file
     try:
-        out.write_text(text)
+        write_file_atomically(out, lambda handle: handle.write(text.encode()))
+    except NoSpace:
+        raise CommandError(f"no space left on device: {out} was not written", 1) from None
     except OSError as error:
-        raise CommandError(f"--out {out}: cannot write ({error.strerror})") from None
+        raise CommandError(f"--out {out}: cannot write ({error.strerror or error})") from None
 
 
 def _load(stored: Any, run: Path, group: int | None = None) -> tuple[Any, np.ndarray]:

@@ -56,7 +56,13 @@ def tournament(
     if len(field.players) < 2:
         raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
     from popplay.distributed import train as sharded
+    from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
 
+    players = len(field.players)
+    try:  # every pair's games are played as one batch (on one rank, at worst)
+        check_fits(knights_games_bytes(players * (players - 1) // 2 * games), f"--games {games} for {players} players")
+    except MemoryLimitError as error:
+        raise CommandError(str(error)) from None
     if sharded.wants_launch(nproc):  # ranks split the pairs (popplay.tournaments.roundrobin)
         from popplay.cli import ARGV
 

@@ -16,8 +16,8 @@ app.add_typer(train_app, name="train")
 
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output",
-                  "nproc", "timeout"}
+RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "time_budget", "checkpoint_every", "backend", "device",
+                  "json_output", "nproc", "timeout"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
@@ -28,25 +28,74 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         if param.name in RESUME_ALLOWED:
             continue
         if given(ctx, param.name):
-            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
-                               "--checkpoint-every, --backend, --device, --nproc, --timeout and --json may be given")
+            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "
+                               "(steps, episodes or --time-budget), --checkpoint-every, --backend, --device, "
+                               "--nproc, --timeout and --json may be given")
+    from popplay.checkpoints.lock import LockBusy, RunLock
+
+    # The lock before the read, held until the last write (released when the command
+    # ends): a concurrent resume cannot write an older state over this one's.
+    if not _writes_here(ctx):
+        # A launcher (--nproc) or a rank other than 0 never writes: rank 0 locks the file
+        # in the runner, so a lock held here would only block it.
+        try:
+            return read_run(path, expected_domain=domain)
+        except RunFileError as error:
+            raise CommandError(str(error)) from None
+    lock = RunLock(path)
     try:
-        return read_run(path, expected_domain=domain)
-    except RunFileError as error:
+        lock.acquire()
+    except LockBusy as error:
         raise CommandError(str(error)) from None
+    except OSError as error:
+        raise CommandError(f"{path}: cannot lock the run file ({error.strerror})") from None
+    ctx.call_on_close(lock.release)
+    try:
+        stored = read_run(path, expected_domain=domain)
+    except RunFileError as error:
+        lock.release()
+        raise CommandError(str(error)) from None
+    stored.lock = lock
+    return stored
+
+
+def _writes_here(ctx: typer.Context) -> bool:
+    """Whether this process writes the run file: one process alone, or rank 0 of a job."""
+    from popplay.distributed.group import env_world
+
+    world = env_world()
+    if world is not None:
+        return world[0] == 0
+    return int(ctx.params.get("nproc") or 1) <= 1
 
 
 def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
     """The stored run's parameters with a new budget."""
     import dataclasses
 
-    from popplay.populations import registry
+    from popplay.validation import params_from_config
 
     try:
-        params = registry.params_from_config(domain, stored.config)
+        params = params_from_config(domain, stored.config)
     except (TypeError, ValueError) as error:
         raise CommandError(f"{stored.path}: damaged config ({error})") from None
     return dataclasses.replace(params, **{k: v for k, v in budget.items() if v is not None})
+
+
+def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | None, steps_option: str) -> float | None:
+    """The time budget of a resumed run: a new --time-budget (total learning seconds,
+    at least what is already learned); none when a new step or episode budget is
+    given (the run is extended to it, whatever budget it was trained under); else
+    the stored one."""
+    if given(ctx, "time_budget"):
+        learned = float(stored.attrs.get("learning_seconds") or 0.0)
+        if time_budget is not None and time_budget <= learned:
+            raise CommandError(f"--time-budget ({time_budget:g}s) is not above what {stored.path} has already "
+                               f"learned ({learned:.3g}s of learning)")
+        return time_budget
+    if given(ctx, steps_option):
+        return None
+    return stored.config.get("time_budget")
 
 
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
@@ -56,12 +105,13 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
 
     ``nproc`` > 1 launches that many ranks of this command (popplay.distributed.train);
     inside a rank (ours or torchrun's) the run is sharded over the job."""
+    from popplay.checkpoints.runfile import RunFileError
     from popplay.console import reporter_for
     from popplay.distributed import train as sharded
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
 
     try:
-        every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
+        every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every is not None else None
     except UsageProblem as error:
         raise CommandError(str(error)) from None
     if resume is not None:
@@ -78,6 +128,7 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
             raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
         raise typer.Exit(sharded.launch_training(ARGV, nproc, timeout, out))
     reporter = None
+    stop_requested = False
     try:
         with sharded.rank_session(nproc, timeout, device) as dist:
             sharded.check_supported(dist, domain=domain, time_budget=time_budget)
@@ -89,6 +140,9 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
             with stop_on_signals() as should_stop:
                 outcome = train(domain, params, options, reporter=reporter,
                                 should_stop=sharded.agreed_stop(should_stop, dist), resume=resume)
+                stop_requested = should_stop()
+    except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
+        raise CommandError(str(error), getattr(error, "exit_code", 2)) from None
     except (UsageProblem, ValueError) as error:
         raise CommandError(str(error)) from None
     except RuntimeError as error:
@@ -111,6 +165,10 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
               f"{summary['backend']} on {summary['device']}{ranks_note(summary)}); wrote {summary['out']}")
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
+        raise typer.Exit(130)
+    if stop_requested:  # announced during the last phase: it finished, and says so
+        print(f"Interrupted during the last phase, which finished; the run file {summary['out']} is complete.",
+              file=sys.stderr)
         raise typer.Exit(130)
 
 

@@ -8,7 +8,7 @@ import typer
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import load_resume, resumed_params, run_training, train_app
+from popplay.cli.train import load_resume, resume_time_budget, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
 _D = KnightsParams()
@@ -80,7 +80,7 @@ def train_knights(
                                f"({done} episodes)")
         run_training("knights", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
-                     time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
+                     time_budget=resume_time_budget(ctx, stored, time_budget, "episodes"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
                      nproc=nproc, timeout=timeout)
         return

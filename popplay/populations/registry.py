@@ -1,7 +1,6 @@
 """The domains popplay knows: their parameter dataclass and experiment class."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -48,10 +47,12 @@ def build(domain: str, params: Any, backend: Backend) -> Any:
 
 
 def params_from_config(domain: str, config: dict[str, Any]) -> Any:
-    """Rebuild a domain's parameters from a run file's config (unknown keys ignored)."""
-    params_type = DOMAINS[domain].params_type()
-    names = {f.name for f in dataclasses.fields(params_type)}
-    return params_type(**{k: v for k, v in config.items() if k in names})
+    """Rebuild a domain's parameters from a run file's config (unknown keys ignored),
+    checked as strictly as the command line's options (types, ranges, the memory the
+    run needs); ValueError with a one-line reason otherwise."""
+    from popplay.validation import params_from_config as checked
+
+    return checked(domain, config, run_options=False)
 
 
 def _load(path: str) -> type:

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from popplay.checkpoints.h5io import (atomic_output, check_hdf5_path, check_tree, decode_attr, encode_attr,
-                                      first_line, read_header)
+from popplay.checkpoints.h5io import (NoSpace, OutputError, check_hdf5_path, check_tree, decode_attr, encode_attr,
+                                      first_line, read_header, write_hdf5_atomically)
 
 FORMAT = "popplay-figure"
 SCHEMA_VERSION = 1
@@ -55,41 +55,45 @@ class FigureData:
 
 
 def write_figure(path: Path, data: FigureData) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename)."""
-    import h5py
-
+    """Write ``data`` to ``path`` atomically (built in memory, then a temporary file,
+    fsync, rename; a full disk leaves the previous file)."""
     from popplay.checkpoints.runfile import DIGEST, content_digest, library_versions
 
-    with atomic_output(Path(path)) as tmp_name:
-        with h5py.File(tmp_name, "w", libver=("v110", "latest")) as f:
-            f.attrs["format"] = _attr(FORMAT)
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            f.attrs["figure"] = _attr(data.figure)
-            f.attrs["domain"] = _attr(data.domain)
-            f.attrs["scale"] = _attr(data.scale)
-            f.attrs["title"] = _attr(data.title)
-            f.attrs["created"] = _attr(datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            f.attrs["groups_json"] = _attr(json.dumps(list(data.groups)))
-            for name, value in data.attrs.items():
-                if name in _RESERVED or name == DIGEST:
-                    raise ValueError(f"figure attribute {name!r} is reserved")
-                f.attrs[name] = _attr(value)
-            versions = f.create_group("versions")
-            for name, value in library_versions().items():
-                versions.attrs[name] = _attr(str(value))
-            for name, group in data.groups.items():
-                if name == "versions" or "/" in name:
-                    raise ValueError(f"bad group name {name!r}")
-                target = f.create_group(name)
-                for key, value in group.attrs.items():
-                    target.attrs[key] = _attr(value)
-                for key, value in group.arrays.items():
-                    array = np.asarray(value)
-                    if array.dtype.kind not in "biuf":
-                        raise TypeError(f"{name}/{key}: only numeric arrays go into figure files")
-                    target.create_dataset(key, data=array, fletcher32=bool(array.ndim and array.size))
-        with h5py.File(tmp_name, "r+") as f:
-            f.attrs[DIGEST] = _attr(content_digest(f))
+    def fill(f: Any) -> None:
+        f.attrs["format"] = _attr(FORMAT)
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        f.attrs["figure"] = _attr(data.figure)
+        f.attrs["domain"] = _attr(data.domain)
+        f.attrs["scale"] = _attr(data.scale)
+        f.attrs["title"] = _attr(data.title)
+        f.attrs["created"] = _attr(datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        f.attrs["groups_json"] = _attr(json.dumps(list(data.groups)))
+        for name, value in data.attrs.items():
+            if name in _RESERVED or name == DIGEST:
+                raise ValueError(f"figure attribute {name!r} is reserved")
+            f.attrs[name] = _attr(value)
+        versions = f.create_group("versions")
+        for name, value in library_versions().items():
+            versions.attrs[name] = _attr(str(value))
+        for name, group in data.groups.items():
+            if name == "versions" or "/" in name:
+                raise ValueError(f"bad group name {name!r}")
+            target = f.create_group(name)
+            for key, value in group.attrs.items():
+                target.attrs[key] = _attr(value)
+            for key, value in group.arrays.items():
+                array = np.asarray(value)
+                if array.dtype.kind not in "biuf":
+                    raise TypeError(f"{name}/{key}: only numeric arrays go into figure files")
+                target.create_dataset(key, data=array, fletcher32=bool(array.ndim and array.size))
+        f.attrs[DIGEST] = _attr(content_digest(f))
+
+    try:
+        write_hdf5_atomically(Path(path), fill)
+    except NoSpace:
+        raise FigureFileError(f"no space left on device: {path} was not written") from None
+    except OutputError as error:
+        raise FigureFileError(str(error)) from None
 
 
 def read_figure(path: Path) -> FigureData:
@@ -153,7 +157,9 @@ def _read(f: Any, path: Path) -> FigureData:
 
 
 def _check_tree(f: Any, path: Path) -> None:
-    check_tree(f, path, FigureFileError, _MAX_ARRAY_BYTES)
+    from popplay.limits import available_bytes
+
+    check_tree(f, path, FigureFileError, _MAX_ARRAY_BYTES, max_total_bytes=available_bytes() // 2)
 
 
 def _check_file(path: Path) -> None:

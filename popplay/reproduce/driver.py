@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from popplay.checkpoints.h5io import probe_directory
-from popplay.reproduce.data import FigureData, write_figure
+from popplay.reproduce.data import FigureData, FigureFileError, write_figure
 from popplay.reproduce.registry import SCALES, Figure, resolve
 from popplay.runner import UsageProblem
 
@@ -114,11 +114,14 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
         began = time.perf_counter()
         data = figure.compute(session)
         data_path = out / f"{figure.name}.h5"
-        write_figure(data_path, data)
         png_path = None
-        if not plot_error:
-            png_path = out / f"{figure.name}.png"
-            plotting.draw_figure(figure, data, png_path)
+        try:  # a full disk or something other than a file under the name: one line
+            write_figure(data_path, data)
+            if not plot_error:
+                png_path = out / f"{figure.name}.png"
+                plotting.draw_figure(figure, data, png_path)
+        except (FigureFileError, OSError) as error:
+            raise UsageProblem(str(error)) from None
         outcomes.append(FigureOutcome(figure.name, data_path, png_path, figure.summary(data),
                                       time.perf_counter() - began))
     result = ReproduceOutcome(outcomes, config.scale, time.perf_counter() - started, backend.name, backend.device)

@@ -1,0 +1,12 @@
+"""The ``popplay`` executable and ``python -m popplay``: nothing is imported before
+the guard, so Ctrl-C at any moment of start-up ends with one line and exit 130."""
+import sys
+
+
+def entry_point() -> None:
+    try:
+        from popplay.cli import main
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(main())
