@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _writable(directory: str) -> bool:
     """Whether files can be created in ``directory`` (created if missing), tried as numba
-    tries it: ``os.access`` says yes to root even on a read-only file system."""
+    tries it (``os.access`` says yes to root even on a read-only file system). Plain
+    system calls, no ``tempfile``: this runs while ``import popplay`` runs, and start-up
+    must stay short enough that Ctrl-C lands in the CLI's guard."""
+    probe = os.path.join(directory, f".popplay-write-probe-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        tempfile.TemporaryFile(dir=directory).close()
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
     except OSError:
         return False
     return True
@@ -37,6 +40,8 @@ def _private_temp_dir() -> str | None:
 
     Loading a numba cache runs code from it, so a directory planted by someone else (or a
     symlink) must never be used."""
+    import tempfile
+
     path = os.path.join(tempfile.gettempdir(), f"popplay-numba-cache-{os.getuid()}")
     try:
         os.mkdir(path, 0o700)

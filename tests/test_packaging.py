@@ -9,6 +9,7 @@ import os
 import pkgutil
 import re
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def test_numba_cache_stays_beside_a_writable_package(tmp_path, monkeypatch):
 
 def test_numba_cache_falls_back_to_a_private_temp_dir_when_package_and_home_are_read_only(tmp_path, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(_numba_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     blocker = tmp_path / "a-file"  # nothing can be created below a regular file, even by root
     blocker.write_text("")
     chosen = _numba_cache.choose_cache_dir(str(blocker / "pkg"), str(blocker / "home"))
@@ -107,7 +108,7 @@ def test_numba_cache_falls_back_to_a_private_temp_dir_when_package_and_home_are_
 
 def test_numba_cache_never_uses_a_planted_directory(tmp_path, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(_numba_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / f"popplay-numba-cache-{os.getuid()}").symlink_to(elsewhere)
@@ -117,7 +118,7 @@ def test_numba_cache_never_uses_a_planted_directory(tmp_path, monkeypatch):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    monkeypatch.setattr(_numba_cache.tempfile, "gettempdir", lambda: str(shared))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(shared))
     (shared / f"popplay-numba-cache-{os.getuid()}").mkdir(mode=0o777)
     (shared / f"popplay-numba-cache-{os.getuid()}").chmod(0o777)  # writable by others: not ours alone
     assert _numba_cache.choose_cache_dir(str(blocker / "pkg"), str(blocker / "home")) is None
