@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = {
     "bandit": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "1", "--agent-steps",
-               str(8192 * 64), "--share-every", "16"],
-    "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 400),
+               str(8192 * 256), "--share-every", "16"],
+    "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 2000),
                  "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
-    "knights": ["train", "knights", "--agents", "64", "--games-per-agent", "64", "--episodes", "2",
+    "knights": ["train", "knights", "--agents", "64", "--games-per-agent", "64", "--episodes", "3",
                 "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
 }
 QUICK = {

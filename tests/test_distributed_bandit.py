@@ -50,3 +50,18 @@ def test_ranks_must_divide_the_agents(tmp_path: Path, capsys) -> None:
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "cannot be split evenly over 3 ranks" in errors[0]
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_cuda_nccl_two_ranks_equal_one_process(tmp_path: Path) -> None:
+    """NCCL, one GPU per rank: needs two CUDA devices (skipped elsewhere)."""
+    import pytest
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    extra = ["--backend", "torch", "--device", "cuda", "--differentiation", "bias"]
+    one = _single(tmp_path, "one.h5", *extra)
+    out = tmp_path / "n2.h5"
+    done = popplay(*TINY, *extra, "--nproc", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, out)

@@ -93,8 +93,16 @@ def init_from_env(*, device: str = "cpu", timeout: float = DEFAULT_TIMEOUT) -> D
         where = f"cuda:{local}"
     else:
         backend, where = "gloo", "cpu"
-    c10d.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
+    limit = datetime.timedelta(seconds=timeout)
+    if os.environ.get("POPPLAY_LAUNCHED") == "1":
+        # Our launcher: the store listens on the loopback socket it bound for rank 0.
+        port = int(os.environ["MASTER_PORT"])
+        fd = os.environ.get("POPPLAY_STORE_FD") if rank == 0 else None
+        store = c10d.TCPStore("127.0.0.1", port, world, rank == 0, limit, wait_for_workers=False,
+                              **({"master_listen_fd": int(fd)} if fd is not None else {}))
+        c10d.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
+    else:
+        c10d.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world, timeout=limit)
     _current = Dist(rank=rank, world_size=world, local_rank=local, backend=backend, timeout=timeout,
                     device=where)
     if rank != 0:

@@ -127,7 +127,13 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
         raise ValueError(f"nproc must be at least 1 (got {nproc})")
     out = stderr if stderr is not None else sys.stderr
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
-    port = free_port()
+    # The store's socket is bound here, to loopback, and handed to rank 0 (c10d's own
+    # TCPStore would listen on every interface, and a port picked then released could
+    # be taken by another job in between).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(max(128, nproc))
+    port = int(listener.getsockname()[1])
     ranks: list[_Rank] = []
     interrupts = {"count": 0}
 
@@ -149,13 +155,19 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
     try:
         for rank in range(nproc):
             env = rank_environment(rank, nproc, port, threads)
+            passed: tuple[int, ...] = ()
+            if rank == 0:
+                env["POPPLAY_STORE_FD"] = str(listener.fileno())
+                passed = (listener.fileno(),)
             process = subprocess.Popen(
                 [sys.executable, "-m", module, role(rank, nproc), *argv], env=env,
                 stdin=subprocess.DEVNULL, stdout=None if rank == 0 else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 # Own session: the terminal's Ctrl-C reaches the ranks once, through us.
-                start_new_session=True,
+                start_new_session=True, pass_fds=passed,
             )
+            if rank == 0:
+                listener.close()  # rank 0 holds it now
             entry = _Rank(rank, process)
             entry.reader = threading.Thread(target=_forward, args=(process.stderr, out if rank == 0 else None,
                                                                    entry.held), daemon=True)
@@ -163,6 +175,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
             ranks.append(entry)
         return _watch(ranks, nproc, timeout, describe_lost, out, lambda: interrupts["count"] > 0)
     finally:
+        listener.close()
         for r in ranks:
             if r.process.poll() is None:
                 r.process.kill()
@@ -177,6 +190,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
 def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callable[[], str] | None,
            out: IO[str], interrupted: Callable[[], bool]) -> int:
     cause: _Rank | None = None
+    hung = False
     stop_deadline: float | None = None
     while True:
         codes = [r.process.poll() for r in ranks]
@@ -194,10 +208,17 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
             _stop_survivors(ranks, 0.0)
             continue
         if failed:
-            cause = _root_cause(failed)
-            _stop_survivors(ranks, min(timeout, _GRACE_SECONDS))
-            # The survivors' own exits may reveal a better cause (a signal death).
-            cause = _root_cause([r for r in ranks if r.process.returncode not in (0, None)])
+            first = _root_cause(failed)
+            stopped = _stop_survivors(ranks, min(timeout, _GRACE_SECONDS))
+            # The survivors' own exits in the grace time may reveal a better cause (a
+            # signal death); the ranks this launcher killed are never the cause.
+            cause = _root_cause([r for r in ranks if r.process.returncode not in (0, None)
+                                 and r.rank not in stopped]) or first
+            if cause.process.returncode == PEER_LOST_EXIT and stopped:
+                # Its peers saw it go silent and gave up; it never exited: a hung rank.
+                silent = [r for r in ranks if r.rank in stopped]
+                cause = min(silent, key=lambda r: r.rank)
+                hung = True
             break
         time.sleep(0.05)
     for r in ranks:
@@ -209,6 +230,12 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
     if cause is None:
         return 0
     code = cause.process.returncode
+    if hung:
+        suffix = f"; {describe_lost()}" if describe_lost is not None else ""
+        out.write(f"Error: rank {cause.rank} of {nproc} was lost (stopped answering; no reply within "
+                  f"{timeout:g}s); stopped the job{suffix}\n")
+        out.flush()
+        return LOST_EXIT
     lost = code < 0 or code == PEER_LOST_EXIT or any(c < 0 for c in codes)
     if not lost and all(c == code or c == 0 for c in codes):
         # Every rank ended the same way on its own (a usage error, a stop): rank 0 speaks.
@@ -248,16 +275,19 @@ def _root_cause(failed: list[_Rank]) -> _Rank | None:
     return min(failed, key=lambda r: (badness(r), r.rank))
 
 
-def _stop_survivors(ranks: list[_Rank], grace: float) -> None:
-    """Give the others ``grace`` seconds to notice and exit, then kill them. Only rank
-    0 writes, atomically, so killing it cannot damage the last good checkpoint."""
+def _stop_survivors(ranks: list[_Rank], grace: float) -> set[int]:
+    """Give the others ``grace`` seconds to notice and exit, then kill them; return the
+    ranks killed. Only rank 0 writes, atomically, so killing it cannot damage the last
+    good checkpoint."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(r.process.poll() is None for r in ranks):
         time.sleep(0.05)
+    killed: set[int] = set()
     for r in ranks:
         if r.process.poll() is None:
             try:
                 r.process.kill()
+                killed.add(r.rank)
             except OSError:
                 pass
     for r in ranks:
@@ -265,3 +295,4 @@ def _stop_survivors(ranks: list[_Rank], grace: float) -> None:
             r.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+    return killed
