@@ -53,6 +53,7 @@ def train_dqn(
     epsilon_end: Annotated[float, typer.Option(min=0.0, max=1.0, help="ε after --epsilon-updates.")] = 0.05,
     epsilon_updates: Annotated[int, typer.Option(
         min=1, help="Learner updates over which ε falls linearly (ε follows training, not simulation).")] = 5_000,
+    max_grad_norm: Annotated[float, typer.Option(help="Gradients are clipped to this norm.")] = 10.0,
     eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 100,
     timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 60.0,
     slow_simulator: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per episode.")] = 0.0,
@@ -84,7 +85,7 @@ def train_dqn(
         env_steps=env_steps, seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size,
         replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
         target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
-        epsilon_updates=epsilon_updates, eval_episodes=eval_episodes, timeout=timeout,
+        epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout,
         slow_simulator=slow_simulator, slow_learner=slow_learner)
     run_deep("dqn", params, out=out, overwrite=overwrite, json_output=json_output, device=device,
              checkpoint_every=checkpoint_every)

@@ -111,12 +111,19 @@ class DQNExperiment:
         self._env = envs.make_vector(params.env, 1)
         self.info = envs.describe(self._env, params.env)
         envs.require_discrete(self.info, "dqn")
-        self._topology: Any = None  # the ranks' side, set by the launcher for other topologies
+        self._topology: Any = None  # rank 0's side of a multi-rank topology
+        if params.topology != "sequential":
+            from popplay.distributed.group import current
 
-    # --- lifecycle ----------------------------------------------------------------
-    def attach(self, topology: Any) -> None:
-        """Let a multi-rank topology (rank 0's side) drive the phases."""
-        self._topology = topology
+            if current().distributed:
+                from popplay.topologies.dqn_ranks import Learner
+
+                self._topology = Learner(current(), params, self.info.obs_dim)
+
+    def close(self, state: DQNState) -> None:
+        """Stop the simulators (once; nothing to do in one process)."""
+        if self._topology is not None:
+            self._topology.close(self, state)
 
     def initial_state(self) -> DQNState:
         from popplay.agents import networks
@@ -152,6 +159,16 @@ class DQNExperiment:
             self.learn(state, episodes)
             agent.train()
         return state
+
+    def learn_rows(self, state: DQNState, rows: np.ndarray, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Hand packed transitions (:mod:`popplay.topologies.wire`) to the learner."""
+        from popplay.topologies.wire import rows_to_batch
+
+        state.agent.receive(rows_to_batch(rows, self.info.obs_dim))
+        state.episodes += len(returns)
+        state.env_steps += int(rows.shape[0])
+        state.returns.extend(float(r) for r in returns)
+        state.lengths.extend(int(n) for n in lengths)
 
     def learn(self, state: DQNState, episodes: Any) -> None:
         """Hand a batch of episodes to the learner and count them."""

@@ -66,8 +66,8 @@ def train_multirank(domain: str, params: Any, options: Any, reporter: Any = None
                     should_stop: Callable[[], bool] | None = None, resume: Any = None) -> tuple[Any, str] | None:
     """This rank's part of a multi-rank run. Rank 0 returns the runner's outcome and
     the backend's name; the other ranks return None when told to stop."""
-    from popplay.distributed.group import init_from_env
-    from popplay.runner import UsageProblem, train
+    from popplay.distributed.group import init_from_env, shutdown
+    from popplay.runner import UsageProblem
     from popplay.topologies.wire import set_role
 
     dist = init_from_env(device="cpu", timeout=params.timeout)
@@ -75,6 +75,18 @@ def train_multirank(domain: str, params: Any, options: Any, reporter: Any = None
         raise UsageProblem(f"this run needs {params.ranks} ranks (rank 0 and {params.ranks - 1} others); "
                            f"the job has {dist.world_size}")
     set_role(role_of(domain, dist.rank))
+    try:
+        return _run_rank(domain, dist, params, options, reporter, should_stop, resume)
+    finally:
+        # Leave the group before exiting: a process that exits with gloo's threads still
+        # running aborts ("terminate called without an active exception").
+        shutdown()
+
+
+def _run_rank(domain: str, dist: Any, params: Any, options: Any, reporter: Any, should_stop: Any,
+              resume: Any) -> tuple[Any, str] | None:
+    from popplay.runner import train
+
     if dist.rank != 0:
         # The launcher forwards Ctrl-C to every rank; only rank 0 decides when to stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -59,6 +59,8 @@ def checksum(rows: np.ndarray) -> int:
     if rows.size == 0:
         return 0
     bits = np.ascontiguousarray(rows, dtype=np.float64).view(np.uint64)
+    # Float32 values have 29 zero low bits in float64: fold the high bits down first.
+    bits = bits ^ (bits >> np.uint64(29)) ^ (bits >> np.uint64(47))
     cols = np.resize(_MULTIPLIERS, bits.shape[1]) + 2 * np.arange(bits.shape[1], dtype=np.uint64)
     with np.errstate(over="ignore"):
         return int((bits * cols).sum(dtype=np.uint64))

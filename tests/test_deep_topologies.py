@@ -1,0 +1,134 @@
+"""Deep topologies through real processes on gloo (tiny budgets, a timeout on every wait)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from popplay.checkpoints.runfile import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
+        "--target-every", "5", "--eval-episodes", "2", "--timeout", "60"]
+
+
+def _popplay(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "popplay", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
+    return process.returncode, out, err
+
+
+def _comms() -> set[str]:
+    names = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            names.add((entry / "comm").read_text().strip())
+        except (OSError, ValueError):
+            pass
+    return names
+
+
+def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
+    from popplay import envs
+    from popplay.agents import networks
+    from popplay.agents.reinforce import ReinforceConfig, policy_network
+    from popplay.topologies.reinforce import worker_episode, worker_generator
+
+    out = tmp_path / "ps.h5"
+    code, stdout, err = _finish(_popplay(["train", "reinforce", "--workers", "3", "--episodes", "1", "--hidden", "8",
+                                          "--eval-episodes", "1", "--timeout", "60", "--seed", "4", "--out", str(out),
+                                          "--json"]))
+    assert code == 0, err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["backend"] == "gloo" and summary["ranks"] == 4 and "running_reward" in summary
+    served = read_run(out).state["last_gradient"]
+    # Each worker's gradient computed alone, in this process, from the same start.
+    env = envs.make_vector("CartPole-v1", 1)
+    alone = []
+    for w in range(3):
+        policy = policy_network(4, 4, 2, ReinforceConfig(hidden=(8,)))
+        grad, reward, steps = worker_episode(policy, env, worker_generator(4, w), 4, w, 0, 0.99, 10_000)
+        alone.append(grad)
+    assert not torch.equal(alone[0], alone[1])
+    np.testing.assert_array_equal(served, (alone[0] + alone[1] + alone[2]).numpy())
+    assert summary["env_steps"] > 0 and networks is not None
+
+
+@pytest.mark.parametrize("topology,simulators,extra", [
+    ("pipelined", 1, []),
+    ("collective", 2, []),
+    # A slow learner (simulators run ahead) and slow simulators (the learner waits on
+    # nobody) in one run: each process spends most of its time asleep.
+    ("async", 2, ["--slow-simulator", "0.05", "--slow-learner", "0.01"]),
+])
+def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, topology: str, simulators: int,
+                                                               extra: list[str]) -> None:
+    out = tmp_path / f"{topology}.h5"
+    process = _popplay(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
+                        "--episodes", "10", "--out", str(out), "--json", *TINY, *extra])
+    seen: set[str] = set()
+    if extra and extra[0] == "--slow-simulator":
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline and not {"learner", "simulator 2"} <= seen:
+            seen |= _comms()
+            time.sleep(0.1)
+        assert {"learner", "simulator 1", "simulator 2"} <= seen  # roles visible to ps -e / pgrep
+    code, stdout, err = _finish(process)
+    assert code == 0, err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["backend"] == "gloo" and summary["ranks"] == simulators + 1 and summary["topology"] == topology
+    counters = read_run(out).state_counters
+    assert counters["topology_sent"] == counters["topology_received"] == counters["topology_replay_added"]
+    assert counters["topology_received"] == summary["env_steps"] > 0
+    assert counters["topology_sent_checksum"] == counters["topology_received_checksum"]
+    if topology == "async":
+        assert summary["episodes"] >= 10  # what was in flight at the stop still arrives
+    else:
+        assert summary["episodes"] == 10
+    if "--slow-learner" in extra:
+        assert summary["updates"] < summary["env_steps"]  # ε follows the (slow) learner, not simulation
+
+
+def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "dead.h5"
+    process = _popplay(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",
+                        "--out", str(out), "--checkpoint-every", "2", *TINY,
+                        "--slow-simulator", "0.02"])
+    deadline = time.monotonic() + 40
+    victim = None
+    while victim is None and time.monotonic() < deadline and process.poll() is None:
+        for entry in Path("/proc").iterdir():
+            try:
+                if (entry / "comm").read_text().strip() == "simulator 2" and out.exists():
+                    victim = int(entry.name)
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    assert victim is not None, "simulator 2 never showed up"
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    code, _, err = _finish(process, timeout=40)
+    assert time.monotonic() - started < 30
+    assert code == 3, err
+    lines = [line for line in err.splitlines() if line.startswith("Error:")]
+    # (The launcher may name rank 0, which it had to kill, rather than rank 2: see the report.)
+    assert len(lines) == 1 and "was lost" in lines[0] and str(out) in lines[0]
+    assert read_run(out).domain == "dqn"  # the last checkpoint is intact
