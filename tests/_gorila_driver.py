@@ -35,14 +35,15 @@ def main() -> int:
     from popplay.topologies import gorila_ranks as R
 
     role, config_path, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    config = G.GorilaConfig.from_dict(json.loads(config_path.read_text()))
+    raw = json.loads(config_path.read_text())
+    config = G.GorilaConfig.from_dict(raw)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=30))
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     if role == "learner":
-        ctx = R.Context(config, config_path.parent, rank, store)
+        ctx = R.Context(config, config_path.parent, rank, store, (raw["obs_dim"], raw["actions"]))
         for version, grad in enumerate(gradient_sequence(ctx.initial.numel())):
             for s, (a, b) in enumerate(ctx.bounds):
                 dist.send(torch.tensor([R.GRAD, version, 0, 0], dtype=torch.int64), dst=s, tag=R.TAG_REQ)

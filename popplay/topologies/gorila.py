@@ -216,6 +216,19 @@ def assemble_checkpoint(run_dir: Path, config: GorilaConfig) -> dict[str, np.nda
     }
 
 
+def _spaces(env_id: str) -> dict[str, int]:
+    """Observation width and number of actions, measured once for every rank."""
+    from popplay import envs
+
+    env = envs.make_vector(env_id, 1)
+    try:
+        info = envs.describe(env, env_id)
+        envs.require_discrete(info, "gorila (DQN)")
+        return {"obs_dim": info.obs_dim, "actions": int(info.actions)}
+    finally:
+        env.close()
+
+
 # --- the launcher --------------------------------------------------------------------
 
 @dataclass
@@ -265,7 +278,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
-    config_path.write_text(json.dumps(config.to_dict(), indent=1))
+    config_path.write_text(json.dumps({**config.to_dict(), **_spaces(config.env)}, indent=1))
     world = config.world_size
     store = c10d.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=config.timeout))

@@ -42,19 +42,29 @@ class _Stop(Exception):
     pass
 
 
-class Context:
-    def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any) -> None:
-        from popplay import envs
+class _Spaces:
+    def __init__(self, obs_dim: int, actions: int) -> None:
+        self.obs_dim, self.actions = int(obs_dim), int(actions)
 
+
+class Context:
+    def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any,
+                 spaces: tuple[int, int] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
         self.role = G.role_of(rank, config)
         self.store = store
-        env = envs.make_vector(config.env, 1)
-        self.info = envs.describe(env, config.env)
-        envs.require_discrete(self.info, "Gorila (DQN)")
-        env.close()
+        if spaces is None:
+            from popplay import envs
+
+            env = envs.make_vector(config.env, 1)
+            info = envs.describe(env, config.env)
+            envs.require_discrete(info, "Gorila (DQN)")
+            env.close()
+            spaces = (info.obs_dim, int(info.actions))
+        # The launcher measured the spaces once: shards and learners need no environment.
+        self.info = _Spaces(*spaces)
         from popplay.agents import networks
 
         net = networks.seeded_mlp(config.seed, self.info.obs_dim, self.info.actions, config.hidden)
@@ -387,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the job through the store
     torch.set_num_threads(1)
     config_path = Path(args[1])
-    config = G.GorilaConfig.from_dict(json.loads(config_path.read_text()))
+    raw = json.loads(config_path.read_text())
+    config = G.GorilaConfig.from_dict(raw)
+    spaces = (int(raw["obs_dim"]), int(raw["actions"])) if "obs_dim" in raw and "actions" in raw else None
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
         print(f"Error: WORLD_SIZE {world} does not match the layout's {config.world_size} ranks", file=sys.stderr)
@@ -400,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     # instead, which bounds every wait that matters (see gorila.run_gorila).
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
-    ctx = Context(config, config_path.parent, rank, store)
+    ctx = Context(config, config_path.parent, rank, store, spaces)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
     try:
         code = runner(ctx)
