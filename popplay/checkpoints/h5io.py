@@ -371,8 +371,10 @@ def check_hdf5_path(path: Path, error: type[Exception], noun: str) -> None:
 # made up from the fill value) or was crafted: refused before anything is read.
 _MAX_COMPRESSION = 1100
 # popplay's writers let h5py pick chunks of kilobytes; millions of tiny chunks make
-# HDF5 itself use gigabytes of memory for a file of kilobytes.
-_MIN_BYTES_PER_CHUNK = 1024
+# HDF5 itself use gigabytes of memory (about a kilobyte per chunk read). Rows of a
+# table as chunks (64 bytes or more on average) are fine, up to a million chunks.
+_MIN_BYTES_PER_CHUNK = 64
+_MAX_CHUNKS = 1_000_000
 _MAX_DIMENSIONS = 8
 
 
@@ -417,7 +419,7 @@ def check_tree(f: Any, path: Path, error: type[Exception], max_array_bytes: int,
                 raise error(f"{path}: dataset {where} is implausibly large ({_size(declared)})")
             if item.chunks is not None:
                 chunks = math.prod(-(-s // max(c, 1)) for s, c in zip(shape, item.chunks))
-                if chunks > 1 + declared // _MIN_BYTES_PER_CHUNK:
+                if chunks > min(_MAX_CHUNKS, 1 + declared // _MIN_BYTES_PER_CHUNK):
                     raise error(f"{path}: dataset {where} is split into {chunks:,} chunks for {_size(declared)}; "
                                 "refused (crafted or damaged)")
             if declared:
