@@ -64,7 +64,9 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
                            out=out if out is not None else default_out(domain), overwrite=overwrite,
                            checkpoint_every=every)
-    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
+    # Progress and status lines go to stderr: stdout carries only the results (the
+    # summary, or the --json object), so `popplay train ... > result.txt` stays clean.
+    reporter = reporter_for(sys.stderr, quiet=json_output and not sys.stderr.isatty())
     try:
         with stop_on_signals() as should_stop:
             outcome = train(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
@@ -78,13 +80,78 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     if json_output:
         print_json(summary)
     else:
-        metrics = ", ".join(f"{k} {summary[k]:.4g}" for k in outcome.result.curve.metrics)
-        print(f"{domain}: {metrics} after {summary['agent_steps']:,} agent-steps in "
-              f"{summary['seconds']:.2f}s of learning ({summary['agent_steps_per_second']:,.0f} agent-steps/s, "
-              f"{summary['backend']} on {summary['device']}); wrote {summary['out']}")
+        print(summary_text(domain, outcome))
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def warn(message: str) -> None:
+    """One ``Warning: …`` line on stderr, before training starts."""
+    print(f"Warning: {message}", file=sys.stderr, flush=True)
+
+
+def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int | None = None) -> None:
+    """Validate ``params``, then warn where the run will not do what the options say:
+    an ``agent_steps`` budget rounded down to whole steps per agent, or operators the
+    budget never reaches (silently no sharing or no replication is not what anyone
+    asking for them wants)."""
+    try:
+        params.validate()
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    agents = getattr(params, "agents", 1)
+    if agent_steps is not None and params.steps_per_agent * agents != agent_steps:
+        warn(f"--agent-steps {agent_steps:,} is not a multiple of --agents {agents:,}: training "
+             f"{params.steps_per_agent * agents:,} agent-steps per trial ({params.steps_per_agent:,} per agent)")
+    if time_budget is not None:
+        return
+    per_agent = getattr(params, "steps_per_agent", None)
+    share_every = getattr(params, "share_every", None)
+    if per_agent is not None and share_every is not None and share_every > per_agent:
+        warn(f"--share-every {share_every:,} is more than the {per_agent:,} steps each agent takes: the agents "
+             "learn alone and share only once, at the end")
+    replicate_every = getattr(params, "replicate_every", 0)
+    if replicate_every:
+        if hasattr(params, "episodes"):
+            phases, unit = params.episodes, "episodes"
+        else:
+            phases, unit = -(-per_agent // share_every), "shares"
+        if replicate_every > phases:
+            warn(f"--replicate-every {replicate_every:,} is more than the run's {phases:,} {unit}: "
+                 "no replication will happen")
+
+
+SUMMARY_WIDTH = 100
+
+
+def summary_text(domain: str, outcome: Any) -> str:
+    """The human summary: short lines broken between items (a terminal must never wrap
+    a number), agent-steps counted over every trial and labelled where they are not."""
+    from popplay.console import format_metric, format_rate
+    from popplay.runner import PER_TRIAL
+
+    summary = outcome.summary
+    experiment = outcome.experiment
+    unit = getattr(experiment, "progress_unit", PER_TRIAL)
+    trials = getattr(getattr(experiment, "params", None), "trials", None)
+    items = [f"{k} {format_metric(summary[k])}" for k in outcome.result.curve.metrics]
+    lines, line = [], f"{domain}:"
+    for item in items:
+        if len(line) + len(item) + 2 > SUMMARY_WIDTH and line != f"{domain}:":
+            lines.append(line + ",")
+            line = " "
+        line += (" " if line.endswith(":") or line == " " else ", ") + item
+    lines.append(line)
+    if unit == PER_TRIAL and trials:
+        budget = f"{summary['agent_steps_per_trial']:,} agent-steps per trial x {trials:,} trials = "
+    else:
+        budget = f"{experiment.progress(outcome.result.state):,} {unit}: "
+    lines.append(f"  {budget}{summary['agent_steps']:,} agent-steps")
+    lines.append(f"  {summary['seconds']:.2f}s of learning, {format_rate(summary['agent_steps_per_second'])} "
+                 f"agent-steps/s ({summary['backend']} on {summary['device']})")
+    lines.append(f"  wrote {summary['out']}")
+    return "\n".join(lines)
 
 
 # Each domain module registers its `popplay train <domain>` subcommand on import.

@@ -7,7 +7,7 @@ import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
-from popplay.cli.train import load_resume, resumed_params, run_training, train_app
+from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
 _D = KnightsParams()
@@ -93,6 +93,7 @@ def train_knights(
     except ValueError as error:
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
+    check_schedule(params, time_budget=time_budget)
     run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
 

@@ -287,6 +287,13 @@ class KnightsExperiment:
     def total_agent_steps(self, state: KnightsState) -> int:
         return state.turns
 
+    #: The budget and ``--checkpoint-every`` count episodes (see :meth:`progress`).
+    progress_unit = "episodes"
+
+    def budget_progress(self) -> int:
+        """The episode budget (the agent-step total is only projected)."""
+        return self.params.episodes
+
     def budget_agent_steps(self) -> int:
         """Turns at the episode budget: those done plus the remaining episodes at the
         last episode's length (games get shorter as agents learn)."""
