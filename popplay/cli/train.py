@@ -1,6 +1,7 @@
 """``popplay train DOMAIN``: the train command group (one module per domain)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         if given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
                                "--checkpoint-every, --backend, --device and --json may be given")
+    # Resuming runs/latest-<domain>.h5 continues the run it links to, in place (an
+    # atomic rewrite of the link itself would turn it into a separate copy).
+    if path.is_symlink():
+        target = Path(os.readlink(path))
+        path = target if target.is_absolute() else path.parent / target
     try:
         return read_run(path, expected_domain=domain)
     except RunFileError as error:
@@ -59,6 +65,7 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
     except UsageProblem as error:
         raise CommandError(str(error)) from None
+    defaulted = out is None and resume is None
     if resume is not None:
         out = resume.path
     options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
@@ -74,16 +81,33 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         raise CommandError(str(error)) from None
     finally:
         reporter.close()
+    latest = link_latest(domain, Path(options.out)) if defaulted else None
     for warning in outcome.warnings:
         print(f"Warning: {warning}", file=sys.stderr)
     summary = outcome.summary
     if json_output:
-        print_json(summary)
+        print_json(summary if latest is None else {**summary, "latest": str(latest)})
     else:
-        print(summary_text(domain, outcome))
+        print(summary_text(domain, outcome) + (f" (and {latest})" if latest is not None else ""))
     if not summary["complete"]:
         print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def link_latest(domain: str, path: Path) -> Path | None:
+    """Point ``latest-<domain>.h5`` beside ``path`` at it (a relative symlink, replaced
+    atomically), so that commands can name the newest run of a domain however many
+    runs the directory holds. None where the file system has no symlinks."""
+    link = path.parent / f"latest-{domain}.h5"
+    temporary = path.parent / f".latest-{domain}.h5.{os.getpid()}"
+    try:
+        if temporary.is_symlink():
+            temporary.unlink()
+        os.symlink(path.name, temporary)
+        os.replace(temporary, link)
+    except OSError:
+        return None
+    return link
 
 
 def warn(message: str) -> None:
