@@ -59,3 +59,47 @@ def test_silent_adjustments_are_announced(tmp_path, capsys):
     assert main(["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "2", "--agent-steps", "64",
                  "--share-every", "4", "--out", str(tmp_path / "b.h5"), "--json"]) == 0
     assert "Warning" not in capsys.readouterr().err
+
+
+def _help(argv):
+    from typer.testing import CliRunner
+
+    from popplay.cli import _register, app
+
+    _register()
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_version_and_bare_commands_print_help_without_an_empty_error(capsys):
+    from popplay import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"popplay {__version__}"
+    for argv in ([], ["train"]):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2 and "Usage: popplay" in out and "Error" not in err + out
+
+
+def test_help_reads_naturally_everywhere():
+    commands = [["train", d] for d in ("bandit", "cartpole", "knights")] + [
+        [c] for c in ("evaluate", "inspect", "lineage", "play", "plot", "reproduce", "tournament")]
+    for argv in [[], ["train"], *commands]:
+        text = _help([*argv, "--help"])
+        for python_type in ("<bool>", "<list", "<int", "<float", "<file>", "{RUN", "x>=", "<=x"):
+            assert python_type not in text, (argv, python_type)
+    assert "INTEGER [at least 2]" in _help(["train", "bandit", "--help"])
+    assert "NUMBER [0.0 to 1.0]" in _help(["train", "bandit", "--help"])
+    assert "Usage: popplay tournament [OPTIONS] RUN.h5 [MORE.h5 ...]" in _help(["tournament", "--help"])
+    evaluate = _help(["evaluate", "--help"])
+    assert all(domain in evaluate for domain in ("bandit", "cartpole", "knights"))
+
+
+def test_play_help_example_names_the_squares_it_means():
+    from popplay.cli.play import help_text, parse_move
+
+    assert "'1 16'" in help_text(7)
+    assert parse_move("1 16", 5, 7) == parse_move("b1 c3", 5, 7)
+    assert parse_move("1 12", 5, 5) == parse_move("b1 c3", 5, 5) and "'1 12'" in help_text(5)

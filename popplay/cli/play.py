@@ -11,8 +11,14 @@ import typer
 from popplay.cli import app
 from popplay.cli.common import CommandError
 
-HELP_TEXT = ("Type a move as two squares, e.g. 'b1 c3' (or 'b1c3', 'b1-c3', or square numbers '7 16'). "
-             "'moves' lists your legal moves, 'quit' ends the session.")
+def help_text(cols: int = 7) -> str:
+    """How to enter moves; square numbers count from a1 = 0 along the rows (b1 c3 on a
+    board ``cols`` wide is '1 {2 * cols + 2}')."""
+    return (f"Type a move as two squares, e.g. 'b1 c3' (or 'b1c3', 'b1-c3', or square numbers counted from "
+            f"a1 = 0 along each row: '1 {2 * cols + 2}'). 'moves' lists your legal moves, 'quit' ends the session.")
+
+
+HELP_TEXT = help_text()
 
 
 class Side(str, Enum):
@@ -85,7 +91,7 @@ class Session:
         """Play games until the person quits (or input ends); never raises on bad input."""
         game_number = 0
         self.console.print(f"Playing agent {self.agent} of the run. You are "
-                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. {HELP_TEXT}")
+                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. {help_text(self.params.cols)}")
         try:
             while True:
                 if not self.play_one(ask, game_number):
@@ -149,7 +155,7 @@ class Session:
             if text in ("q", "quit", "exit"):
                 return None
             if text in ("", "?", "h", "help"):
-                self.console.print(HELP_TEXT)
+                self.console.print(help_text(p.cols))
                 continue
             if text in ("m", "moves"):
                 self.console.print("Legal moves: " + ", ".join(_move_name(m, p.cols) for m in moves))
@@ -167,7 +173,7 @@ class Session:
 
 
 def parse_move(text: str, rows: int, cols: int) -> tuple[int, int]:
-    """A move from 'b1 c3', 'b1c3', 'b1-c3' or '7 16'."""
+    """A move from 'b1 c3', 'b1c3', 'b1-c3' or square numbers ('1 16' on a 7-wide board)."""
     import re
 
     from popplay.games.knights import parse_square
