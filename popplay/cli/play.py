@@ -130,8 +130,10 @@ class Session:
             else:
                 move = game.best_move(self.net, board, player, p.jumps)
                 self.console.print(f"Agent plays {_move_name(move, p.cols)}")
+            captured = int(board.flat[move[1]]) == -player
             board = game.apply_move(board, move, p.jumps)
             last = move
+            self.console.print(self.status_line(board, ply + 1, player, captured))
             won = game.winner(board)
             if won:
                 self.console.print(render_board(board, last))
@@ -140,6 +142,19 @@ class Session:
         self.console.print(render_board(board, last))
         self.console.print(f"Draw: {p.max_turns} plies without a winner.")
         return True
+
+    def status_line(self, board: Any, plies: int, mover: int, captured: bool) -> str:
+        """After a move: a capture, the pieces left, the plies towards the draw, and
+        the agent's estimate of its chance to win (its value of the position)."""
+        from popplay.games import knights as game
+
+        yours, agents = int((board == self.human).sum()), int((board == -self.human).sum())
+        who = "You capture" if mover == self.human else "The agent captures"
+        estimate = game.value(self.net, board, -self.human) if mover == -self.human else \
+            1.0 - game.value(self.net, board, self.human)
+        return (f"{who + ' a piece. ' if captured else ''}Pieces: you {yours}, agent {agents}. "
+                f"Ply {plies} of {self.params.max_turns} (then a draw). "
+                f"Agent's estimate of its chance to win: {estimate:.0%}")
 
     def ask_move(self, ask: Callable[[str], str], board: Any, moves: list[tuple[int, int]]) -> tuple[int, int] | None:
         """Read a legal move; re-ask on anything else. None: the person quit."""
