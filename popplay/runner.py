@@ -426,8 +426,10 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
     """Run one experiment and write its run file; return the summary users see.
 
     ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
-    state, curves and learning time), written back to ``options.out``.
+    state, curves and learning time), written back to ``options.out``. Without
+    ``options.out`` nothing is written: the outcome holds the curves and final state.
     """
+    import contextlib
     import time as _time
     from pathlib import Path
 
@@ -442,16 +444,20 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         raise UsageProblem(str(error)) from None
     if options.time_budget is not None and not options.time_budget > 0:
         raise UsageProblem(f"--time-budget must be positive (got {options.time_budget})")
-    out = Path(options.out)
-    if resume is None and out.exists() and not options.overwrite:
-        raise UsageProblem(f"--out {out}: file exists (pass --overwrite to replace it)")
-    try:
-        runfile.check_writable(out)
-    except runfile.RunFileError as error:
-        raise UsageProblem(str(error)) from None
+    # No ``out``: learn in memory only (a notebook), nothing written.
+    out = Path(options.out) if options.out is not None else None
+    if out is None and (resume is not None or options.checkpoint_every is not None):
+        raise UsageProblem("resuming and --checkpoint-every need a run file (out)")
+    if out is not None:
+        if resume is None and out.exists() and not options.overwrite:
+            raise UsageProblem(f"--out {out}: file exists (pass --overwrite to replace it)")
+        try:
+            runfile.check_writable(out)
+        except runfile.RunFileError as error:
+            raise UsageProblem(str(error)) from None
     _status(reporter, f"{'resuming' if resume is not None else 'training'} {domain} with {backend.name} on "
-                      f"{backend.device}; run file {out}")
-    with RunLock(out):
+                      f"{backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
+    with (RunLock(out) if out is not None else contextlib.nullcontext()):
         experiment = registry.build(domain, params, backend)
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:
@@ -492,8 +498,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
                      on_event=on_event)
-        _status(reporter, f"saving run file {out}…")
-        writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
+        if out is not None:
+            _status(reporter, f"saving run file {out}…")
+            writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)
     seconds = result.learning_seconds
@@ -508,7 +515,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "backend": backend.name,
         "device": backend.device,
         "complete": not result.stopped,
-        "out": str(out),
+        "out": str(out) if out is not None else None,
     }
     return TrainOutcome(summary, result, experiment, writer.events)
 
