@@ -379,8 +379,9 @@ def differentiate(values: Array, max_bias: float, keys: Array, counter: int,
 
         items = values.shape[-1]
         index = torch.arange(items, dtype=torch.int64, device=values.device)
-        words = _torch_rules().draw(keys.to(torch.int64)[..., None], _torch_rules().mix_counter(index // 2 + int(counter)))
-        biased = values.to(torch.float64) + _torch_rules().bias(words, index % 2 == 1, max_bias)
+        rules = _torch_rules()
+        words = rules.draw(keys.to(torch.int64)[..., None], rules.mix_counter(index // 2 + int(counter)))
+        biased = values.to(torch.float64) + rules.bias(words, index % 2 == 1, max_bias)
         if out is None:
             return biased, max_bias / bias_decay
         out.copy_(biased)

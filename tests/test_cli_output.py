@@ -10,7 +10,8 @@ from pathlib import Path
 from popplay.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "8", "--agent-steps", "64", "--backend", "numba"]
+TINY = ["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "8", "--agent-steps", "64",
+        "--backend", "numba"]
 
 
 def _env() -> dict[str, str]:
@@ -103,3 +104,28 @@ def test_play_help_example_names_the_squares_it_means():
     assert "'1 16'" in help_text(7)
     assert parse_move("1 16", 5, 7) == parse_move("b1 c3", 5, 7)
     assert parse_move("1 12", 5, 5) == parse_move("b1 c3", 5, 5) and "'1 12'" in help_text(5)
+
+
+def test_config_file_sets_options_and_the_command_line_overrides_it(tmp_path, capsys):
+    from popplay.checkpoints.runfile import read_run
+
+    config = tmp_path / "bandit.toml"
+    config.write_text('arms = 10\nagents = 4\ntrials = 8\nagent-steps = 64\ndifferentiation = "top2"\n'
+                      '[cartpole]\nagents = 99\n')
+    out = tmp_path / "r.h5"
+    assert main(["train", "bandit", "--config", str(config), "--trials", "2", "--out", str(out), "--json"]) == 0
+    stored = read_run(out).config
+    assert (stored["arms"], stored["agents"], stored["trials"], stored["steps_per_agent"]) == (10, 4, 2, 16)
+    assert stored["differentiation"] == "top2"
+    table = tmp_path / "tables.toml"
+    table.write_text('[bandit]\narms = 5\nagents = 2\ntrials = 2\nagent-steps = 8\n[knights]\nagents = 3\n')
+    assert main(["train", "bandit", "--config", str(table), "--out", str(tmp_path / "t.h5"), "--json"]) == 0
+    assert read_run(tmp_path / "t.h5").config["arms"] == 5
+    capsys.readouterr()
+    (tmp_path / "typo.toml").write_text("agentz = 3\n")
+    (tmp_path / "broken.toml").write_text("agents = \n")
+    for name, fragment in (("typo.toml", "'agentz' is not an option"), ("broken.toml", "not valid TOML"),
+                           ("none.toml", "No such file")):
+        assert main(["train", "bandit", "--config", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("Error: --config") and fragment in err[0]

@@ -91,7 +91,8 @@ class Session:
         """Play games until the person quits (or input ends); never raises on bad input."""
         game_number = 0
         self.console.print(f"Playing agent {self.agent} of the run. You are "
-                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. {help_text(self.params.cols)}")
+                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. "
+                           f"{help_text(self.params.cols)}")
         try:
             while True:
                 if not self.play_one(ask, game_number):

@@ -17,7 +17,8 @@ app.add_typer(train_app, name="train")
 
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
+RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output",
+                  "config"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 TimeBudgetOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
@@ -48,6 +48,7 @@ def train_bandit(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 TimeBudgetOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
@@ -78,6 +78,7 @@ def train_cartpole(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
     sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional

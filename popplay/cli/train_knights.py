@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
@@ -65,6 +65,7 @@ def train_knights(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Train a knights population by TD(λ) self-play. Quality = best agent's
     (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
