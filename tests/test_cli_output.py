@@ -129,3 +129,26 @@ def test_config_file_sets_options_and_the_command_line_overrides_it(tmp_path, ca
         assert main(["train", "bandit", "--config", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("Error: --config") and fragment in err[0]
+
+
+def test_several_seeds_in_one_command_are_aggregated(tmp_path, capsys):
+    import math
+
+    out = tmp_path / "s.h5"
+    args = ["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "16", "--agent-steps", "64",
+            "--out", str(out)]
+    assert main([*args, "--seeds", "3", "--seed", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert data["seeds"] == 3 and data["out"] == [str(tmp_path / f"s-seed{k}.h5") for k in (4, 5, 6)]
+    values = [run["quality"] for run in data["runs"]]
+    assert data["quality_values"] == values and data["quality"] == sum(values) / 3
+    mean = sum(values) / 3
+    assert math.isclose(data["quality_sem"], math.sqrt(sum((v - mean) ** 2 for v in values) / 2 / 3))
+    assert data["agent_steps"] == 3 * 64 * 16
+    for k in (4, 5, 6):  # each seed alone gives the same run
+        assert main([*args[:-1], str(tmp_path / f"alone{k}.h5"), "--seed", str(k), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["quality"] == values[k - 4]
+    assert main([*args, "--seeds", "2", "--seed", "4"]) == 2  # s-seed4.h5 exists: nothing trained
+    assert "file exists" in capsys.readouterr().err
+    assert main([*args, "--seeds", "2", "--seed", "4", "--overwrite"]) == 0
+    assert "bandit over 2 seeds (mean ± standard error):" in capsys.readouterr().out

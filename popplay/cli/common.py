@@ -98,6 +98,9 @@ def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Option
     return value
 
 
+SeedsOption = Annotated[int, typer.Option(
+    min=1, help="Train this many seeds (--seed, --seed + 1, …) one after another, a run file each (-seed<N> "
+                "added to its name), and report every metric's mean and standard error over them.")]
 ConfigOption = Annotated[Optional[Path], typer.Option(help=CONFIG_HELP, dir_okay=False, is_eager=True,
                                                        callback=load_config, metavar="FILE.toml")]
 

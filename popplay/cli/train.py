@@ -57,21 +57,61 @@ def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
 
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
-                 resume: Any = None) -> None:
-    """Shared tail of every ``train`` command: run, report, exit 130 if stopped."""
-    from popplay.console import reporter_for
-    from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
+                 resume: Any = None, seeds: int = 1) -> None:
+    """Shared tail of every ``train`` command: run, report, exit 130 if stopped.
+    ``seeds`` > 1 trains seeds ``params.seed``, +1, … one after another (a run file
+    each) and reports every metric's mean and standard error over them."""
+    from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem
 
     try:
         every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
     except UsageProblem as error:
         raise CommandError(str(error)) from None
+    if seeds < 1:
+        raise CommandError(f"--seeds must be at least 1 (got {seeds})")
+    if seeds > 1 and resume is not None:
+        raise CommandError("--seeds: resume each seed's run file on its own")
     defaulted = out is None and resume is None
     if resume is not None:
         out = resume.path
-    options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
-                           out=out if out is not None else default_out(domain), overwrite=overwrite,
-                           checkpoint_every=every)
+    base = out if out is not None else default_out(domain)
+    if seeds == 1:
+        plan = [(params, base)]
+    else:
+        import dataclasses
+
+        plan = [(dataclasses.replace(params, seed=params.seed + k),
+                 base.with_name(f"{base.stem}-seed{params.seed + k}{base.suffix}")) for k in range(seeds)]
+        clash = [str(path) for _, path in plan if path.exists()]
+        if clash and not overwrite:
+            raise CommandError(f"--out {clash[0]}: file exists (pass --overwrite to replace it)")
+    outcomes = []
+    for run_params, path in plan:
+        options = TrainOptions(backend=backend, device=device, time_budget=time_budget, out=path,
+                               overwrite=overwrite, checkpoint_every=every)
+        outcome = _train_one(domain, run_params, options, json_output=json_output, resume=resume)
+        outcomes.append(outcome)
+        if not outcome.summary["complete"]:
+            break
+    latest = link_latest(domain, plan[len(outcomes) - 1][1]) if defaulted else None
+    summary = outcomes[-1].summary if seeds == 1 else aggregate(outcomes)
+    if json_output:
+        print_json(summary if latest is None else {**summary, "latest": str(latest)})
+    elif seeds == 1:
+        print(summary_text(domain, outcomes[0]) + (f" (and {latest})" if latest is not None else ""))
+    else:
+        for outcome in outcomes:
+            print(summary_text(domain, outcome))
+        print(aggregate_text(domain, summary, [name for name in outcomes[0].result.curve.metrics]))
+    if not outcomes[-1].summary["complete"]:
+        print(f"Stopped early; the run file {outcomes[-1].summary['out']} holds the state so far.", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def _train_one(domain: str, params: Any, options: Any, *, json_output: bool, resume: Any) -> Any:
+    from popplay.console import reporter_for
+    from popplay.runner import UsageProblem, train
+
     # Progress and status lines go to stderr: stdout carries only the results (the
     # summary, or the --json object), so `popplay train ... > result.txt` stays clean.
     reporter = reporter_for(sys.stderr, quiet=json_output and not sys.stderr.isatty())
@@ -82,17 +122,45 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         raise CommandError(str(error)) from None
     finally:
         reporter.close()
-    latest = link_latest(domain, Path(options.out)) if defaulted else None
     for warning in outcome.warnings:
         print(f"Warning: {warning}", file=sys.stderr)
-    summary = outcome.summary
-    if json_output:
-        print_json(summary if latest is None else {**summary, "latest": str(latest)})
-    else:
-        print(summary_text(domain, outcome) + (f" (and {latest})" if latest is not None else ""))
-    if not summary["complete"]:
-        print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
-        raise typer.Exit(130)
+    return outcome
+
+
+def aggregate(outcomes: list[Any]) -> dict[str, Any]:
+    """Several seeds' summaries as one: each metric's mean (under its own name), its
+    standard error over seeds (``<name>_sem``, sample standard deviation / sqrt(n))
+    and values (``<name>_values``); agent-steps and seconds summed; ``runs`` holds
+    every seed's own summary."""
+    import math
+
+    summaries = [o.summary for o in outcomes]
+    first = summaries[0]
+    out: dict[str, Any] = {"domain": first["domain"], "seeds": len(summaries), "runs": summaries,
+                           "backend": first["backend"], "device": first["device"],
+                           "complete": all(s["complete"] for s in summaries), "out": [s["out"] for s in summaries]}
+    for name in outcomes[0].result.curve.metrics:
+        values = [float(s[name]) for s in summaries]
+        mean = sum(values) / len(values)
+        sem = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+               if len(values) > 1 else float("nan"))
+        out.update({name: mean, f"{name}_sem": sem, f"{name}_values": values})
+    out["agent_steps"] = sum(s["agent_steps"] for s in summaries)
+    out["agent_steps_per_trial"] = first["agent_steps_per_trial"]
+    out["seconds"] = sum(s["seconds"] for s in summaries)
+    out["agent_steps_per_second"] = out["agent_steps"] / out["seconds"] if out["seconds"] > 0 else 0.0
+    out["phases"] = sum(s["phases"] for s in summaries)
+    return out
+
+
+def aggregate_text(domain: str, summary: dict[str, Any], metrics: list[str]) -> str:
+    from popplay.console import format_metric
+
+    shown = [f"{name} {format_metric(summary[name])} ± {format_metric(summary[name + '_sem'])}" for name in metrics]
+    lines = [f"{domain} over {summary['seeds']} seeds (mean ± standard error):"]
+    for i in range(0, len(shown), 3):
+        lines.append("  " + ", ".join(shown[i:i + 3]))
+    return "\n".join(lines)
 
 
 def link_latest(domain: str, path: Path) -> Path | None:

@@ -8,7 +8,7 @@ import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                TimeBudgetOption, given)
+                                SeedsOption, TimeBudgetOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
 
 
@@ -48,6 +48,7 @@ def train_bandit(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    seeds: SeedsOption = 1,
     config: ConfigOption = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
@@ -81,5 +82,6 @@ def train_bandit(
     )
     check_schedule(params, time_budget=time_budget, agent_steps=agent_steps)
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 seeds=seeds)
 

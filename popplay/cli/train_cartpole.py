@@ -8,7 +8,7 @@ import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                TimeBudgetOption, given)
+                                SeedsOption, TimeBudgetOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
 
 
@@ -78,6 +78,7 @@ def train_cartpole(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    seeds: SeedsOption = 1,
     config: ConfigOption = None,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
@@ -127,7 +128,8 @@ def train_cartpole(
         raise CommandError(_option_message(str(error))) from None
     check_schedule(params, time_budget=time_budget, agent_steps=agent_steps)
     run_training("cartpole", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 seeds=seeds)
 
 
 _OPTIONS = {"angle_boundary_degrees": "--angle-boundary", "steps_per_agent": "--agent-steps"}

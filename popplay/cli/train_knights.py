@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
+                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                SeedsOption, given)
 from popplay.cli.train import check_schedule, load_resume, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
@@ -65,6 +66,7 @@ def train_knights(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    seeds: SeedsOption = 1,
     config: ConfigOption = None,
 ) -> None:
     """Train a knights population by TD(λ) self-play. Quality = best agent's
@@ -96,5 +98,6 @@ def train_knights(
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
     check_schedule(params, time_budget=time_budget)
     run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
-                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
+                 out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
+                 seeds=seeds)
 
