@@ -160,8 +160,9 @@ class CompileClock:
     warm-up), and the first compilation announced once: on a fresh machine the
     kernels take seconds to compile and the console must not look frozen."""
 
-    def __init__(self, announce: Callable[[], None] | None = None) -> None:
+    def __init__(self, announce: Callable[[], None] | None = None, *, numba: bool = False) -> None:
         self.seconds = 0.0
+        self._numba = numba  # listen even if numba is not imported yet (its kernels load lazily)
         self._announce = announce
         self._depth = 0
         self._started = 0.0
@@ -170,7 +171,7 @@ class CompileClock:
     def __enter__(self) -> "CompileClock":
         import sys
 
-        if "numba" not in sys.modules:  # nothing to compile (torch backend); importing numba costs time
+        if "numba" not in sys.modules and not self._numba:  # torch backend: nothing to compile
             return self
         from numba.core import event
 
@@ -230,7 +231,9 @@ def run(
     ``curve`` and ``learning_seconds`` continue an earlier run. ``after_phase`` sees
     every new point (checkpoints hook in there).
     """
-    with CompileClock(lambda: _status(reporter, "compiling kernels (first run only)…")) as compiling:
+    uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
+    announce = lambda: _status(reporter, "compiling kernels (first run only)…")  # noqa: E731
+    with CompileClock(announce, numba=uses_numba) as compiling:
         return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
                     on_event=on_event, compiling=compiling)

@@ -152,3 +152,28 @@ def test_several_seeds_in_one_command_are_aggregated(tmp_path, capsys):
     assert "file exists" in capsys.readouterr().err
     assert main([*args, "--seeds", "2", "--seed", "4", "--overwrite"]) == 0
     assert "bandit over 2 seeds (mean ± standard error):" in capsys.readouterr().out
+
+
+def test_compile_message_when_numba_loads_only_inside_the_run(tmp_path):
+    # numba is imported lazily by the kernels; the runner must listen from the start.
+    code = """
+import io, sys
+from popplay.console import PlainReporter
+from popplay.games.bandit import BanditParams
+from popplay.populations.bandit import BanditExperiment
+from popplay.populations.base import Backend
+from popplay.runner import run
+assert "numba" not in sys.modules
+experiment = BanditExperiment(BanditParams(arms=4, agents=2, trials=2, steps_per_agent=4, share_every=2),
+                              Backend("numba", "cpu"))
+def warmup():
+    import numba
+    numba.njit(lambda x: x * 2 + 1)(3)  # uncached: a compilation, as on a fresh machine
+experiment.warmup = warmup
+stream = io.StringIO()
+run(experiment, reporter=PlainReporter(stream, interval=0))
+print(stream.getvalue().splitlines()[0])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "compiling kernels (first run only)…"

@@ -197,13 +197,10 @@ class KnightsExperiment:
         p = self.params
         if p.agents == 1:
             return np.zeros((1, p.games_per_agent), dtype=np.int64)
-        import torch
-
-        rules = _torch_rules()
-        keys = torch.from_numpy(self.opponent_keys)
-        u = rules.rng.uniform53(rules.rng.draw(keys, rules.rng.mix_counter(torch.tensor(episode))))
-        agents = torch.arange(p.agents)[:, None]
-        return rules.opponent(agents, u, torch.tensor(p.agents)).numpy().astype(np.int64)
+        rules = _numpy_rules()  # NumPy: the numba path must not pay for importing torch
+        u = rules.rng.uniform53(rules.rng.draw(self.opponent_keys, rules.rng.mix_counter(np.int64(episode))))
+        agents = np.arange(p.agents, dtype=np.int64)[:, None]
+        return np.asarray(rules.opponent(agents, u, np.int64(p.agents))).astype(np.int64)
 
     def measure(self, state: KnightsState) -> dict[str, float]:
         """Learning scores now; benchmark qualities every ``eval_every`` episodes.
@@ -390,10 +387,10 @@ class KnightsExperiment:
 _RULES: list[Any] = []
 
 
-def _torch_rules() -> Any:
-    """The game's rules on torch tensors (built once)."""
+def _numpy_rules() -> Any:
+    """The game's rules on NumPy arrays (built once)."""
     if not _RULES:
-        from popplay.xp import th
+        from popplay.xp import npx
 
-        _RULES.append(game.make_rules(th))
+        _RULES.append(game.make_rules(npx))
     return _RULES[0]
