@@ -143,7 +143,7 @@ def aggregate(outcomes: list[Any]) -> dict[str, Any]:
         values = [float(s[name]) for s in summaries]
         mean = sum(values) / len(values)
         sem = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-               if len(values) > 1 else float("nan"))
+               if len(values) > 1 else None)  # a stop after the first seed: no spread to report
         out.update({name: mean, f"{name}_sem": sem, f"{name}_values": values})
     out["agent_steps"] = sum(s["agent_steps"] for s in summaries)
     out["agent_steps_per_trial"] = first["agent_steps_per_trial"]
@@ -156,7 +156,9 @@ def aggregate(outcomes: list[Any]) -> dict[str, Any]:
 def aggregate_text(domain: str, summary: dict[str, Any], metrics: list[str]) -> str:
     from popplay.console import format_metric
 
-    shown = [f"{name} {format_metric(summary[name])} ± {format_metric(summary[name + '_sem'])}" for name in metrics]
+    shown = [f"{name} {format_metric(summary[name])}" + (
+        f" ± {format_metric(summary[name + '_sem'])}" if summary[name + "_sem"] is not None else "")
+        for name in metrics]
     lines = [f"{domain} over {summary['seeds']} seeds (mean ± standard error):"]
     for i in range(0, len(shown), 3):
         lines.append("  " + ", ".join(shown[i:i + 3]))
