@@ -497,6 +497,10 @@ def table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
     return [line(columns), line(["-" * w for w in widths])] + [line(b) for b in body]
 
 
+QUICK_WARNING = ("WARNING: --quick measures smoke sizes in short rounds: start-up costs dominate, so the rates "
+                 "and the ratios to peers below mean nothing (run without --quick for real figures).")
+
+
 def render(report: dict[str, Any], markdown: bool) -> str:
     m = report["machine"]
     gpu = m["gpu"]["name"] if m["gpu"] else "none"
@@ -505,6 +509,8 @@ def render(report: dict[str, Any], markdown: bool) -> str:
             f"gymnasium {m['gymnasium'] or 'not installed'}; GPU: {gpu}.")
     rule = report["timing_rule"]
     out = [head, "", rule, ""] if markdown else [head, rule, ""]
+    if report.get("quick"):
+        out[:0] = [QUICK_WARNING, ""]
     for section in report["sections"]:
         rows = [r for r in report["rows"] if r["section"] == section]
         if not rows:
@@ -555,6 +561,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     say = (lambda text: None) if args.quiet else (
         lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}", file=sys.stderr, flush=True))
+    if args.quick:
+        print(QUICK_WARNING, file=sys.stderr, flush=True)
     bench = Bench(sizes, say)
     extra = []
     sections = []

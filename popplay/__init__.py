@@ -1,6 +1,38 @@
-"""popplay: evolutionary population reinforcement learning."""
+"""popplay: evolutionary population reinforcement learning.
+
+The Python API (see ``docs/api.md``)::
+
+    import popplay
+    outcome = popplay.train("bandit", agents=8, trials=16, steps_per_agent=64)
+    outcome.summary["quality"], outcome.result.curve.metrics["quality"]
+
+Names are loaded on first use, so that ``import popplay`` (and the command line)
+stays fast.
+"""
+from __future__ import annotations
+
 from popplay import _numba_cache
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "train": "popplay.api", "evaluate": "popplay.api", "tournament": "popplay.api", "load": "popplay.api",
+    "params_for": "popplay.api", "TrainOptions": "popplay.runner", "TrainOutcome": "popplay.runner",
+    "CheckpointEvery": "popplay.runner", "BanditParams": "popplay.games.bandit",
+    "CartPolePopulationParams": "popplay.games.cartpole", "KnightsParams": "popplay.games.knights",
+}
+__all__ = ["__version__", *_EXPORTS]
+
 _numba_cache.configure()
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        from importlib import import_module
+
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'popplay' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

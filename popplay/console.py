@@ -3,7 +3,8 @@
 ``render(progress)`` turns a :class:`popplay.runner.Progress` into a rich renderable
 and does nothing else, so it is tested directly. :class:`LiveReporter` redraws it in
 place on a terminal; :class:`PlainReporter` prints one plain line now and then for
-logs and pipes (no escape codes).
+logs and pipes (no escape codes). Both write to stderr: stdout belongs to results
+and ``--json``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from popplay.runner import Progress
+from popplay.runner import PER_TRIAL, Progress
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -38,7 +39,24 @@ def format_rate(rate: float) -> str:
 
 
 def format_metric(value: float) -> str:
+    """Whole numbers as whole numbers (an episode stays ``20``, not ``100.0`` later),
+    others to four significant digits, large ones with thousands separators."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value):,}"
     return f"{value:.4g}" if abs(value) < 100 else f"{value:,.1f}"
+
+
+def _budget_row(progress: Progress) -> tuple[str, str]:
+    """The budget in its own unit: agent-time steps per trial, or episodes."""
+    done = progress.done_units if progress.done_units is not None else progress.agent_steps
+    budget = progress.budget_units if progress.budget_units is not None else progress.budget_agent_steps
+    return progress.unit, f"{done:,}" + (f" / {budget:,}" if budget else "")
+
+
+def _per_trial(progress: Progress) -> bool:
+    return progress.unit == PER_TRIAL
 
 
 def render(progress: Progress) -> RenderableType:
@@ -55,24 +73,38 @@ def render(progress: Progress) -> RenderableType:
     stats.add_column()
     for name, value in progress.metrics.items():
         stats.add_row(name, format_metric(value))
+    stats.add_row(*_budget_row(progress))
+    if _per_trial(progress):
+        stats.add_row("shares", str(progress.phase))
+    if progress.total_agent_steps is not None:
+        stats.add_row("agent-steps, all trials" if _per_trial(progress) else "agent-steps",
+                      f"{progress.total_agent_steps:,}")
     stats.add_row("agent-steps/s", format_rate(progress.agent_steps_per_second))
-    stats.add_row("shares" if progress.domain != "knights" else "episodes", str(progress.phase))
-    stats.add_row("agent-steps", f"{progress.agent_steps:,}" + (
-        f" / {progress.budget_agent_steps:,}" if progress.budget_agent_steps else ""))
     stats.add_row("learning time", format_seconds(progress.learning_seconds) + (
         f" / {format_seconds(progress.time_budget)}" if progress.time_budget else ""))
     return Group(line, stats)
 
 
-def plain_line(progress: Progress) -> str:
-    """One log line for non-terminal output."""
-    metrics = " ".join(f"{name}={format_metric(value)}" for name, value in progress.metrics.items())
-    return (
-        f"{progress.domain} {100 * progress.fraction:5.1f}% phase {progress.phase} "
-        f"agent-steps {progress.agent_steps:,} {metrics} "
-        f"{format_rate(progress.agent_steps_per_second)} agent-steps/s "
-        f"learning {format_seconds(progress.learning_seconds)} eta {format_seconds(progress.eta_seconds)}"
-    )
+PLAIN_WIDTH = 120
+
+
+def plain_line(progress: Progress, width: int = PLAIN_WIDTH) -> str:
+    """One log line for non-terminal output, at most ``width`` characters: metrics
+    that do not fit are left out (the run file and the summary hold them all)."""
+    unit, budget = _budget_row(progress)
+    unit = "steps/trial" if _per_trial(progress) else unit
+    head = f"{progress.domain} {100 * progress.fraction:5.1f}% {unit} {budget.replace(' / ', '/')}"
+    tail = (f"{format_rate(progress.agent_steps_per_second)} agent-steps/s "
+            f"learning {format_seconds(progress.learning_seconds).strip()} "
+            f"eta {format_seconds(progress.eta_seconds).strip()}")
+    room = width - len(head) - len(tail) - 2
+    metrics: list[str] = []
+    for name, value in progress.metrics.items():
+        item = f"{name}={format_metric(value)}"
+        if sum(len(m) + 1 for m in metrics) + len(item) > room:
+            break
+        metrics.append(item)
+    return " ".join([head, *metrics, tail])
 
 
 class LiveReporter:
@@ -81,11 +113,15 @@ class LiveReporter:
     def __init__(self, stream: IO[str] | None = None, fps: float = 8.0) -> None:
         from rich.live import Live
 
-        self._console = Console(file=stream or sys.stdout)
+        self._console = Console(file=stream or sys.stderr)
         self._live = Live(console=self._console, auto_refresh=False, transient=False)
         self._interval = 1.0 / fps
         self._last = 0.0
         self._started = False
+
+    def status(self, message: str) -> None:
+        """A line above the live panel (or before it appears)."""
+        self._console.print(Text(message, style="dim"))
 
     def update(self, progress: Progress) -> None:
         now = time.monotonic()
@@ -106,17 +142,26 @@ class LiveReporter:
 
 
 class PlainReporter:
-    """Prints :func:`plain_line` every ``interval`` seconds and at the end."""
+    """Prints :func:`plain_line` every ``interval`` seconds and at the end (once: the
+    last phase's line is not repeated when the budget ends on it)."""
 
     def __init__(self, stream: IO[str] | None = None, interval: float = 2.0) -> None:
-        self._stream = stream or sys.stdout
+        self._stream = stream or sys.stderr
         self._interval = interval
         self._last = float("-inf")
+        self._printed: tuple[int, float] | None = None
+
+    def status(self, message: str) -> None:
+        print(message, file=self._stream, flush=True)
 
     def update(self, progress: Progress) -> None:
         now = time.monotonic()
+        key = (progress.phase, progress.learning_seconds)
+        if progress.done and key == self._printed:
+            return
         if progress.done or now - self._last >= self._interval:
             self._last = now
+            self._printed = key
             print(plain_line(progress), file=self._stream, flush=True)
 
     def close(self) -> None:
@@ -124,6 +169,9 @@ class PlainReporter:
 
 
 class SilentReporter:
+    def status(self, message: str) -> None:
+        pass
+
     def update(self, progress: Progress) -> None:
         pass
 

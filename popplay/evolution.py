@@ -170,14 +170,9 @@ def _like(array: Any, values: Any) -> Any:
 def _words(seed: int, generation: int, agent_ids: np.ndarray, slot: int, count: int) -> tuple[Any, Any, Any]:
     """Keys, counters and ``count`` words per agent id, from the stream of
     (seed, generation, agent id); word ``i`` of slot ``s`` sits at counter ``s·2³² + i``."""
-    import torch
-
-    from popplay.xp import th
-
-    r = rng.make_rng(th)
-    keys = torch.from_numpy(np.ascontiguousarray(
-        rng.stream_keys(seed, TAG_VARIATION, [generation], np.ravel(agent_ids))[0]))
-    counters = torch.arange(count, dtype=torch.int64) + slot * (1 << 32)
+    r = rng._numpy_rng()  # NumPy, not torch: the numba paths must not pay for importing it
+    keys = np.ascontiguousarray(rng.stream_keys(seed, TAG_VARIATION, [generation], np.ravel(agent_ids))[0])
+    counters = np.arange(count, dtype=np.int64) + slot * (1 << 32)
     words = r.draw(keys[:, None], r.mix_counter(counters)[None, :])
     return keys, counters, words
 
@@ -193,7 +188,7 @@ def vary_factors(seed: int, generation: int, agent_ids: np.ndarray, names: tuple
     if spread == 1.0 or agent_ids.size == 0:
         return {name: np.ones(agent_ids.shape) for name in names}
     _, _, words = _words(seed, generation, agent_ids, _SLOT_VARIATION_FACTORS, len(names))
-    u = (words.numpy().view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    u = (words.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     factors = spread ** (2.0 * u - 1.0)
     return {name: factors[:, i].reshape(agent_ids.shape) for i, name in enumerate(names)}
 
@@ -205,11 +200,9 @@ def gaussian_noise(seed: int, generation: int, agent_ids: np.ndarray, size: int,
     agent_ids = np.asarray(agent_ids, dtype=np.int64)
     if std == 0.0 or agent_ids.size == 0:
         return np.zeros(agent_ids.shape + (size,))
-    from popplay.xp import th
-
-    r = rng.make_rng(th)
+    r = rng._numpy_rng()
     keys, counters, words = _words(seed, generation, agent_ids, _SLOT_WEIGHT_NOISE, size)
-    noise = r.normal(keys[:, None], counters[None, :], words).numpy()
+    noise = r.normal(keys[:, None], counters[None, :], words)
     return std * noise.reshape(agent_ids.shape + (size,))
 
 

@@ -12,7 +12,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from popplay.xp import nb, th
+from popplay.xp import nb
 
 Array = TypeVar("Array", np.ndarray, Any)
 
@@ -30,7 +30,6 @@ def make_merge(xp: Any) -> Any:
 
 
 _merge_nb = make_merge(nb)
-_merge_th = make_merge(th)
 
 
 @numba.njit(cache=True, parallel=True)
@@ -81,7 +80,7 @@ def share_counts(values: Array, counts: Array) -> tuple[Array, Array]:
         agents = values.shape[-2]
         n_total = counts.sum(dim=-2, keepdim=True)
         weighted = (counts * values).sum(dim=-2, keepdim=True)
-        q_total = _merge_th(weighted, n_total, values.mean(dim=-2, keepdim=True))
+        q_total = _torch_rules().merge(weighted, n_total, values.mean(dim=-2, keepdim=True))
         return q_total.expand_as(values).clone(), torch.broadcast_to(n_total / agents, counts.shape).clone()
     v = np.ascontiguousarray(values, dtype=np.float64)
     n = np.ascontiguousarray(counts, dtype=np.float64)
@@ -241,7 +240,7 @@ def share_weighted(values: Array, weights: Array, initial_weight: float,
         v64 = values.to(torch.float64)
         w64 = weights.to(torch.float64)
         agents = values.shape[-2]
-        q_total = _merge_th(_tree_sum_th(v64 * w64), _tree_sum_th(w64), _tree_sum_th(v64) * (1.0 / agents))
+        q_total = _torch_rules().merge(_tree_sum_th(v64 * w64), _tree_sum_th(w64), _tree_sum_th(v64) * (1.0 / agents))
         if out is None:
             return q_total.expand_as(v64).clone(), torch.full_like(w64, initial_weight)
         out[0].copy_(q_total.expand_as(v64))
@@ -295,9 +294,24 @@ def _make_words(xp: Any) -> tuple[Any, Any]:
 
 
 _bias_nb = make_bias(nb)
-_bias_th = make_bias(th)
 _draw_nb, _mix_counter_nb = _make_words(nb)
-_draw_th, _mix_counter_th = _make_words(th)
+
+
+def _torch_rules() -> Any:
+    """The torch twins of the rules above, built on first use: importing torch costs
+    seconds, and the numba paths never need it."""
+    global _TORCH_RULES
+    if _TORCH_RULES is None:
+        from types import SimpleNamespace
+
+        from popplay.xp import th
+
+        draw, mix_counter = _make_words(th)
+        _TORCH_RULES = SimpleNamespace(merge=make_merge(th), bias=make_bias(th), draw=draw, mix_counter=mix_counter)
+    return _TORCH_RULES
+
+
+_TORCH_RULES: Any = None
 
 
 @numba.njit(cache=True, parallel=True)
@@ -365,8 +379,9 @@ def differentiate(values: Array, max_bias: float, keys: Array, counter: int,
 
         items = values.shape[-1]
         index = torch.arange(items, dtype=torch.int64, device=values.device)
-        words = _draw_th(keys.to(torch.int64)[..., None], _mix_counter_th(index // 2 + int(counter)))
-        biased = values.to(torch.float64) + _bias_th(words, index % 2 == 1, max_bias)
+        rules = _torch_rules()
+        words = rules.draw(keys.to(torch.int64)[..., None], rules.mix_counter(index // 2 + int(counter)))
+        biased = values.to(torch.float64) + rules.bias(words, index % 2 == 1, max_bias)
         if out is None:
             return biased, max_bias / bias_decay
         out.copy_(biased)

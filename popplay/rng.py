@@ -244,6 +244,55 @@ def make_rng(xp: Any) -> SimpleNamespace:
                 return -x if srl(word, 8) & 1 else x
             return normal_slow(key, counter, word)
 
+    elif xp.__name__.endswith(".npx"):
+        import numpy as np
+
+        ZX = _ZIG_X
+        ZF = _ZIG_F
+
+        def normal(key, counter, word):
+            """A standard normal deviate; ``word = draw(key, mix_counter(counter))``."""
+            key, counter, word = np.broadcast_arrays(key, counter, word)
+            layer = word & 255
+            x = uniform53(word) * ZX[layer]
+            x = np.where(srl(word, 8) & 1 == 1, -x, x)
+            pending = np.nonzero(np.abs(x) >= ZX[layer + 1])
+            if pending[0].size:
+                x[pending] = _pending_normals(key[pending], counter[pending], word[pending])
+            return x
+
+        def _pending_normals(key, counter, word):
+            # The torch state machine below, lane for lane, in NumPy.
+            lanes = np.arange(word.size)
+            out = np.empty(word.shape, dtype=np.float64)
+            in_tail = np.zeros(word.shape, dtype=bool)
+            attempt = np.zeros_like(word)
+            negative = np.zeros_like(word)
+            while lanes.size:
+                layer = word & 255
+                zig_x = uniform53(word) * ZX[layer]
+                zig = ~in_tail
+                negative = np.where(zig, srl(word, 8) & 1, negative)
+                fast = zig & (zig_x < ZX[layer + 1])
+                to_tail = zig & ~fast & (layer == 0)
+                wedge = zig & ~fast & (layer != 0)
+                wedge_ok = wedge & wedge_accepts(layer, zig_x, retry_word(key, counter, attempt + 1))
+                tail_x, tail_ok = tail_point(retry_word(key, counter, attempt + 1),
+                                             retry_word(key, counter, attempt + 2))
+                tail_ok = in_tail & tail_ok
+                attempt = np.where(wedge | in_tail, attempt + 2, attempt)
+                word = np.where(wedge & ~wedge_ok, retry_word(key, counter, attempt), word)
+                candidate = np.where(in_tail, tail_x, zig_x)
+                finished = fast | wedge_ok | tail_ok | (~to_tail & (attempt >= _ZIG_MAX_ATTEMPTS - 2))
+                in_tail = in_tail | to_tail
+                done = np.nonzero(finished)
+                value = candidate[done]
+                out[lanes[done]] = np.where(negative[done] == 1, -value, value)
+                keep = np.nonzero(~finished)
+                lanes, key, counter, word = lanes[keep], key[keep], counter[keep], word[keep]
+                in_tail, attempt, negative = in_tail[keep], attempt[keep], negative[keep]
+            return out
+
     else:
         import torch
 
@@ -339,16 +388,27 @@ def stream_keys(seed: int, tag: int, *axes: Any) -> Any:
     a population (a shard of agents, one trial) gets the same keys as the whole.
     """
     import numpy as np
-    import torch
 
-    from popplay.xp import th
-
-    r = make_rng(th)
-    keys = torch.tensor([key_path(seed, tag)], dtype=torch.int64)
+    r = _numpy_rng()
+    keys = np.array([key_path(seed, tag)], dtype=np.int64)
     for axis in axes:
-        index = torch.as_tensor(np.ascontiguousarray(axis, dtype=np.int64)).reshape(-1)
+        index = np.ascontiguousarray(axis, dtype=np.int64).reshape(-1)
         keys = r.combine(keys[..., None], index)
-    return keys.reshape(keys.shape[1:] if axes else keys.shape).numpy()
+    return keys.reshape(keys.shape[1:] if axes else keys.shape)
+
+
+_NUMPY_RNG: Any = None
+
+
+def _numpy_rng() -> SimpleNamespace:
+    """The streams over NumPy arrays (built once): set-up work such as keys and arm
+    means runs here, so that the numba paths never import torch."""
+    global _NUMPY_RNG
+    if _NUMPY_RNG is None:
+        from popplay.xp import npx
+
+        _NUMPY_RNG = make_rng(npx)
+    return _NUMPY_RNG
 
 
 def key_path(seed: int, *path: int) -> int:

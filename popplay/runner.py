@@ -92,9 +92,19 @@ class Curve:
         return len(self.agent_steps)
 
 
+#: The unit of progress of the domains whose budget is agent-time steps per trial.
+PER_TRIAL = "agent-steps per trial"
+
+
 @dataclass
 class Progress:
-    """A snapshot for the console: everything :func:`popplay.console.render` shows."""
+    """A snapshot for the console: everything :func:`popplay.console.render` shows.
+
+    ``agent_steps`` is the learning curve's x-axis (agent-time steps per trial);
+    ``total_agent_steps`` counts every agent-step of every trial (the numerator of
+    ``agent_steps_per_second``). The budget is counted in ``unit``: agent-time steps
+    per trial, or episodes (knights, whose agent-step total is not known in advance).
+    """
 
     domain: str
     phase: int
@@ -105,11 +115,17 @@ class Progress:
     agent_steps_per_second: float
     metrics: dict[str, float]
     done: bool = False
+    total_agent_steps: int | None = None
+    unit: str = PER_TRIAL
+    done_units: int | None = None
+    budget_units: int | None = None
 
     @property
     def fraction(self) -> float:
         if self.time_budget:
             return min(1.0, self.learning_seconds / self.time_budget)
+        if self.budget_units and self.done_units is not None:
+            return min(1.0, self.done_units / self.budget_units)
         if self.budget_agent_steps:
             return min(1.0, self.agent_steps / self.budget_agent_steps)
         return 0.0
@@ -128,6 +144,63 @@ class Progress:
 
 class Reporter(Protocol):
     def update(self, progress: Progress) -> None: ...
+
+    # Optional: ``status(message)`` for one-off lines (compiling, saving), shown apart
+    # from the progress display.
+
+
+def _status(reporter: Any, message: str) -> None:
+    if reporter is not None and hasattr(reporter, "status"):
+        reporter.status(message)
+
+
+class CompileClock:
+    """Seconds numba spends compiling while active, so that learning time leaves them
+    out (a cold cache compiles kernels during the first phases too, not only in the
+    warm-up), and the first compilation announced once: on a fresh machine the
+    kernels take seconds to compile and the console must not look frozen."""
+
+    def __init__(self, announce: Callable[[], None] | None = None, *, numba: bool = False) -> None:
+        self.seconds = 0.0
+        self._numba = numba  # listen even if numba is not imported yet (its kernels load lazily)
+        self._announce = announce
+        self._depth = 0
+        self._started = 0.0
+        self._listener: Any = None
+
+    def __enter__(self) -> "CompileClock":
+        import sys
+
+        if "numba" not in sys.modules and not self._numba:  # torch backend: nothing to compile
+            return self
+        from numba.core import event
+
+        clock = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev: Any) -> None:
+                if clock._depth == 0:
+                    if clock._announce is not None:
+                        announce, clock._announce = clock._announce, None
+                        announce()
+                    clock._started = time.perf_counter()
+                clock._depth += 1
+
+            def on_end(self, ev: Any) -> None:
+                clock._depth -= 1
+                if clock._depth == 0:
+                    clock.seconds += time.perf_counter() - clock._started
+
+        self._listener = _Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._listener is not None:
+            from numba.core import event
+
+            event.unregister("numba:compile", self._listener)
+            self._listener = None
 
 
 @dataclass
@@ -153,11 +226,23 @@ def run(
 ) -> RunResult:
     """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
 
-    Learning time counts only the phases (learning and sharing); warm-up (JIT
-    compilation) and measurements are excluded. ``state``, ``curve`` and
-    ``learning_seconds`` continue an earlier run. ``after_phase`` sees every new
-    point (checkpoints hook in there).
+    Learning time counts only the phases (learning and sharing); warm-up, JIT
+    compilation wherever it happens, and measurements are excluded. ``state``,
+    ``curve`` and ``learning_seconds`` continue an earlier run. ``after_phase`` sees
+    every new point (checkpoints hook in there).
     """
+    uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
+    announce = lambda: _status(reporter, "compiling kernels (first run only)…")  # noqa: E731
+    with CompileClock(announce, numba=uses_numba) as compiling:
+        return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
+                    learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
+                    on_event=on_event, compiling=compiling)
+
+
+def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporter | None, state: Any,
+         curve: Curve | None, learning_seconds: float, should_stop: Callable[[], bool] | None,
+         after_phase: Callable[[Any, Curve, float], None] | None, on_event: Callable[[str], None] | None,
+         compiling: CompileClock) -> RunResult:
     experiment.warmup()
     if state is None:
         state = experiment.initial_state()
@@ -165,15 +250,20 @@ def run(
     time_mode = time_budget is not None
     phases = 0
     stopped = False
+    unit = getattr(experiment, "progress_unit", PER_TRIAL)
+    # Knights' budget is in episodes; its agent-step total is only a projection.
+    budget_units = getattr(experiment, "budget_progress", experiment.budget_agent_steps)
 
     def progress(done: bool) -> Progress:
         steps = experiment.total_agent_steps(state)
         return Progress(
             domain=experiment.domain, phase=len(curve), agent_steps=experiment.agent_steps(state),
-            budget_agent_steps=None if time_mode else experiment.budget_agent_steps(),
+            budget_agent_steps=None if time_mode or unit != PER_TRIAL else experiment.budget_agent_steps(),
             learning_seconds=learning_seconds, time_budget=time_budget,
             agent_steps_per_second=steps / learning_seconds if learning_seconds > 0 else 0.0,
             metrics={name: values[-1] for name, values in curve.metrics.items()}, done=done,
+            total_agent_steps=steps, unit=unit, done_units=experiment.progress(state),
+            budget_units=None if time_mode else budget_units(),
         )
 
     while True:
@@ -187,9 +277,9 @@ def run(
             stopped = True
             break
         time_left = time_budget - learning_seconds if time_mode else None
-        started = time.perf_counter()
+        started, compiled = time.perf_counter(), compiling.seconds
         state = experiment.phase(state, time_left=time_left)
-        learning_seconds += time.perf_counter() - started
+        learning_seconds += max(0.0, time.perf_counter() - started - (compiling.seconds - compiled))
         phases += 1
         # Diverged agents are reset before anything measures, stores or copies them.
         check = getattr(experiment, "check_finite", None)
@@ -321,8 +411,10 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
     """Run one experiment and write its run file; return the summary users see.
 
     ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
-    state, curves and learning time), written back to ``options.out``.
+    state, curves and learning time), written back to ``options.out``. Without
+    ``options.out`` nothing is written: the outcome holds the curves and final state.
     """
+    import contextlib
     import time as _time
     from pathlib import Path
 
@@ -337,17 +429,21 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         raise UsageProblem(str(error)) from None
     if options.time_budget is not None and not options.time_budget > 0:
         raise UsageProblem(f"--time-budget must be positive (got {options.time_budget})")
-    out = Path(options.out)
+    # No ``out``: learn in memory only (a notebook), nothing written.
+    out = Path(options.out) if options.out is not None else None
+    if out is None and (resume is not None or options.checkpoint_every is not None):
+        raise UsageProblem("resuming and --checkpoint-every need a run file (out)")
     from popplay.validation import check_before_training
 
     try:  # everything a save needs, before any learning: settings, memory, the file
         check_before_training(domain, params, options, resume=resume is not None)
     except ValueError as error:
         raise UsageProblem(str(error)) from None
-    import contextlib
-
+    if options.writer:
+        _status(reporter, f"{'resuming' if resume is not None else 'training'} {domain} with {backend.name} on "
+                          f"{backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
     held = getattr(resume, "lock", None)  # --resume took it before reading the file
-    with held if held is not None else RunLock(out) if options.writer else contextlib.nullcontext():
+    with held if held is not None else RunLock(out) if out is not None and options.writer else contextlib.nullcontext():
         experiment = registry.build(domain, params, backend)
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:
@@ -378,6 +474,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 due = last["mark"] is not None and mark > last["mark"]
                 last["mark"] = mark if last["mark"] is None or due else last["mark"]
             if due:
+                _status(reporter, f"saving checkpoint into {out}…")
                 writer.write(state, curve, seconds, complete=False)
                 last["wall"] = _time.monotonic()
 
@@ -387,7 +484,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
                      on_event=on_event)
-        writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
+        if out is not None:
+            _status(reporter, f"saving run file {out}…")
+            writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)
     seconds = result.learning_seconds
@@ -402,7 +501,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "backend": backend.name,
         "device": backend.device,
         "complete": not result.stopped,
-        "out": str(out),
+        "out": str(out) if out is not None else None,
     }
     return TrainOutcome(summary, result, experiment, writer.events)
 

@@ -182,6 +182,7 @@ def check_before_training(domain: str, params: Any, options: Any, *, resume: boo
             if isinstance(value, int) and not isinstance(value, bool):
                 check_value(f"--{name.replace('_', '-')}", value, int)
         check_run_fits(domain, params, f"a {domain} run with these settings")
-        runfile.check_writable(Path(options.out), overwrite=options.overwrite, resume=resume)
+        if options.out is not None:  # no out: learning in memory (the Python API), nothing to write
+            runfile.check_writable(Path(options.out), overwrite=options.overwrite, resume=resume)
     except runfile.RunFileError as error:
         raise ValueError(str(error)) from None

@@ -38,6 +38,7 @@ def test_quick_run_writes_json_and_markdown(bench_run, tmp_path, capsys):
 
     data = json.loads(out_json.read_text())
     assert data["quick"] is True
+    assert printed.startswith("WARNING: --quick") and out_md.read_text().startswith("WARNING: --quick")
     machine = data["machine"]
     for key in ("cpu", "cores", "numba_threads", "torch", "numba", "numpy", "gpu"):
         assert key in machine

@@ -128,7 +128,9 @@ def test_ctrl_c_finishes_the_phase_saves_and_exits_130(tmp_path):
     path = tmp_path / "interrupted.h5"
     proc = _popplay(*BANDIT, "--agent-steps", "100000000", "--out", str(path))
     deadline = time.monotonic() + 120
-    line = proc.stdout.readline()  # the first progress line: learning has started
+    line = proc.stderr.readline()  # progress goes to stderr; its first line: learning has started
+    while line and "%" not in line:  # status lines (training…, compiling…) come before it
+        line = proc.stderr.readline()
     assert line and time.monotonic() < deadline
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

@@ -53,10 +53,11 @@ def test_torch_backend_gives_the_same_run_as_numba(tmp_path, capsys):
 
 
 def test_plain_progress_lines_without_a_terminal(tmp_path, capsys):
-    code, stdout, _ = _run(capsys, SMALL + ["--out", str(tmp_path / "r.h5")])
+    code, stdout, stderr = _run(capsys, SMALL + ["--out", str(tmp_path / "r.h5")])
     assert code == 0
-    assert "\x1b[" not in stdout
-    assert "quality=" in stdout and "agent-steps/s" in stdout
+    assert "\x1b[" not in stdout + stderr
+    assert "quality=" in stderr and "agent-steps/s" in stderr  # progress: stderr
+    assert "quality=" not in stdout and stdout.startswith("bandit: quality")  # results: stdout
     assert "wrote" in stdout.splitlines()[-1]
 
 

@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from popplay.console import PlainReporter, format_rate, format_seconds, plain_line, render, reporter_for
+from popplay.console import PlainReporter, format_metric, format_rate, format_seconds, plain_line, render, reporter_for
 from popplay.runner import Progress
 
 
@@ -55,3 +55,71 @@ def test_plain_reporter_prints_lines_without_escape_codes():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and "\x1b" not in stream.getvalue()
     assert isinstance(reporter_for(io.StringIO()), PlainReporter)
+
+
+def test_budget_is_labelled_in_its_own_unit():
+    text = _text(render(_progress(total_agent_steps=2048 * 32, done_units=2048, budget_units=8192)))
+    assert "agent-steps per trial" in text and "2,048 / 8,192" in text
+    assert "agent-steps, all trials" in text and "65,536" in text
+    knights = _progress(domain="knights", agent_steps=123_456, budget_agent_steps=None, total_agent_steps=123_456,
+                        unit="episodes", done_units=5, budget_units=20)
+    text = _text(render(knights))
+    assert "episodes" in text and "5 / 20" in text and "25.0%" in text
+    assert "123,456" in text and "/ 123" not in text  # no projected agent-step total shown as a budget
+    assert "episodes 5/20" in plain_line(knights)
+
+
+def test_whole_metrics_stay_whole_and_plain_lines_stay_short():
+    assert format_metric(20.0) == "20" and format_metric(100.0) == "100" and format_metric(0.9375) == "0.9375"
+    assert format_metric(1234.5) == "1,234.5"
+    many = {"quality": 0.61, **{f"opponent{i}_{s}": 0.123456 for i in range(8) for s in ("best", "mean", "worst")},
+            "eval_episode": 100.0}
+    line = plain_line(_progress(metrics=many, agent_steps=10**9, budget_agent_steps=10**10))
+    assert len(line) <= 120 and line.count("quality=0.61") == 1 and "agent-steps/s" in line and "eta" in line
+
+
+def test_plain_reporter_does_not_repeat_the_last_phase_and_shows_status():
+    stream = io.StringIO()
+    reporter = PlainReporter(stream, interval=0)
+    reporter.status("compiling kernels (first run only)…")
+    reporter.update(_progress(phase=7))
+    reporter.update(_progress(phase=7, done=True))  # the budget ended on that phase
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("compiling kernels") and len(lines) == 2
+
+
+def test_compilation_inside_a_phase_is_not_learning_time():
+    import time
+
+    import numba
+
+    from popplay.runner import run
+
+    @numba.njit  # no cache: compiled at its first call, inside the first phase
+    def bump(x):
+        total = 0
+        for i in range(x):
+            total += i * i % 7
+        return total
+
+    class Toy:
+        domain = "toy"
+        params = None
+
+        def warmup(self): pass
+        def initial_state(self): return 0
+        def finished(self, state, *, time_mode): return state >= 2
+        def phase(self, state, *, time_left): return state + 1 + 0 * bump(3)
+        def measure(self, state): return {"quality": float(state)}
+        def agent_steps(self, state): return state
+        def total_agent_steps(self, state): return state
+        def budget_agent_steps(self): return 2
+        def progress(self, state): return state
+
+    stream = io.StringIO()
+    started = time.perf_counter()
+    result = run(Toy(), reporter=PlainReporter(stream, interval=0))
+    wall = time.perf_counter() - started
+    assert "compiling kernels (first run only)" in stream.getvalue().splitlines()[0]
+    assert wall > 0.05  # the compilation did happen, in the phase
+    assert result.learning_seconds < 0.02 < wall

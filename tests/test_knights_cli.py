@@ -151,6 +151,9 @@ def test_a_person_can_play_whole_games_with_bad_input_in_between(run_file, human
     assert shown.count("You win!") + shown.count("The agent wins.") + shown.count("Draw:") == 2
     assert "Agent plays" in shown and "is not a legal move" in shown and "is not a square" in shown
     assert "Legal moves:" in shown and shown.rstrip().endswith("Bye.")
+    # after each move: pieces left, plies towards the draw, the agent's estimate
+    assert "Pieces: you 5, agent 5. Ply 1 of" in shown and "chance to win:" in shown
+    assert "captures a piece" in shown  # whole games end by capturing everything (or a draw after captures)
 
 
 def test_end_of_input_and_ctrl_c_end_the_session_cleanly(run_file):

@@ -104,3 +104,11 @@ def test_batched_populations_show_one_group(tmp_path, capsys):
     assert len(everyone["population"]) == 6
     capsys.readouterr()
     assert main(["lineage", str(path), "--group", "2"]) == 2
+
+
+def test_json_is_spelled_as_everywhere_else(run_file, capsys):
+    assert _out(capsys, ["lineage", str(run_file), "--json"]) == _out(capsys, ["lineage", str(run_file), "--format",
+                                                                                "json"])
+    capsys.readouterr()
+    assert main(["lineage", str(run_file), "--json", "--format", "csv"]) == 2
+    assert "disagree" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from popplay import rng
-from popplay.xp import nb, py, th
+from popplay.xp import nb, npx, py, th
 
 R_NB, R_TH, R_PY = rng.make_rng(nb), rng.make_rng(th), rng.make_rng(py)
 _draw_nb, _mix_nb, _normal_nb = R_NB.draw, R_NB.mix_counter, R_NB.normal
@@ -41,6 +41,13 @@ def test_words_and_normals_identical_on_numba_torch_and_python():
     t_normals = R_TH.normal(torch.tensor(key), counters, t_words)
     assert np.array_equal(t_words.numpy(), words)
     assert np.array_equal(t_normals.numpy(), normals)
+    # NumPy twin (set-up work without torch), tail and wedge lanes included.
+    r_np = rng.make_rng(npx)
+    n_counters = np.arange(50_000, dtype=np.int64)
+    n_words = r_np.draw(np.int64(key), r_np.mix_counter(n_counters))
+    assert np.array_equal(n_words, words)
+    assert np.array_equal(r_np.normal(np.int64(key), n_counters, n_words), normals)
+    assert (np.abs(normals) > rng._ZIG_R).any()  # the tail was exercised
     p_words = [R_PY.draw(key, R_PY.mix_counter(i)) for i in range(3000)]
     assert p_words == words[:3000].tolist()
     assert [R_PY.normal(key, i, w) for i, w in enumerate(p_words)] == normals[:3000].tolist()

@@ -106,3 +106,18 @@ def test_console_script_in_a_real_process(runs):
     bad = subprocess.run(command + ["tournament", str(runs["a"]), "--games", "0"], capture_output=True, text=True,
                          timeout=120, env=env)
     assert bad.returncode == 2 and bad.stderr.startswith("Error:") and "Traceback" not in bad.stderr
+
+
+def test_odd_games_round_up_and_mixed_runs_are_announced(runs, tmp_path, capsys):
+    data = _json(capsys, ["tournament", str(runs["a"]), "--games", "3", "--json"])
+    assert data["games"] == 4  # as `evaluate` does: each side moves first equally often
+    wins, draws, losses = (np.array(data[k]) for k in ("wins", "draws", "losses"))
+    assert ((wins + draws + losses)[~np.eye(3, dtype=bool)] == 4).all()
+    capsys.readouterr()
+    assert main(["tournament", str(runs["a"]), str(runs["b"]), "--games", "2", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "2 run files enter one round robin" in err and f"{runs['a']} (3 players)" in err
+    link = tmp_path / "latest-knights.h5"
+    link.symlink_to(runs["a"])
+    data = _json(capsys, ["tournament", str(runs["a"]), str(link), "--games", "2", "--json"])
+    assert len(data["agents"]) == 3  # one population, named twice

@@ -76,13 +76,15 @@ class RunFile:
 def library_versions() -> dict[str, str]:
     import h5py
     import numba
-    import torch
+    from importlib.metadata import version
 
     import popplay
 
+    # torch's version from its metadata: importing torch for it would cost the numba
+    # paths seconds at every save.
     return {
         "python": platform.python_version(), "popplay": popplay.__version__,
-        "numpy": np.__version__, "numba": numba.__version__, "torch": torch.__version__,
+        "numpy": np.__version__, "numba": numba.__version__, "torch": version("torch"),
         "h5py": h5py.__version__,
     }
 

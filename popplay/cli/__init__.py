@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from importlib import import_module
+from typing import Any
 
 import typer
 
@@ -16,11 +17,91 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from popplay import __version__
+
+        print(f"popplay {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                 help="Print popplay's version and exit."),
+) -> None:
+    """Evolutionary population reinforcement learning: train, evaluate and compare populations."""
+
+
+_TYPE_NAMES = {"int": "INTEGER", "int range": "INTEGER", "float": "NUMBER", "float range": "NUMBER",
+               "str": "TEXT", "file": "FILE", "path": "PATH", "directory": "DIRECTORY"}
+
+
+def _natural_help() -> None:
+    """Help that reads naturally: typer 0.29 shows Python types (``<bool>`` on flags,
+    ``<list[Path]>``, ``<int range> [x>=1]``) and braces required arguments
+    (``{RUN.h5}``). Show click's words instead (INTEGER, NUMBER, FILE, choices as
+    a|b), nothing on flags or on arguments that have a metavar, ranges in words, and
+    arguments by name. Left as typer has it if its internals differ."""
+    try:
+        from typer import core
+        from typer._display import describe_number_range  # noqa: F401  (checks the internals are there)
+    except ImportError:
+        return
+    base = getattr(core, "_TyperParameter", None)
+    if base is None or not hasattr(base, "display_type"):
+        return
+    original = base.display_type
+
+    def display_type(self: Any, ctx: Any) -> Any:
+        desc = self.type_descriptor
+        if desc.annotation is bool or (isinstance(self, core.TyperArgument) and self.metavar is not None):
+            return None
+        label = str(original(self, ctx)).strip("<>")
+        return _TYPE_NAMES.get(label, label)
+
+    def number_range(self: Any) -> str | None:
+        low, high = getattr(self, "min", None), getattr(self, "max", None)
+        if getattr(self, "count", False) and low == 0 and high is None:
+            return None
+        if low is None and high is None:
+            return None
+        if low is None:
+            return f"at most {high}"
+        if high is None:
+            return f"at least {low}"
+        return f"{low} to {high}"
+
+    def usage_name(self: Any) -> str:
+        name = self.display_name_raw
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 and self.metavar is None else "")
+
+    base.display_type = display_type
+    for cls in (core.TyperArgument, core.TyperOption):
+        if hasattr(cls, "_get_number_range_help_str"):
+            cls._get_number_range_help_str = number_range
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+        core.TyperArgument._usage_display_name = usage_name
+
+
+_natural_help()
+
+
 def _register() -> None:
     """Import every command module (each registers itself on ``app``); lazily, so
     that importing :mod:`popplay.cli` stays cheap."""
     from popplay.cli import (evaluate, inspect, lineage, play, plot, reproduce,  # noqa: F401
                              tournament, train)
+
+    # Command lists show each docstring's first paragraph as one flowing sentence
+    # (typer would keep the source's line breaks).
+    apps = [app] + [group.typer_instance for group in app.registered_groups if group.typer_instance]
+    for each in apps:
+        for info in each.registered_commands:
+            doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
+            if info.short_help is None and doc:
+                info.short_help = " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def _click_exceptions(name: str) -> tuple[type[BaseException], ...]:
@@ -62,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, prog_name="popplay", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except _USAGE as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # `popplay`, `popplay train`: the help is the answer
+            message = error.format_message()
+            if message.strip():  # plain (non-rich) help comes back as the message
+                print(message)
+            return 2
         _error(error.format_message())
         return 2
     except KeyboardInterrupt:

@@ -64,9 +64,51 @@ DistTimeoutOption = Annotated[float, typer.Option(
 
 
 def given(ctx: typer.Context, name: str) -> bool:
-    """Whether the user set option ``name`` (as opposed to its default)."""
+    """Whether the user set option ``name`` (on the command line or in --config), as
+    opposed to leaving its default."""
     source = ctx.get_parameter_source(name)
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "DEFAULT_MAP")
+
+
+CONFIG_HELP = ("TOML file of options for this command (agent-steps = 131072, differentiation = \"top2\", …; at the "
+               "top level or under a [bandit]/[cartpole]/[knights] table); options on the command line override it.")
+
+
+def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Optional[Path]:
+    """Eager callback of ``--config``: the file's options become this command's defaults
+    (click's default map), so anything given on the command line still wins."""
+    if value is None:
+        return value
+    import tomllib
+
+    domain = ctx.info_name or ""
+    try:
+        with open(value, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as error:
+        raise CommandError(f"--config {value}: {error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise CommandError(f"--config {value}: not valid TOML ({error})") from None
+    table = data.get(domain) if isinstance(data.get(domain), dict) else {
+        k: v for k, v in data.items() if not isinstance(v, dict)}
+    names = {p.name: p for p in ctx.command.params if p.name not in ("config", "help")}
+    options: dict[str, Any] = {}
+    for key, setting in table.items():
+        name = key.replace("-", "_").lstrip("_")
+        name = "json_output" if name == "json" else name
+        if name not in names:
+            known = ", ".join(sorted(n.replace("_", "-") for n in names if n != "json_output"))
+            raise CommandError(f"--config {value}: {key!r} is not an option of `popplay train {domain}` ({known})")
+        options[name] = str(setting) if isinstance(setting, (int, float)) and name in ("checkpoint_every",) else setting
+    ctx.default_map = {**(ctx.default_map or {}), **options}
+    return value
+
+
+SeedsOption = Annotated[int, typer.Option(
+    min=1, help="Train this many seeds (--seed, --seed + 1, …) one after another, a run file each (-seed<N> "
+                "added to its name), and report every metric's mean and standard error over them.")]
+ConfigOption = Annotated[Optional[Path], typer.Option(help=CONFIG_HELP, dir_okay=False, is_eager=True,
+                                                       callback=load_config, metavar="FILE.toml")]
 
 
 def default_out(domain: str) -> Path:

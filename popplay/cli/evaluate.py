@@ -22,7 +22,8 @@ KNIGHTS_ONLY = ("--opponent", "--games", "--seed")
 
 @app.command("evaluate")
 def evaluate(
-    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", metavar="RUN.h5", dir_okay=False)],
+    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train` (bandit, cartpole or knights).", metavar="RUN.h5",
+        dir_okay=False)],
     opponent: Annotated[Optional[Opponent], typer.Option(
         help="knights: the benchmark opponent every agent plays (default greedy).")] = None,
     games: Annotated[Optional[int], typer.Option(
@@ -34,7 +35,8 @@ def evaluate(
         min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
 ) -> None:
     """Re-measure the population stored in a run file (bandit: block-estimate quality;
-    knights: every agent's quality against a benchmark opponent)."""
+    cartpole: the shared greedy policy's balancing test; knights: every agent's quality
+    against a benchmark opponent)."""
     from popplay.checkpoints.runfile import RunFileError, read_run
     from popplay.populations import registry
     from popplay.populations.base import Backend

@@ -37,12 +37,18 @@ def lineage(
                       "json then also holds the raw event log.")] = False,
     group: Annotated[Optional[int], typer.Option(
         help="Populations with leading batch axes (e.g. trials x agents): only this one (flat index).")] = None,
+    json_output: Annotated[bool, typer.Option(
+        "--json", help="Same as --format json (the spelling every other command uses).")] = False,
 ) -> None:
     """Who descends from whom: every copy, mutation and reset recorded during training.
     Founders are the initial agents (and agents reset after diverging); each node shows
     the generation (episode) it was born in, its slot and its learning parameters."""
     from popplay.checkpoints.runfile import RunFileError, read_run
 
+    if json_output:
+        if format not in (Format.tree, Format.json):
+            raise CommandError(f"--json and --format {format.value} disagree; give one of them")
+        format = Format.json  # noqa: A001
     try:
         stored = read_run(run)
     except RunFileError as error:

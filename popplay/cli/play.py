@@ -11,8 +11,14 @@ import typer
 from popplay.cli import app
 from popplay.cli.common import CommandError
 
-HELP_TEXT = ("Type a move as two squares, e.g. 'b1 c3' (or 'b1c3', 'b1-c3', or square numbers '7 16'). "
-             "'moves' lists your legal moves, 'quit' ends the session.")
+def help_text(cols: int = 7) -> str:
+    """How to enter moves; square numbers count from a1 = 0 along the rows (b1 c3 on a
+    board ``cols`` wide is '1 {2 * cols + 2}')."""
+    return (f"Type a move as two squares, e.g. 'b1 c3' (or 'b1c3', 'b1-c3', or square numbers counted from "
+            f"a1 = 0 along each row: '1 {2 * cols + 2}'). 'moves' lists your legal moves, 'quit' ends the session.")
+
+
+HELP_TEXT = help_text()
 
 
 class Side(str, Enum):
@@ -85,7 +91,8 @@ class Session:
         """Play games until the person quits (or input ends); never raises on bad input."""
         game_number = 0
         self.console.print(f"Playing agent {self.agent} of the run. You are "
-                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. {HELP_TEXT}")
+                           f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. "
+                           f"{help_text(self.params.cols)}")
         try:
             while True:
                 if not self.play_one(ask, game_number):
@@ -124,8 +131,10 @@ class Session:
             else:
                 move = game.best_move(self.net, board, player, p.jumps)
                 self.console.print(f"Agent plays {_move_name(move, p.cols)}")
+            captured = int(board.flat[move[1]]) == -player
             board = game.apply_move(board, move, p.jumps)
             last = move
+            self.console.print(self.status_line(board, ply + 1, player, captured))
             won = game.winner(board)
             if won:
                 self.console.print(render_board(board, last))
@@ -134,6 +143,19 @@ class Session:
         self.console.print(render_board(board, last))
         self.console.print(f"Draw: {p.max_turns} plies without a winner.")
         return True
+
+    def status_line(self, board: Any, plies: int, mover: int, captured: bool) -> str:
+        """After a move: a capture, the pieces left, the plies towards the draw, and
+        the agent's estimate of its chance to win (its value of the position)."""
+        from popplay.games import knights as game
+
+        yours, agents = int((board == self.human).sum()), int((board == -self.human).sum())
+        who = "You capture" if mover == self.human else "The agent captures"
+        estimate = game.value(self.net, board, -self.human) if mover == -self.human else \
+            1.0 - game.value(self.net, board, self.human)
+        return (f"{who + ' a piece. ' if captured else ''}Pieces: you {yours}, agent {agents}. "
+                f"Ply {plies} of {self.params.max_turns} (then a draw). "
+                f"Agent's estimate of its chance to win: {estimate:.0%}")
 
     def ask_move(self, ask: Callable[[str], str], board: Any, moves: list[tuple[int, int]]) -> tuple[int, int] | None:
         """Read a legal move; re-ask on anything else. None: the person quit."""
@@ -149,7 +171,7 @@ class Session:
             if text in ("q", "quit", "exit"):
                 return None
             if text in ("", "?", "h", "help"):
-                self.console.print(HELP_TEXT)
+                self.console.print(help_text(p.cols))
                 continue
             if text in ("m", "moves"):
                 self.console.print("Legal moves: " + ", ".join(_move_name(m, p.cols) for m in moves))
@@ -167,7 +189,7 @@ class Session:
 
 
 def parse_move(text: str, rows: int, cols: int) -> tuple[int, int]:
-    """A move from 'b1 c3', 'b1c3', 'b1-c3' or '7 16'."""
+    """A move from 'b1 c3', 'b1c3', 'b1-c3' or square numbers ('1 16' on a 7-wide board)."""
     import re
 
     from popplay.games.knights import parse_square

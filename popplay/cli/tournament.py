@@ -1,6 +1,9 @@
 """``popplay tournament RUN.h5 [MORE.h5 …]``: a round robin between stored knights agents."""
 from __future__ import annotations
 
+import os
+import sys
+from collections import Counter
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -26,7 +29,8 @@ def tournament(
     runs: Annotated[list[Path], typer.Argument(
         help="Knights run files; every agent of each run's population enters.", metavar="RUN.h5 [MORE.h5 ...]",
         dir_okay=False)],
-    games: Annotated[int, typer.Option(help="Games per pair of players, half with each moving first.")] = 10,
+    games: Annotated[int, typer.Option(
+        min=1, help="Games per pair of players, half with each moving first (rounded up to even).")] = 10,
     snapshots: Annotated[bool, typer.Option(
         "--snapshots", help="Also enter the populations of every snapshot stored in the runs (cross-generation).")
     ] = False,
@@ -46,6 +50,17 @@ def tournament(
 
     if games < 1:
         raise CommandError(f"--games must be at least 1 (got {games})")
+    games += games % 2  # as `evaluate` does: each side moves first equally often
+    seen: set[str] = set()
+    kept = []
+    for run in runs:  # runs/latest-knights.h5 beside the run it links to: one population, not two
+        if os.path.realpath(run) not in seen:
+            seen.add(os.path.realpath(run))
+            kept.append(run)
+    if len(kept) < len(runs):
+        print(f"Warning: {len(runs) - len(kept)} run file(s) named twice; each population enters once",
+              file=sys.stderr)
+    runs = kept
     if snapshot_every is not None and not snapshots:
         raise CommandError("--snapshot-every applies with --snapshots only")
     try:
@@ -53,6 +68,10 @@ def tournament(
                            anchor=anchor.value if anchor is not None else None)
     except EntrantError as error:
         raise CommandError(str(error)) from None
+    if len(runs) > 1:  # a glob can match unrelated runs: never mix them silently
+        counts = Counter(e.path for e in field.entrants if e.kind == "agent")
+        print(f"Note: {len(runs)} run files enter one round robin: "
+              + ", ".join(f"{path} ({count} players)" for path, count in counts.items()), file=sys.stderr)
     if len(field.players) < 2:
         raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
     from popplay.distributed import train as sharded

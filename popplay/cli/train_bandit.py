@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
                                 DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                TimeBudgetOption, given)
+                                SeedsOption, TimeBudgetOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import load_resume, resume_time_budget, resumed_params, run_training, train_app
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
 
 
 class Differentiation(str, Enum):
@@ -49,6 +49,8 @@ def train_bandit(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    seeds: SeedsOption = 1,
+    config: ConfigOption = None,
     nproc: NprocOption = 1,
     timeout: DistTimeoutOption = 60.0,
 ) -> None:
@@ -65,6 +67,8 @@ def train_bandit(
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
+        check_schedule(params, time_budget=stored.config.get("time_budget"),
+                       agent_steps=agent_steps if given(ctx, "agent_steps") else None)
         run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=resume_time_budget(ctx, stored, time_budget, "agent_steps"), out=None, overwrite=True,
@@ -80,7 +84,8 @@ def train_bandit(
         bias_scale=bias_scale, explorer_fraction=explorer_fraction, explorer_epsilon=explorer_epsilon,
         topk_fraction=topk_fraction, seed=seed,
     )
+    check_schedule(params, time_budget=time_budget, agent_steps=agent_steps)
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
-                 nproc=nproc, timeout=timeout)
+                 seeds=seeds, nproc=nproc, timeout=timeout)
 

@@ -5,10 +5,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
+from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
+                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                SeedsOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import load_resume, resume_time_budget, resumed_params, run_training, train_app
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
 _D = KnightsParams()
@@ -66,6 +67,8 @@ def train_knights(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    seeds: SeedsOption = 1,
+    config: ConfigOption = None,
     nproc: NprocOption = 1,
     timeout: DistTimeoutOption = 60.0,
 ) -> None:
@@ -97,7 +100,8 @@ def train_knights(
     except ValueError as error:
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
+    check_schedule(params, time_budget=time_budget)
     run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
-                 nproc=nproc, timeout=timeout)
+                 seeds=seeds, nproc=nproc, timeout=timeout)
 

@@ -165,14 +165,10 @@ def agent_static_keys(seed: int, trials: np.ndarray, agents: np.ndarray) -> np.n
 
 def arm_means(seed: int, trials: int, arms: int) -> np.ndarray:
     """The true arm means of every trial, N(0, 1), shaped (trials, arms)."""
-    import torch
-
-    from popplay.xp import th
-
-    r = _rng.make_rng(th)
-    keys = torch.from_numpy(environment_keys(seed, np.arange(trials)))[:, None]
-    counters = torch.arange(arms, dtype=torch.int64)[None, :]
-    return r.normal(keys, counters, r.draw(keys, r.mix_counter(counters))).numpy()
+    r = _rng._numpy_rng()
+    keys = environment_keys(seed, np.arange(trials))[:, None]
+    counters = np.arange(arms, dtype=np.int64)[None, :]
+    return r.normal(keys, counters, r.draw(keys, r.mix_counter(counters)))
 
 
 def differentiated(agents: int, fraction: float) -> np.ndarray:

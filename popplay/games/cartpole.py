@@ -515,19 +515,17 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
     agent at a random start (the words of step 0) with its first ε-greedy action
     already chosen (NumPy arrays). Agents get ids 0, 1, … (row-major over trials and
     agents), each recorded as a founder in a new lineage log."""
-    import torch
-
     from popplay.evolution import Lineage, initial_ids
-    from popplay.xp import th
+    from popplay.xp import npx
 
     p = params
     if keys is None:
         keys = learn_keys(p.seed, np.arange(p.trials), np.arange(p.agents))
-    r = _rules_for(th)
-    k = torch.from_numpy(np.ascontiguousarray(keys))
-    word = [r.rng.draw(k, r.rng.mix_counter(torch.tensor(slot, dtype=torch.int64))) for slot in range(WORDS_PER_STEP)]
+    r = _rules_for(npx)  # NumPy: the numba path must not pay for importing torch
+    k = np.ascontiguousarray(keys, dtype=np.int64)
+    word = [r.rng.draw(k, r.rng.mix_counter(np.int64(slot))) for slot in range(WORDS_PER_STEP)]
     x, xd, th_, thd = r.start_state(word[1], word[2], p.start_range)
-    zeros = torch.zeros(keys.shape, dtype=torch.float64)
+    zeros = np.zeros(keys.shape, dtype=np.float64)
     action = r.choose(word[0], zeros, zeros, p.epsilon)
     shape = (p.trials, p.agents, STATE_ACTIONS)
     population = (p.trials, p.agents)
@@ -535,7 +533,8 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
     lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
     return CartPoleState(
         q=np.zeros(shape), trace=np.zeros(shape), weight=np.full(shape, p.initial_weight),
-        cart=torch.stack([x, xd, th_, thd], dim=-1).numpy(), action=action.to(torch.int64).numpy(),
+        cart=np.stack(np.broadcast_arrays(x, xd, th_, thd), axis=-1).astype(np.float64),
+        action=np.asarray(action).astype(np.int64),
         shared=np.zeros((p.trials, STATE_ACTIONS)), max_bias=float(p.bias), step=0, shares=0,
         alpha=np.full(population, float(p.alpha)), lam=np.full(population, float(p.lam)),
         epsilon=np.full(population, float(p.epsilon)), agent_id=ids, fitness=np.full(population, np.nan),

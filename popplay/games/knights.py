@@ -436,15 +436,11 @@ def _check_network(net: Network, inputs: int) -> None:
 
 def init_networks(seed: int, agent_slots: np.ndarray, inputs: int, hidden: int, scale: float) -> Networks:
     """Initial weights, uniform on [−scale, scale], from each agent slot's own stream."""
-    import torch
-
-    from popplay.xp import th
-
-    r = _rng.make_rng(th)
+    r = _rng._numpy_rng()
     count = parameter_count(inputs, hidden)
-    keys = torch.from_numpy(_rng.stream_keys(seed, TAG_INIT, agent_slots))[:, None]
-    counters = torch.arange(count, dtype=torch.int64)[None, :]
-    u = r.uniform53(r.draw(keys, r.mix_counter(counters))).numpy()
+    keys = _rng.stream_keys(seed, TAG_INIT, agent_slots)[:, None]
+    counters = np.arange(count, dtype=np.int64)[None, :]
+    u = r.uniform53(r.draw(keys, r.mix_counter(counters)))
     return unpack(scale * (2.0 * u - 1.0), inputs, hidden)
 
 
@@ -457,7 +453,10 @@ def make_rules(xp: Any) -> SimpleNamespace:
     rng = _rng.make_rng(xp)
     uniform_hi32 = rng.uniform_hi32
     uniform_lo32 = rng.uniform_lo32
-    if xp.vectorized:
+    if xp.vectorized and xp.__name__.endswith(".npx"):
+        def sigmoid(x):
+            return 1.0 / (1.0 + np.exp(-x))
+    elif xp.vectorized:
         import torch
 
         sigmoid = torch.sigmoid

@@ -82,12 +82,16 @@ class BanditExperiment:
         """Compile (or load from numba's cache) the kernels on a tiny population."""
         if self.backend.name != "numba":
             return
-        tiny = BanditParams(arms=3, agents=2, trials=1, steps_per_agent=2, share_every=2,
+        # The tiny run takes the same kernel path (ranked rescans or full scans) as
+        # this one, so that no kernel is left to load or compile in a timed phase.
+        share_every = 4 if self._ranked else 1
+        tiny = BanditParams(arms=3, agents=2, trials=1, steps_per_agent=share_every, share_every=share_every,
                             differentiation=self.params.differentiation)
         from popplay.distributed.group import Dist
 
         small = BanditExperiment(tiny, self.backend, dist=Dist())
-        small.phase(small.initial_state(), time_left=None)
+        assert small._ranked == self._ranked
+        small.measure(small.phase(small.initial_state(), time_left=None))
 
     def finished(self, state: BanditState, *, time_mode: bool) -> bool:
         return not time_mode and state.step >= self.params.steps_per_agent

@@ -239,13 +239,10 @@ class KnightsExperiment:
         p = self.params
         if p.agents == 1:
             return np.zeros((1, p.games_per_agent), dtype=np.int64)
-        import torch
-
-        rules = _torch_rules()
-        keys = torch.from_numpy(self.opponent_keys)
-        u = rules.rng.uniform53(rules.rng.draw(keys, rules.rng.mix_counter(torch.tensor(episode))))
-        agents = torch.arange(p.agents)[:, None]
-        return rules.opponent(agents, u, torch.tensor(p.agents)).numpy().astype(np.int64)
+        rules = _numpy_rules()  # NumPy: the numba path must not pay for importing torch
+        u = rules.rng.uniform53(rules.rng.draw(self.opponent_keys, rules.rng.mix_counter(np.int64(episode))))
+        agents = np.arange(p.agents, dtype=np.int64)[:, None]
+        return np.asarray(rules.opponent(agents, u, np.int64(p.agents))).astype(np.int64)
 
     def measure(self, state: KnightsState) -> dict[str, float]:
         """Learning scores now; benchmark qualities every ``eval_every`` episodes.
@@ -328,6 +325,13 @@ class KnightsExperiment:
 
     def total_agent_steps(self, state: KnightsState) -> int:
         return state.turns
+
+    #: The budget and ``--checkpoint-every`` count episodes (see :meth:`progress`).
+    progress_unit = "episodes"
+
+    def budget_progress(self) -> int:
+        """The episode budget (the agent-step total is only projected)."""
+        return self.params.episodes
 
     def budget_agent_steps(self) -> int:
         """Turns at the episode budget: those done plus the remaining episodes at the
@@ -425,10 +429,10 @@ class KnightsExperiment:
 _RULES: list[Any] = []
 
 
-def _torch_rules() -> Any:
-    """The game's rules on torch tensors (built once)."""
+def _numpy_rules() -> Any:
+    """The game's rules on NumPy arrays (built once)."""
     if not _RULES:
-        from popplay.xp import th
+        from popplay.xp import npx
 
-        _RULES.append(game.make_rules(th))
+        _RULES.append(game.make_rules(npx))
     return _RULES[0]

@@ -1,0 +1,40 @@
+"""NumPy array namespace (see :mod:`popplay.xp`): the torch rules' vectorised twin for
+set-up work (stream keys, arm means) that must not pay for importing torch."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+vectorized = True
+
+
+def fn(function: Callable) -> Callable:
+    return function
+
+
+# NumPy's int64 array arithmetic wraps modulo 2**64 like torch's; only its scalar path
+# warns about the wrap, which is the point of the hash.
+def add64(a: Any, b: Any) -> Any:
+    with np.errstate(over="ignore"):
+        return np.add(a, b, dtype=np.int64)
+
+
+def mul64(a: Any, b: Any) -> Any:
+    with np.errstate(over="ignore"):
+        return np.multiply(a, b, dtype=np.int64)
+
+
+def to_float(x: Any) -> Any:
+    return np.asarray(x).astype(np.float64)
+
+
+def to_int(x: Any) -> Any:
+    return np.asarray(x).astype(np.int64)
+
+
+floor = np.floor
+frexp = np.frexp
+ldexp = np.ldexp
+where = np.where
+abs = np.abs  # noqa: A001
