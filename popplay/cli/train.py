@@ -79,10 +79,10 @@ def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
     """The stored run's parameters with a new budget."""
     import dataclasses
 
-    from popplay.populations import registry
+    from popplay.validation import params_from_config
 
     try:
-        params = registry.params_from_config(domain, stored.config)
+        params = params_from_config(domain, stored.config)
     except (TypeError, ValueError) as error:
         raise CommandError(f"{stored.path}: damaged config ({error})") from None
     return dataclasses.replace(params, **{k: v for k, v in budget.items() if v is not None})
@@ -283,13 +283,18 @@ def warn(message: str) -> None:
     print(f"Warning: {message}", file=sys.stderr, flush=True)
 
 
-def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int | None = None) -> None:
+def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int | None = None,
+                   domain: str | None = None) -> None:
     """Validate ``params``, then warn where the run will not do what the options say:
     an ``agent_steps`` budget rounded down to whole steps per agent, or operators the
     budget never reaches (silently no sharing or no replication is not what anyone
     asking for them wants)."""
     try:
         params.validate()
+        if domain is not None:  # a run that cannot start needs its refusal, not warnings about its schedule
+            from popplay.limits import check_run_fits
+
+            check_run_fits(domain, params)
     except ValueError as error:
         raise CommandError(str(error)) from None
     agents = getattr(params, "agents", 1)

@@ -67,7 +67,7 @@ def train_bandit(
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
-        check_schedule(params, time_budget=stored.config.get("time_budget"),
+        check_schedule(params, domain="bandit", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
         run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
@@ -84,7 +84,7 @@ def train_bandit(
         bias_scale=bias_scale, explorer_fraction=explorer_fraction, explorer_epsilon=explorer_epsilon,
         topk_fraction=topk_fraction, seed=seed,
     )
-    check_schedule(params, time_budget=time_budget, agent_steps=agent_steps)
+    check_schedule(params, domain="bandit", time_budget=time_budget, agent_steps=agent_steps)
     run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)

@@ -99,7 +99,7 @@ def train_cartpole(
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
-        check_schedule(params, time_budget=stored.config.get("time_budget"),
+        check_schedule(params, domain="cartpole", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
         run_training("cartpole", params,
                      backend=backend.value if given(ctx, "backend") else stored.config["backend"],
@@ -130,7 +130,7 @@ def train_cartpole(
         params.validate()
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
-    check_schedule(params, time_budget=time_budget, agent_steps=agent_steps)
+    check_schedule(params, domain="cartpole", time_budget=time_budget, agent_steps=agent_steps)
     run_training("cartpole", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)

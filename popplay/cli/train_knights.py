@@ -100,7 +100,7 @@ def train_knights(
     except ValueError as error:
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
-    check_schedule(params, time_budget=time_budget)
+    check_schedule(params, domain="knights", time_budget=time_budget)
     run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)
