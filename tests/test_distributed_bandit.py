@@ -65,3 +65,16 @@ def test_cuda_nccl_two_ranks_equal_one_process(tmp_path: Path) -> None:
     done = popplay(*TINY, *extra, "--nproc", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert_same_run(one, out)
+
+
+def test_one_process_run_resumes_on_two_ranks(tmp_path: Path) -> None:
+    from popplay.cli import main
+
+    half = [*TINY[:TINY.index("--agent-steps")], "--agent-steps", "48", *TINY[TINY.index("--share-every"):]]
+    out = tmp_path / "run.h5"
+    assert main([*half, "--differentiation", "top2", "--out", str(out), "--json"]) == 0
+    done = popplay("train", "bandit", "--resume", str(out), "--agent-steps", "96", "--nproc", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 2
+    whole = _single(tmp_path, "whole.h5", "--differentiation", "top2")
+    assert_same_run(whole, out)

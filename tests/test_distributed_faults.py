@@ -106,7 +106,7 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     equals an uninterrupted one-process run."""
     from popplay.cli import main
 
-    budget = ["--agent-steps", "40000"]
+    budget = ["--agent-steps", "24000"]
     base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]
     out = tmp_path / "run.h5"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

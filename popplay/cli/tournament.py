@@ -85,7 +85,7 @@ def tournament(
     if sharded.wants_launch(nproc):  # ranks split the pairs (popplay.tournaments.roundrobin)
         from popplay.cli import ARGV
 
-        if ARGV is None:
+        if ARGV is None or not any(a == "--nproc" or a.startswith("--nproc=") for a in ARGV):
             raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
         raise typer.Exit(sharded.launch_command(ARGV, nproc, timeout))
     try:

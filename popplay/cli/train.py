@@ -137,7 +137,7 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
             sharded.check_divisible(params, nproc)
         except ValueError as error:
             raise CommandError(str(error)) from None
-        if ARGV is None:
+        if ARGV is None or not any(a == "--nproc" or a.startswith("--nproc=") for a in ARGV):
             raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
         code = sharded.launch_training(ARGV, nproc, timeout, base)
         if code == 0 and defaulted:

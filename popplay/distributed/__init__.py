@@ -10,13 +10,21 @@ Stable API (later changes only add to it)
 Launch (:mod:`popplay.distributed.launch`, no torch import):
 
 - ``launch_local(argv, nproc, *, timeout=60.0, threads_per_rank=None, describe_lost=None,
-  module="popplay") -> int``: start ``nproc`` ranks of ``python -m popplay.distributed.rank
-  "popplay rank R/N" ARGV...`` on 127.0.0.1 with a free port and the torchrun environment
-  (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``LOCAL_WORLD_SIZE``, plus ``POPPLAY_LAUNCHED=1`` and ``POPPLAY_ROLE``), watch them,
-  forward SIGINT/SIGTERM, stop every rank when one is lost and return the exit code.
-- ``LOST_EXIT`` (exit code of a job that lost a rank), ``PEER_LOST_EXIT`` (exit code of a
-  rank that saw a peer vanish), ``launched_here()``, ``in_rank()``.
+  module="popplay.distributed.rank", stderr=None) -> int``: start ``nproc`` ranks of
+  ``python -m MODULE "popplay rank R/N" ARGV...`` (the default module runs ``popplay ARGV``)
+  on 127.0.0.1 with the torchrun environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, plus ``POPPLAY_LAUNCHED=1``,
+  ``POPPLAY_ROLE`` and ``POPPLAY_STORE_FD``: rank 0 gets the store's loopback socket, bound
+  by the launcher), watch them, forward SIGINT/SIGTERM, stop every rank when one is lost
+  (one ``Error: rank R of N was lost (...)`` line) and return the exit code.
+- ``LOST_EXIT`` (exit code of a job that lost a rank), ``PEER_LOST_EXIT`` (exit code a rank
+  should use when it saw a peer vanish), ``launched_here()``, ``in_rank()``, ``role(r, n)``.
+- A rank's own ``Error: ...`` lines on stderr are held by the launcher and shown only when
+  that rank is the cause; ranks other than 0 have stdout discarded.
+
+Training glue (:mod:`popplay.distributed.train`): ``wants_launch``, ``launch_training``,
+``launch_command``, ``rank_session``, ``agreed_stop``, ``restarted_resume`` (torchrun
+``--max-restarts``), ``summary_fields``.
 
 Process groups (:mod:`popplay.distributed.group`):
 
