@@ -44,6 +44,17 @@ def test_huber_loss_of_the_taken_actions() -> None:
     assert float(loss.detach()) == pytest.approx((2.5 + 0.125) / 2)
 
 
+def test_the_learners_fused_loss_is_equation_1_with_huber() -> None:
+    agent = dqn.DoubleDQN(dqn.DQNConfig(hidden=(8,)), obs_dim=2, actions=3, seed=0)
+    with torch.no_grad():
+        for p in agent.target.parameters():
+            p.add_(0.3)  # make the target differ from the online network
+    batch = Batch(torch.randn(16, 2), torch.randint(3, (16,)), torch.randn(16), torch.randn(16, 2),
+                  (torch.arange(16) % 4 == 0).float())
+    reference = dqn.dqn_loss(batch, agent.online, dqn.double_dqn_targets(batch, agent.online, agent.target, 0.99))
+    assert torch.allclose(agent.loss(batch), reference, rtol=1e-6)
+
+
 def test_epsilon_falls_linearly_with_learner_updates() -> None:
     config = dqn.DQNConfig(epsilon_start=1.0, epsilon_end=0.1, epsilon_updates=100)
     assert dqn.epsilon(0, config) == 1.0

@@ -113,7 +113,9 @@ class DoubleDQN:
         self.online = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self.target = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
+        # foreach: one kernel per step for all parameters instead of one per parameter
+        # (about 2x faster updates for these small networks on the CPU).
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr, foreach=True)
         self.replay = ReplayBuffer(self.config.replay_capacity, self.obs_dim)
         self.sampler = networks.generator(self.seed * 7919 + 1)
 
@@ -139,14 +141,25 @@ class DoubleDQN:
         self.update_credit -= n
         return n
 
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """:func:`dqn_loss` against :func:`double_dqn_targets`, with one online pass over
+        s and s' together (the s' half only picks actions, without gradient)."""
+        n = batch.obs.shape[0]
+        q_both = self.online(torch.cat([batch.obs, batch.next_obs]))
+        with torch.no_grad():
+            best = q_both[n:].argmax(dim=1, keepdim=True)
+            value = self.target(batch.next_obs).gather(1, best).squeeze(1)
+            targets = batch.reward + self.config.gamma * (1.0 - batch.terminated) * value
+        q = q_both[:n].gather(1, batch.action.view(-1, 1)).squeeze(1)
+        return F.smooth_l1_loss(q, targets)
+
     def update(self) -> float:
         """One gradient step on a uniform minibatch; refreshes the target when due."""
         batch = self.replay.sample(self.config.batch_size, self.sampler)
-        targets = double_dqn_targets(batch, self.online, self.target, self.config.gamma)
-        loss = dqn_loss(batch, self.online, targets)
         self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(batch)
         loss.backward()
-        nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm, foreach=True)
         self.optimizer.step()
         self.updates += 1
         if self.updates % self.config.target_every == 0:
