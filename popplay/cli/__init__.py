@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from importlib import import_module
 from typing import Any
@@ -132,10 +133,34 @@ _CLICK = _click_exceptions("ClickException")
 ARGV: list[str] | None = None
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C outside a run's own stop handling. Not a KeyboardInterrupt: typer 0.29
+    catches those and turns them into a silent exit 130, so nothing would say why."""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
     global ARGV
     ARGV = list(sys.argv[1:] if argv is None else argv)
+    try:
+        previous = signal.signal(signal.SIGINT, _raise_interrupted)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        return _main(argv)
+    except _Interrupted:
+        _error("interrupted")
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # Imports and command registration inside the guard: Ctrl-C at start-up is
         # "interrupted" like Ctrl-C anywhere else, never a traceback.

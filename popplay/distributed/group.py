@@ -101,6 +101,14 @@ def init_from_env(*, device: str = "cpu", timeout: float = DEFAULT_TIMEOUT) -> D
         store = c10d.TCPStore("127.0.0.1", port, world, rank == 0, limit, wait_for_workers=False,
                               **({"master_listen_fd": int(fd)} if fd is not None else {}))
         c10d.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store across --max-restarts attempts, so a restarted
+        # rank could read the previous attempt's addresses and connect to a dead peer
+        # (seen: "Connection refused" in gloo's connectFullMesh). A prefix per attempt.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = c10d.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, limit)
+        c10d.init_process_group(backend=backend, store=c10d.PrefixStore(f"popplay/attempt_{attempt}", store),
+                                rank=rank, world_size=world, timeout=limit)
     else:
         c10d.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world, timeout=limit)
     _current = Dist(rank=rank, world_size=world, local_rank=local, backend=backend, timeout=timeout,
