@@ -208,6 +208,38 @@ def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
     return top_arm[np.int64(np.floor(u * k))]
 
 
+@numba.njit(cache=True)
+def _topk_ranked(order_row, shared_row, own, pulls, touched, used, arms, k, u, top_arm, top_val):
+    """:func:`_topk_arm` of an agent without bias in O(k + arms it pulled): the best k
+    arms it has not pulled are the first k of them in the trial's order (value, then
+    index, as ``_topk_arm`` ranks), and only its pulled arms can displace them.
+    ``top_arm``/``top_val`` are scratch buffers of at least k entries."""
+    filled = 0
+    i = 0
+    while filled < k and i < arms:
+        a = order_row[i]
+        if pulls[a] == 0:
+            top_arm[filled] = a
+            top_val[filled] = shared_row[a]
+            filled += 1
+        i += 1
+    for j in range(used):
+        a = touched[j]
+        v = own[a]
+        if filled == k and not (v > top_val[k - 1] or (v == top_val[k - 1] and a < top_arm[k - 1])):
+            continue
+        pos = filled if filled < k else k - 1
+        while pos > 0 and (v > top_val[pos - 1] or (v == top_val[pos - 1] and a < top_arm[pos - 1])):
+            top_val[pos] = top_val[pos - 1]
+            top_arm[pos] = top_arm[pos - 1]
+            pos -= 1
+        top_val[pos] = v
+        top_arm[pos] = a
+        if filled < k:
+            filled += 1
+    return top_arm[np.int64(np.floor(u * k))]
+
+
 @numba.njit(cache=True, parallel=True)
 def _learn_phase(
     q_shared, n_shared, top_arm, top_val, second_val, means, keys, static_keys,
@@ -232,6 +264,8 @@ def _learn_phase(
         touched = np.empty(out_arm.shape[2], dtype=np.int64)
         tied = np.empty(arms, dtype=np.int64)
         skipped = np.empty(32, dtype=np.int64)
+        top_arms = np.empty(4, dtype=np.int64)
+        top_vals = np.empty(4)
         for index in range(lo, hi):
             t = index // agents
             p = index - t * agents
@@ -256,7 +290,12 @@ def _learn_phase(
                 if _uniform_hi32(w0) < eps:
                     arm = _explore_arm(u_choice, group, n_groups, arms)
                 elif k_top > 1:
-                    arm = _topk_arm(shared_row, own, pulls, bias, arms, k_top, u_choice)
+                    # Scanning every arm on each greedy step made top-k agents ~8x slower.
+                    if ranked:
+                        arm = _topk_ranked(order[t], shared_row, own, pulls, touched, used, arms, k_top, u_choice,
+                                           top_arms, top_vals)
+                    else:
+                        arm = _topk_arm(shared_row, own, pulls, bias, arms, k_top, u_choice)
                 elif best > second:
                     arm = best_arm
                 else:
