@@ -48,9 +48,9 @@ class BanditExperiment:
             self._scratch: dict[int, tuple[np.ndarray, ...]] = {}
             # Ranking every trial's arms at each phase lets an agent rescan its greedy
             # choice in O(arms it pulled) instead of O(arms); worth its sort only when
-            # a phase does more agent-steps per trial than there are arms. A per-agent
-            # bias gives every agent its own order, so it scans.
-            self._ranked = not self.use_bias and p.agents * p.share_every >= 2 * p.arms
+            # a phase does more agent-steps per trial than there are arms. With a
+            # per-agent bias the order bounds how far an agent must look.
+            self._ranked = p.agents * p.share_every >= 2 * p.arms
             shape = (p.trials, p.arms) if self._ranked else (1, 1)
             self._order = np.zeros(shape, dtype=np.int64)
             self._rank = np.zeros(shape, dtype=np.int64)
