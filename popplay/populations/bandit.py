@@ -94,8 +94,12 @@ class BanditExperiment:
         return state._replace(step=state.step + n_steps, shares=state.shares + 1)
 
     def measure(self, state: BanditState) -> dict[str, float]:
-        """Quality: the fraction of trials whose block estimate picks the best arm."""
-        return {"quality": float(self.correctness(state).mean())}
+        """Quality: the fraction of trials whose block estimate picks the best arm, and
+        its standard error over trials."""
+        from popplay import stats
+
+        correct = self.correctness(state)
+        return {"quality": float(correct.mean()), **stats.error_metric("quality", correct)}
 
     def correctness(self, state: BanditState) -> np.ndarray:
         return game.block_correctness(state.q, self.means)

@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from popplay import evolution as evo
-from popplay import operators
+from popplay import operators, stats
 from popplay.games import cartpole as game
 from popplay.games.cartpole import (LINEAGE_PARAMETERS, STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams,
                                     CartPoleState)
@@ -222,7 +222,10 @@ class CartPoleExperiment:
         agents (selection may drift them: show it live)."""
         p = self.params
         balanced = self.balanced_steps(state)
-        metrics = {"quality": float(balanced.mean()), "balanced": float((balanced == p.test_steps).mean())}
+        # The standard error is over trials (independent populations; each trial's
+        # test starts share its table).
+        metrics = {"quality": float(balanced.mean()), **stats.error_metric("quality", balanced.mean(axis=1)),
+                   "balanced": float((balanced == p.test_steps).mean())}
         if p.replicate_every and p.mutate_params > 1.0:
             for name in _VARIED:
                 metrics[f"{name}_mean"] = float(_numpy(getattr(state, name)).mean())
