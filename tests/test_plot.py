@@ -161,3 +161,17 @@ def test_console_script_in_a_real_process(bandit_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"wrote {png}")
     _image(png)
+
+
+def test_report_curves_stop_at_the_axis_and_carry_standard_error_bands():
+    from popplay.plotting import new_figure
+    from popplay.reproduce.data import Group
+    from popplay.reproduce.timing import plot_curves
+
+    ax = new_figure().add_subplot(1, 1, 1)
+    group = Group(arrays={"seconds": np.array([1.0, 2.0, 3.0, 9.0]), "quality": np.array([0.1, 0.2, 0.3, 0.4]),
+                          "stderr": np.array([0.01, 0.02, 0.03, 0.04])}, attrs={"agents": 4, "label": "4 agents"})
+    right = plot_curves(ax, [("g", group)], "seconds", until=2.5)
+    assert right == 3.0  # the first point at or past 2.5 is the last one drawn
+    assert list(ax.lines[0].get_xdata()) == [1.0, 2.0, 3.0]
+    assert len(ax.collections) == 1  # the ±1 s.e. band
