@@ -252,6 +252,7 @@ class TrainOptions:
     out: Any = None  # pathlib.Path
     overwrite: bool = False
     checkpoint_every: CheckpointEvery | None = None
+    log_dir: Any = None  # pathlib.Path: CSV (and TensorBoard) scalar logs, see popplay.scalars
 
 
 @dataclass
@@ -362,6 +363,17 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         runfile.check_writable(out)
     except runfile.RunFileError as error:
         raise UsageProblem(str(error)) from None
+    log = None
+    notes: list[str] = []  # for the user, not the run file
+    if options.log_dir is not None:
+        from popplay.scalars import LogError, ScalarLog
+
+        try:
+            log = ScalarLog(Path(options.log_dir))
+        except LogError as error:
+            raise UsageProblem(str(error)) from None
+        if log.warning:
+            notes.append(f"--log-dir: wrote the CSV but no TensorBoard event files: {log.warning}")
     with RunLock(out):
         experiment = registry.build(domain, params, backend)
         state, curve, learning_seconds = None, None, 0.0
@@ -384,6 +396,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 reporter.warn(event)
 
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
+            if log is not None:
+                log.update(curve.agent_steps, curve.seconds, curve.metrics)
             if every is None:
                 return
             if every.unit == "seconds":
@@ -403,6 +417,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
                      on_event=on_event)
         writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
+    if log is not None:
+        log.close()
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)
     seconds = result.learning_seconds
@@ -419,7 +435,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "complete": not result.stopped,
         "out": str(out),
     }
-    return TrainOutcome(summary, result, experiment, writer.events)
+    return TrainOutcome(summary, result, experiment, writer.events + notes)
 
 
 def _json_list(value: Any) -> list[Any]:

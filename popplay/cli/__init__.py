@@ -19,7 +19,7 @@ app = typer.Typer(
 def _register() -> None:
     """Import every command module (each registers itself on ``app``); lazily, so
     that importing :mod:`popplay.cli` stays cheap."""
-    from popplay.cli import (evaluate, inspect, lineage, play, plot, reproduce,  # noqa: F401
+    from popplay.cli import (evaluate, export, inspect, lineage, play, plot, reproduce,  # noqa: F401
                              tournament, train)
 
 

@@ -16,7 +16,8 @@ app.add_typer(train_app, name="train")
 
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output"}
+RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "checkpoint_every", "backend", "device", "json_output",
+                  "log_dir"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
@@ -50,7 +51,7 @@ def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
 
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
-                 resume: Any = None) -> None:
+                 resume: Any = None, log_dir: Path | None = None) -> None:
     """Shared tail of every ``train`` command: run, report, exit 130 if stopped."""
     from popplay.console import reporter_for
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
@@ -63,7 +64,7 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         out = resume.path
     options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
                            out=out if out is not None else default_out(domain), overwrite=overwrite,
-                           checkpoint_every=every)
+                           checkpoint_every=every, log_dir=log_dir)
     reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
     try:
         with stop_on_signals() as should_stop:

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                TimeBudgetOption, given)
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption,
+                                SeedOption, TimeBudgetOption, given)
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 
 
@@ -48,6 +48,7 @@ def train_bandit(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
@@ -62,7 +63,8 @@ def train_bandit(
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
-        run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
+        run_training("bandit", params, log_dir=log_dir,
+                     backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
@@ -76,6 +78,6 @@ def train_bandit(
         bias_scale=bias_scale, explorer_fraction=explorer_fraction, explorer_epsilon=explorer_epsilon,
         topk_fraction=topk_fraction, seed=seed,
     )
-    run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("bandit", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
 

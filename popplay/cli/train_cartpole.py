@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                TimeBudgetOption, given)
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption,
+                                SeedOption, TimeBudgetOption, given)
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 
 
@@ -78,6 +78,7 @@ def train_cartpole(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
     sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional
@@ -94,7 +95,7 @@ def train_cartpole(
         if params.steps_per_agent < done:
             raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
-        run_training("cartpole", params,
+        run_training("cartpole", params, log_dir=log_dir,
                      backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
@@ -122,7 +123,8 @@ def train_cartpole(
         params.validate()
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
-    run_training("cartpole", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("cartpole", params, log_dir=log_dir,
+                 backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
 
 

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given)
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption,
+                                SeedOption, given)
 from popplay.cli.train import load_resume, resumed_params, run_training, train_app
 from popplay.games.knights import KnightsParams
 
@@ -65,6 +66,7 @@ def train_knights(
     json_output: JsonOption = False,
     checkpoint_every: CheckpointOption = None,
     resume: ResumeOption = None,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train a knights population by TD(λ) self-play. Quality = best agent's
     (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
@@ -75,7 +77,8 @@ def train_knights(
         if params.episodes < done:
             raise CommandError(f"--episodes ({params.episodes}) is below what {resume} has already learned "
                                f"({done} episodes)")
-        run_training("knights", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
+        run_training("knights", params, log_dir=log_dir,
+                     backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=stored.config.get("time_budget"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored)
@@ -93,6 +96,7 @@ def train_knights(
     except ValueError as error:
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
-    run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("knights", params, log_dir=log_dir,
+                 backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every)
 
