@@ -8,6 +8,7 @@ the step budget, the time budget or a stop request.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -311,6 +312,10 @@ class RunWriter:
                        "time_budget": options.time_budget}
         self.experiment = experiment
         self.events: list[str] = []
+        # Collected once, when the run starts: the command that made this file.
+        from popplay import provenance
+
+        self.provenance = provenance.collect(backend.device)
 
     def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
         from popplay.checkpoints import runfile
@@ -322,7 +327,8 @@ class RunWriter:
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=self.experiment.results(state), result_attrs={**metrics, "events_json": self.events},
-            attrs={"learning_seconds": learning_seconds, "phases": len(curve)}, complete=complete,
+            attrs={"learning_seconds": learning_seconds, "phases": len(curve), **self.provenance},
+            complete=complete,
         )
 
 
@@ -387,6 +393,11 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         writer = RunWriter(out, domain, params, backend, options, experiment)
         if resume is not None:
             writer.events = list(_json_list(resume.result_attrs.get("events_json")))
+            # A resumed file keeps the command lines of the runs before this one.
+            earlier = [str(c) for c in _json_list(resume.attrs.get("history_json"))]
+            if resume.attrs.get("command_line"):
+                earlier.append(str(resume.attrs["command_line"]))
+            writer.provenance["history_json"] = json.dumps(earlier)
         every = options.checkpoint_every
         last = {"wall": _time.monotonic(), "mark": None}
 

@@ -176,11 +176,32 @@ def summarize_run(path: Path) -> dict[str, Any]:
                 "population": population, "progress": progress, "last": last, "config": config,
                 "versions": {name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs}
                 if "versions" in f else {},
+                "provenance": _provenance(attrs),
             }
     except RunFileError:
         raise
     except Exception as error:
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
+
+
+def _provenance(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The provenance attributes (popplay.provenance), JSON ones decoded; files written
+    before they existed have none."""
+    from popplay.provenance import KEYS
+
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        if key not in attrs:
+            continue
+        value = _plain(attrs[key])
+        if key.endswith("_json"):
+            try:
+                value = json.loads(value)
+            except (TypeError, ValueError):
+                pass
+            key = key[:-len("_json")]
+        out[key] = value
+    return out
 
 
 def _check_file(path: Path) -> None:

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from popplay.cli.common import CommandError
 
     _register()
+    from popplay import provenance
+
+    provenance.set_command(list(argv) if argv is not None else sys.argv[1:])  # as typed, for run files
     try:
         result = app(args=argv, prog_name="popplay", standalone_mode=False)
         return result if isinstance(result, int) else 0
