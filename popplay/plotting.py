@@ -69,9 +69,66 @@ def draw_figure(figure: Any, data: Any, path: Path) -> Path:
 # Run files of any domain
 
 
+_STATS = ("best", "mean", "worst")
+_STYLE = {"best": "--", "mean": "-", "worst": ":"}
+_HIDDEN = ("eval_episode",)  # bookkeeping (which evaluation a point repeats), not a curve
+
+
+def _units(domain: str, name: str, config: dict[str, Any]) -> str:
+    """The y-axis label of a panel: what the numbers are, in their units."""
+    if domain == "bandit" and name == "quality":
+        return "fraction of trials whose shared\nestimate picks the best arm"
+    if domain == "cartpole" and name == "quality":
+        return f"steps balanced by the shared policy\n(mean over trials, cap {config.get('test_steps', '?')})"
+    if domain == "cartpole" and name == "balanced":
+        return "fraction of tests balanced\nto the cap"
+    if domain == "knights" and name == "quality against":
+        return "quality against opponent\n(wins + draws/2) / games"
+    if domain == "knights" and name == "score":
+        return "learning score\n(wins + draws/2) / games"
+    if name.endswith("_mean") and name[:-5] in ("alpha", "lam", "epsilon"):
+        return {"alpha": "mean α", "lam": "mean λ", "epsilon": "mean ε"}[name[:-5]]
+    return name
+
+
+def _panels(domain: str, metrics: dict[str, np.ndarray]) -> list[tuple[str, list[tuple[str, str, str | None]]]]:
+    """Group curves into panels of one unit: [(panel, [(curve, label, linestyle)])].
+
+    ``<prefix>_best/_mean/_worst`` curves of the same prefix share a panel (knights:
+    every benchmark opponent on one axis, since all are scores); a ``<name>_se`` curve
+    is drawn as the band of ``<name>``, never as a curve of its own."""
+    used: set[str] = set()
+    panels: list[tuple[str, list[tuple[str, str, str | None]]]] = []
+    opponents = [name[:-len("_best")] for name in metrics if name.endswith("_best")
+                 and all(f"{name[:-5]}_{s}" in metrics for s in _STATS)]
+    quality_opponents = [o for o in opponents if o != "score"]
+    if domain == "knights" and quality_opponents:
+        panels.append(("quality against", [(f"{o}_{s}", f"{s} agent vs {o}", _STYLE[s])
+                                           for o in quality_opponents for s in _STATS]))
+        used.update(f"{o}_{s}" for o in quality_opponents for s in _STATS)
+        used.add("quality")  # the mean against the strongest opponent: already drawn
+    else:
+        for o in quality_opponents:
+            panels.append((o, [(f"{o}_{s}", f"{s}", _STYLE[s]) for s in _STATS]))
+            used.update(f"{o}_{s}" for s in _STATS)
+    score = [name for name in ("score_best", "score_mean", "score_worst") if name in metrics]
+    if score:
+        panels.append(("score", [(n, f"{n[6:]} agent", _STYLE[n[6:]]) for n in score]))
+        used.update(score)
+    for name in metrics:
+        if name in used or name in _HIDDEN or (name.endswith("_se") and name[:-3] in metrics):
+            continue
+        panels.append((name, [(name, name, "-")]))
+    return panels
+
+
 def plot_run(run: Any, path: Path) -> Path:
-    """Every ``/curves/<metric>`` of a run file (a :class:`popplay.checkpoints.runfile.RunFile`)
-    against agent-time steps and against learning seconds, one row per metric."""
+    """The curves of a run file (a :class:`popplay.checkpoints.runfile.RunFile`) against
+    agent-time steps per trial and against learning seconds, one row per panel of
+    curves in one unit, each labelled with its units and a legend. A ``<metric>_se``
+    curve is drawn as a ±1 standard-error band around its metric. Knights runs: best,
+    mean and worst agent against every benchmark opponent on one axis, with markers at
+    the evaluation points only (between them the curves repeat the last evaluation)."""
     curves = run.curves
     if "agent_steps" not in curves or np.asarray(curves["agent_steps"]).size == 0:
         raise PlotInputError(f"{run.path}: the run file holds no learning-curve points to plot")
@@ -84,22 +141,65 @@ def plot_run(run: Any, path: Path) -> Path:
     for name, values in metrics.items():
         if values.shape != steps.shape or (seconds is not None and seconds.shape != steps.shape):
             raise PlotInputError(f"{run.path}: /curves/{name} does not match /curves/agent_steps in length")
-    axes_x = [("agent-time steps", steps)]
+    config = run.config or {}
+    evaluated = np.ones(steps.shape, dtype=bool)
+    if "eval_episode" in metrics:  # a point is an evaluation where eval_episode changes
+        episodes = metrics["eval_episode"]
+        evaluated = np.concatenate([[True], episodes[1:] != episodes[:-1]])
+    # A standard error drawn around another curve than its own: knights' quality_se is
+    # that of the mean agent against the strongest opponent (quality is that curve).
+    band_of = {name: f"{name}_se" for name in metrics if f"{name}_se" in metrics}
+    if "quality_se" in metrics and "quality" in metrics:
+        for name, values in metrics.items():
+            if name.endswith("_mean") and name != "quality" and np.array_equal(values, metrics["quality"],
+                                                                               equal_nan=True):
+                band_of[name] = "quality_se"
+    # Evaluated curves (knights: the benchmark qualities) only have values at the
+    # evaluation points; between them they repeat the last one, which is not data.
+    repeated = {name for name in metrics if "eval_episode" in metrics and
+                (name.endswith(_STATS) and not name.startswith("score_") or name.startswith("quality"))}
+    panels = _panels(run.domain, metrics)
+    if not panels:
+        raise PlotInputError(f"{run.path}: the run file has no metric under /curves to plot")
+    step_label = "agent-time steps per trial" if run.domain != "knights" else "agent turns (all agents)"
+    axes_x = [(step_label, steps)]
     if seconds is not None:
         axes_x.append(("learning time (s)", seconds))
-    rows = len(metrics)
-    fig = new_figure(5.0 * len(axes_x) + 1.0, 2.6 * rows + 1.0)
-    marker = "o" if len(steps) <= 60 else None
-    for row, (name, values) in enumerate(metrics.items()):
+    rows = len(panels)
+    fig = new_figure(4.6 * len(axes_x) + 2.6, 2.8 * rows + 1.0)
+    from matplotlib.ticker import EngFormatter  # after new_figure: it says when matplotlib is missing
+
+    colours: dict[str, str] = {}
+    for row, (panel, members) in enumerate(panels):
         for col, (xlabel, x) in enumerate(axes_x):
             ax = fig.add_subplot(rows, len(axes_x), row * len(axes_x) + col + 1)
-            finite = np.isfinite(values) & np.isfinite(x)
-            if finite.any():
-                ax.plot(x, values, marker=marker, markersize=3, linewidth=1.3)
-            else:
+            drawn = False
+            for name, label, style in members:
+                values = metrics[name]
+                finite = np.isfinite(values) & np.isfinite(x)
+                if name in repeated:
+                    finite &= evaluated
+                if not finite.any():
+                    continue
+                group = name.rsplit("_", 1)[0] if name.endswith(_STATS) else name
+                colour = colours.setdefault(group, f"C{len(colours) % 10}")
+                marker = "o" if name in repeated or finite.sum() <= 30 else None
+                ax.plot(x[finite], values[finite], linestyle=style, color=colour, linewidth=1.3, label=label,
+                        marker=marker, markersize=3)
+                error = metrics.get(band_of[name]) if name in band_of else None
+                if error is not None:
+                    ok = finite & np.isfinite(error)
+                    ax.fill_between(x[ok], values[ok] - error[ok], values[ok] + error[ok], color=colour,
+                                    alpha=0.2, linewidth=0, label=f"{label} ± 1 s.e.")
+                drawn = True
+            if not drawn:
                 ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
+            elif col == len(axes_x) - 1:  # one legend per row, beside it: it never hides a curve
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            if col == 0:
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, not 200000 (labels never collide)
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(name)
+            ax.set_ylabel(_units(run.domain, panel, config), fontsize=8)
             ax.grid(True, alpha=0.3)
     fig.suptitle(_run_title(run), fontsize=10)
     return save_png(fig, path)
@@ -146,8 +246,8 @@ def plot_file(path: Path, out: Path | None = None) -> PlotResult:
     if png.resolve() == path.resolve():
         raise PlotInputError(f"--out {png}: would overwrite the file being plotted")
     directory = png.parent if str(png.parent) else Path(".")
-    if not directory.is_dir():
-        raise PlotInputError(f"--out {png}: directory {directory} does not exist")
+    if directory.exists() and not directory.is_dir():
+        raise PlotInputError(f"--out {png}: {directory} is not a directory")
     try:
         kind = figure_data.file_format(path)
     except figure_data.FigureFileError as error:
@@ -176,11 +276,16 @@ def plot_file(path: Path, out: Path | None = None) -> PlotResult:
 
 
 def _check_writable(png: Path) -> None:
+    """Create a missing --out directory (as ``reproduce`` does), then probe it."""
     from popplay.checkpoints.h5io import check_replaceable, probe_directory
 
     check_replaceable(png, PlotInputError, kind="png")  # never a run file, a device or a directory
 
     directory = png.parent if str(png.parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PlotInputError(f"--out {png}: cannot create {directory} ({error.strerror or error})") from None
     problem = probe_directory(directory)
     if problem:
         raise PlotInputError(f"--out {png}: cannot write in {directory} ({problem})")

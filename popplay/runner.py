@@ -8,6 +8,7 @@ the step budget, the time budget or a stop request.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -346,6 +347,7 @@ class TrainOptions:
     overwrite: bool = False
     checkpoint_every: CheckpointEvery | None = None
     writer: bool = True  # False on ranks other than 0: they neither lock nor write the run file
+    log_dir: Any = None  # pathlib.Path: CSV (and TensorBoard) scalar logs, see popplay.scalars
 
 
 @dataclass
@@ -375,6 +377,10 @@ class RunWriter:
         self.experiment = experiment
         self.events: list[str] = []
         self.enabled = bool(getattr(options, "writer", True))
+        # Collected once, when the run starts: the command that made this file.
+        from popplay import provenance
+
+        self.provenance = provenance.collect(backend.device)
 
     def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
         from popplay.checkpoints import runfile
@@ -389,7 +395,8 @@ class RunWriter:
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=self.experiment.results(state), result_attrs={**metrics, "events_json": self.events},
-            attrs={"learning_seconds": learning_seconds, "phases": len(curve)}, complete=complete,
+            attrs={"learning_seconds": learning_seconds, "phases": len(curve), **self.provenance},
+            complete=complete,
         )
         try:
             runfile.write_run(self.out, **contents)
@@ -439,6 +446,17 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         check_before_training(domain, params, options, resume=resume is not None)
     except ValueError as error:
         raise UsageProblem(str(error)) from None
+    log = None
+    notes: list[str] = []  # for the user, not the run file
+    if options.log_dir is not None and options.writer:
+        from popplay.scalars import LogError, ScalarLog
+
+        try:
+            log = ScalarLog(Path(options.log_dir))
+        except LogError as error:
+            raise UsageProblem(str(error)) from None
+        if log.warning:
+            notes.append(f"--log-dir: wrote the CSV but no TensorBoard event files: {log.warning}")
     if options.writer:
         _status(reporter, f"{'resuming' if resume is not None else 'training'} {domain} with {backend.name} on "
                           f"{backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
@@ -456,6 +474,11 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         writer = RunWriter(out, domain, params, backend, options, experiment)
         if resume is not None:
             writer.events = list(_json_list(resume.result_attrs.get("events_json")))
+            # A resumed file keeps the command lines of the runs before this one.
+            earlier = [str(c) for c in _json_list(resume.attrs.get("history_json"))]
+            if resume.attrs.get("command_line"):
+                earlier.append(str(resume.attrs["command_line"]))
+            writer.provenance["history_json"] = json.dumps(earlier)
         every = options.checkpoint_every
         last = {"wall": _time.monotonic(), "mark": None}
 
@@ -465,6 +488,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 reporter.warn(event)
 
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
+            if log is not None:
+                log.update(curve.agent_steps, curve.seconds, curve.metrics)
             if every is None:
                 return
             if every.unit == "seconds":
@@ -487,6 +512,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         if out is not None:
             _status(reporter, f"saving run file {out}…")
             writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)
+    if log is not None:
+        log.close()
     metrics = {name: values[-1] for name, values in result.curve.metrics.items()}
     total_steps = experiment.total_agent_steps(result.state)
     seconds = result.learning_seconds
@@ -503,7 +530,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "complete": not result.stopped,
         "out": str(out) if out is not None else None,
     }
-    return TrainOutcome(summary, result, experiment, writer.events)
+    return TrainOutcome(summary, result, experiment, writer.events + notes)
 
 
 def _json_list(value: Any) -> list[Any]:

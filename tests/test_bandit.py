@@ -55,9 +55,11 @@ def _scanning(experiment: BanditExperiment) -> BanditExperiment:
     return experiment
 
 
-def test_ranked_rescans_choose_exactly_what_full_scans_choose():
+@pytest.mark.parametrize("differentiation", ["none", "top2", "top4", "bias"])
+def test_ranked_rescans_choose_exactly_what_full_scans_choose(differentiation):
     # Greedy agents on tables full of ties, where the ranked shortcut is taken most.
-    params = BanditParams(arms=40, agents=24, trials=3, steps_per_agent=60, share_every=5, epsilon=0.05, seed=4)
+    params = BanditParams(arms=40, agents=24, trials=3, steps_per_agent=60, share_every=5, epsilon=0.05, seed=4,
+                          differentiation=differentiation)
     ranked = BanditExperiment(params, NUMBA)
     assert ranked._ranked
     scanning = _scanning(BanditExperiment(params, NUMBA))

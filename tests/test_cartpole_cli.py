@@ -42,8 +42,9 @@ def test_train_writes_a_run_file_and_evaluate_reproduces_its_quality(tmp_path, c
     assert 0 < summary["quality"] <= 300
     with h5py.File(out, "r") as f:
         assert _text(f.attrs["domain"]) == "cartpole"
-        assert f["state/q"].shape == (3, 4, 72) and f["state/trace"].shape == (3, 4, 72)
-        assert f["state/weight"].shape == (3, 4, 72) and f["state/cart"].shape == (3, 4, 4)
+        # Per-agent Q and weights are what a share makes them: not stored (docs/cartpole.md).
+        assert "q" not in f["state"] and "weight" not in f["state"] and f["state/q_rows"].shape == (0, 4, 72)
+        assert f["state/trace_codes"].shape == (3, 4, 72) and f["state/cart"].shape == (3, 4, 4)
         assert f["state/action"].shape == (3, 4) and f["state/shared"].shape == (3, 72)
         assert f["state"].attrs["step"] == 64 and f["state"].attrs["shares"] == 4
         assert f["state"].attrs["max_bias"] == 0.01 / 16
@@ -66,10 +67,13 @@ def test_torch_backend_learns_the_same_population(tmp_path, capsys):
                      "0.2", "--backend", backend, "--out", str(out), "--json"]) == 0
         results[backend] = _json(capsys)
         with h5py.File(out, "r") as f:
-            results[backend]["q"] = f["state/q"][()]
+            results[backend]["q"] = f["state/q_rows"][()]
+            results[backend]["shared"] = f["state/shared"][()]
+            results[backend]["trace"] = f["state/trace_values"][()][f["state/trace_codes"][()]]
     assert results["torch"]["backend"] == "torch"
     assert results["torch"]["quality"] == results["numba"]["quality"]
-    np.testing.assert_array_equal(results["torch"]["q"], results["numba"]["q"])
+    for name in ("q", "shared", "trace"):
+        np.testing.assert_array_equal(results["torch"][name], results["numba"][name])
 
 
 def test_plain_console_output_without_json(tmp_path):
@@ -156,8 +160,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, capsys):
     assert main(["train", "cartpole", *SMALL, "--out", str(whole), "--json"]) == 0
     capsys.readouterr()
     with h5py.File(half, "r") as a, h5py.File(whole, "r") as b:
-        for name in ("state/q", "state/trace", "state/weight", "state/cart", "state/action", "state/shared",
-                     "curves/agent_steps", "curves/quality"):
+        assert set(a["state"]) == set(b["state"]) and {"q_rows", "trace_codes", "cart"} <= set(a["state"])
+        for name in [f"state/{key}" for key in a["state"]] + ["curves/agent_steps", "curves/quality"]:
             np.testing.assert_array_equal(a[name][()], b[name][()], err_msg=name)
         assert a["state"].attrs["max_bias"] == b["state"].attrs["max_bias"]
     assert main(["train", "cartpole", "--resume", str(half), "--alpha", "0.1"]) == 2

@@ -118,13 +118,46 @@ def test_restore_checks_shapes_and_values():
     ex, state = _run(SMALL, phases=1)
     arrays, counters = ex.state_arrays(state), ex.state_counters(state)
     with pytest.raises(ValueError, match="shape"):
-        ex.restore({**arrays, "q": arrays["q"][:, :2]}, counters)
+        ex.restore({**arrays, "cart": arrays["cart"][:, :2]}, counters)
+    with pytest.raises(ValueError, match="shape"):
+        ex.restore({**arrays, "q_rows": np.zeros((1, 4, 72))}, counters)
+    with pytest.raises(ValueError, match="q_trials"):
+        ex.restore({**arrays, "q_trials": np.array([7]), "q_rows": np.zeros((1, 4, 72))}, counters)
     with pytest.raises(ValueError, match="missing"):
-        ex.restore({k: v for k, v in arrays.items() if k != "trace"}, counters)
+        ex.restore({k: v for k, v in arrays.items() if k != "trace_values"}, counters)
+    with pytest.raises(ValueError, match="codes outside"):
+        ex.restore({**arrays, "trace_codes": np.full_like(arrays["trace_codes"], arrays["trace_values"].size)},
+                   counters)
+    with pytest.raises(ValueError, match="missing"):
+        ex.restore({k: v for k, v in arrays.items() if k not in ("trace_codes", "trace_values")}, counters)
     with pytest.raises(ValueError, match="action"):
         ex.restore({**arrays, "action": arrays["action"] + 2}, counters)
     with pytest.raises(ValueError, match="max_bias"):
         ex.restore(arrays, {**counters, "max_bias": -1.0})
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("bias", [0.0, 0.01])
+def test_run_files_store_no_table_that_a_share_makes_redundant(backend, bias):
+    """After a share Q is the shared table plus a bias the streams give again and every
+    weight is initial_weight: neither is stored, yet restore gives back every bit; a
+    trial reset after non-finite values (Q = 0, no bias) is stored as it is."""
+    params = dataclasses.replace(SMALL, bias=bias)
+    ex, state = _run(params, backend, phases=2)
+    arrays = ex.state_arrays(state)
+    assert "q" not in arrays and "weight" not in arrays and "trace" not in arrays
+    assert arrays["q_trials"].size == 0 and arrays["q_rows"].shape == (0, 4, 72)
+    assert arrays["trace_codes"].dtype == np.uint8 and arrays["trace_values"][0] == 0.0
+    restored = ex.restore(arrays, ex.state_counters(state))
+    for name in ("q", "trace", "weight", "cart", "shared"):
+        np.testing.assert_array_equal(np.asarray(getattr(restored, name)), np.asarray(getattr(state, name)))
+    state.q[1, 2, 5] = float("nan")
+    assert len(ex.check_finite(state, phase=2)) == 1  # trial 1 starts again with Q = 0
+    arrays = ex.state_arrays(state)
+    # Without bias the reset trial's Q (0) is still its shared table (0): nothing stored.
+    assert arrays["q_trials"].tolist() == ([1] if bias else []) and (arrays["q_rows"] == 0).all()
+    restored = ex.restore(arrays, ex.state_counters(state))
+    np.testing.assert_array_equal(np.asarray(restored.q), np.asarray(state.q))
 
 
 def test_same_seed_same_results_other_seed_differs():

@@ -221,7 +221,8 @@ def test_restore_checks_the_new_arrays_and_reads_files_without_them():
                                ("failures", arrays["failures"] - 1, "negative")):
         with pytest.raises(ValueError, match=message):
             ex.restore({**arrays, name: bad}, counters)
-    old = {k: v for k, v in arrays.items() if k in ("q", "trace", "weight", "cart", "action", "shared")}
+    # Files of that time hold the full tables.
+    old = {k: np.asarray(getattr(state, k)) for k in ("q", "trace", "weight", "cart", "action", "shared")}
     restored = ex.restore(old, counters)
     assert (restored.alpha == PARAMS.alpha).all() and restored.agent_id.tolist() == np.arange(12).reshape(2, 6).tolist()
     assert len(restored.lineage) == 12

@@ -34,6 +34,12 @@ def test_train_json_evaluate_round_trip(tmp_path, capsys):
     assert code == 0
     evaluated = json.loads(stdout.strip().splitlines()[-1])
     assert evaluated["quality"] == summary["quality"]
+    # A 95% Wilson interval over the 32 trials around the rate, and its standard error.
+    low, high = evaluated["quality_ci95"]
+    assert low <= evaluated["quality"] <= high and high - low > 0.01
+    assert 0.0 <= low and high <= 1.0 and "Wilson" in evaluated["quality_ci_method"]
+    assert evaluated["quality_se"] == pytest.approx(np.sqrt(summary["quality"] * (1 - summary["quality"]) / 31),
+                                                    rel=0.2)
     with h5py.File(out) as f:
         assert f.attrs["domain"].decode() == "bandit" and f["config"].attrs["agents"] == 8
         assert f["curves/quality"].shape == f["curves/seconds"].shape == (4,)

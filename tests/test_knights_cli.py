@@ -50,7 +50,7 @@ def test_train_json_and_run_file(run_file, tmp_path, capsys):
         assert f["state/snapshot_w1"].shape == (3, 3, 70, 4)
         assert f["curves/quality"].shape == (8,) and f["curves/greedy_mean"].shape == (8,)
         assert f["results/quality_greedy"].shape == (3,)
-        assert f["results/quality_greedy"][()].max() == summary["quality"]
+        assert f["results/quality_greedy"][()].mean() == pytest.approx(summary["quality"])
         assert f["game/offsets"].shape == (8, 2)
     with h5py.File(run_file) as a, h5py.File(out) as b:  # same seed, same population
         assert np.array_equal(a["state/w1"][()], b["state/w1"][()])
@@ -65,8 +65,17 @@ def test_evaluate_json_has_per_agent_best_mean_worst(run_file, capsys):
     assert len(scores) == 3 and payload["best"] == max(scores) and payload["worst"] == min(scores)
     assert payload["mean"] == pytest.approx(np.mean(scores))
     assert all(row["wins"] + row["draws"] + row["losses"] == 22 for row in payload["per_agent"])
+    # Intervals: Wilson per agent (containing its score), mean ± 1.96 SE for the population.
+    for row in payload["per_agent"]:
+        low, high = row["quality_ci95"]
+        assert 0.0 <= low <= row["quality"] <= high <= 1.0 and high - low > 0.05
+    assert payload["quality"] == payload["mean"]
+    assert payload["quality_se"] == pytest.approx(np.std(scores, ddof=1) / np.sqrt(3))
+    low, high = payload["quality_ci95"]
+    assert low == pytest.approx(payload["mean"] - 1.96 * payload["quality_se"], abs=1e-3)
+    assert payload["best_ci95"] == payload["per_agent"][payload["best_agent"]]["quality_ci95"]
     code, stdout, _ = _run(capsys, ["evaluate", str(run_file)])
-    assert code == 0 and "greedy" in stdout and "best" in stdout
+    assert code == 0 and "greedy" in stdout and "best" in stdout and "95% interval" in stdout
 
 
 def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, capsys):

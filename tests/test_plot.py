@@ -56,26 +56,44 @@ def test_plot_a_bandit_run_beside_it_by_default(bandit_run, capsys):
     png = bandit_run.with_suffix(".png")
     assert code == 0 and stdout.strip() == f"{bandit_run}: drew bandit run curves; wrote {png}"
     image = _image(png)
-    assert image.shape[:2] == (360, 1100)  # one metric (quality): one row, two columns
+    assert image.shape[:2] == (380, 1180)  # one panel (quality ± its standard error): one row, two columns
 
 
-def test_plot_any_domain_one_row_per_metric(tmp_path, capsys):
-    steps = np.array([64, 128, 192], dtype=np.int64)
-    run = _fake_run(tmp_path / "knights.h5", "knights", {
-        "agent_steps": steps, "seconds": np.array([0.5, 1.0, 1.5]),
-        "best": np.array([0.5, 0.6, 0.7]), "mean": np.array([0.4, np.nan, 0.5]), "worst": np.array([0.1, 0.2, 0.3]),
-    }, complete=False)
-    png = tmp_path / "out.png"
+def _knights_curves():
+    steps = np.arange(1, 7, dtype=np.int64) * 64
+    evaluated = np.array([0.0, 0, 2, 2, 4, 4])  # evaluations at episodes 0, 2, 4; repeated between
+    greedy = {"greedy_best": np.array([0.5, 0.5, 0.6, 0.6, 0.7, 0.7]),
+              "greedy_mean": np.array([0.4, 0.4, 0.45, 0.45, 0.5, 0.5]),
+              "greedy_worst": np.array([0.1, 0.1, 0.2, 0.2, 0.3, 0.3])}
+    return {"agent_steps": steps, "seconds": np.arange(1, 7) * 0.5, "quality": greedy["greedy_mean"],
+            "quality_se": np.full(6, 0.05), **greedy,
+            **{name.replace("greedy", "random"): values + 0.2 for name, values in greedy.items()},
+            "score_best": np.linspace(0.5, 0.9, 6), "score_worst": np.linspace(0.1, 0.3, 6), "eval_episode": evaluated}
+
+
+def test_knights_runs_draw_best_mean_worst_of_every_opponent_on_one_axis():
+    from popplay.plotting import _panels
+
+    panels = _panels("knights", {k: v for k, v in _knights_curves().items() if k not in ("agent_steps", "seconds")})
+    assert [name for name, _ in panels] == ["quality against", "score"]  # no eval_episode, quality_se curve
+    assert [label for _, label, _ in panels[0][1]] == [f"{s} agent vs {o}" for o in ("greedy", "random")
+                                                       for s in ("best", "mean", "worst")]
+
+
+def test_plot_a_knights_run_into_a_missing_directory(tmp_path, capsys):
+    run = _fake_run(tmp_path / "knights.h5", "knights", _knights_curves(), complete=False)
+    png = tmp_path / "new" / "dir" / "out.png"
     code, stdout, _ = _run(capsys, ["plot", str(run), "--out", str(png), "--json"])
     assert code == 0 and '"domain": "knights"' in stdout and f'"png": "{png}"' in stdout
-    assert _image(png).shape[:2] == (880, 1100)  # three metrics: three rows
+    assert _image(png).shape[:2] == (660, 1180)  # two panels: two rows
 
 
 def test_plot_without_seconds_draws_against_agent_steps_only(tmp_path, capsys):
     run = _fake_run(tmp_path / "cp.h5", "cartpole", {"agent_steps": np.arange(1, 4) * 10,
-                                                      "quality": np.array([10.0, 50.0, 90.0])})
+                                                      "quality": np.array([10.0, 50.0, 90.0]),
+                                                      "quality_se": np.array([1.0, 2.0, 3.0])})
     code, _, _ = _run(capsys, ["plot", str(run)])
-    assert code == 0 and _image(run.with_suffix(".png")).shape[:2] == (360, 600)
+    assert code == 0 and _image(run.with_suffix(".png")).shape[:2] == (380, 720)
 
 
 @pytest.mark.parametrize("case, fragment", [
@@ -114,7 +132,6 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys, bandit_run, case, fragm
 
 
 @pytest.mark.parametrize("out, fragment", [
-    ("nowhere/x.png", "does not exist"),
     ("SELF", "overwrite"),
 ])
 def test_bad_out_is_a_one_line_error(bandit_run, tmp_path, capsys, out, fragment):
@@ -144,3 +161,17 @@ def test_console_script_in_a_real_process(bandit_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"wrote {png}")
     _image(png)
+
+
+def test_report_curves_stop_at_the_axis_and_carry_standard_error_bands():
+    from popplay.plotting import new_figure
+    from popplay.reproduce.data import Group
+    from popplay.reproduce.timing import plot_curves
+
+    ax = new_figure().add_subplot(1, 1, 1)
+    group = Group(arrays={"seconds": np.array([1.0, 2.0, 3.0, 9.0]), "quality": np.array([0.1, 0.2, 0.3, 0.4]),
+                          "stderr": np.array([0.01, 0.02, 0.03, 0.04])}, attrs={"agents": 4, "label": "4 agents"})
+    right = plot_curves(ax, [("g", group)], "seconds", until=2.5)
+    assert right == 3.0  # the first point at or past 2.5 is the last one drawn
+    assert list(ax.lines[0].get_xdata()) == [1.0, 2.0, 3.0]
+    assert len(ax.collections) == 1  # the ±1 s.e. band

@@ -67,3 +67,40 @@ def test_bad_matrices_are_refused():
         elo_ratings(np.array([[0, -1], [0, 0]]), np.zeros((2, 2)))
     with pytest.raises(ValueError):
         elo_ratings(np.zeros((2, 2)), np.array([[0, 1], [2, 0]]))
+
+
+def test_rating_errors_are_the_inverse_fisher_information():
+    from popplay.tournaments.ratings import ELO_SCALE, elo_standard_errors
+
+    wins = np.array([[0, 30], [10, 0]])
+    draws = np.zeros((2, 2))
+    anchored = elo_ratings(wins, draws, anchor=0, prior_draws=0)
+    errors = elo_standard_errors(anchored, wins, draws, anchor=0, prior_draws=0)
+    # Two players, 40 games, p = 1/4: var(θ1) = 1 / (40 p (1 − p)).
+    assert errors[0] == 0.0
+    assert errors[1] == pytest.approx(ELO_SCALE / np.sqrt(40 * 0.25 * 0.75), rel=1e-6)
+    centred = elo_ratings(wins, draws, prior_draws=0)
+    halves = elo_standard_errors(centred, wins, draws, prior_draws=0)
+    assert halves == pytest.approx([errors[1] / 2] * 2, rel=1e-6)  # each holds half the difference
+    # Four times the games: half the error.
+    quarter = elo_standard_errors(anchored, 4 * wins, draws, anchor=0, prior_draws=0)
+    assert quarter[1] == pytest.approx(errors[1] / 2, rel=1e-6)
+
+
+def test_rating_errors_cover_the_truth_about_95_percent_of_the_time():
+    from popplay.tournaments.ratings import elo_standard_errors
+
+    rng = np.random.default_rng(0)
+    truth = np.array([0.0, 100.0, -150.0, 250.0])
+    truth -= truth.mean()
+    covered, runs = 0, 200
+    for _ in range(runs):
+        wins = np.zeros((4, 4))
+        for i in range(4):
+            for j in range(i + 1, 4):
+                w = rng.binomial(60, 1 / (1 + 10 ** ((truth[j] - truth[i]) / 400)))
+                wins[i, j], wins[j, i] = w, 60 - w
+        ratings = elo_ratings(wins, np.zeros((4, 4)), prior_draws=0)
+        errors = elo_standard_errors(ratings, wins, np.zeros((4, 4)), prior_draws=0)
+        covered += int(abs(ratings[3] - truth[3]) <= 1.96 * errors[3])
+    assert 0.88 <= covered / runs <= 0.99

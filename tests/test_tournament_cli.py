@@ -56,6 +56,8 @@ def test_two_runs_and_an_anchor_in_one_tournament(runs, capsys):
     np.testing.assert_allclose((score + score.T)[off], 1.0)
     assert ((wins + draws + losses)[off] == 4).all()
     assert data["ratings"][-1] == 0.0 and "Elo" in data["convention"]
+    # Standard errors: 0 for the anchor, positive and of a plausible size for 24 games each.
+    assert data["rating_se"][-1] == 0.0 and all(40 < se < 1000 for se in data["rating_se"][:-1])
     again = _json(capsys, ["tournament", str(runs["a"]), str(runs["b"]), "--games", "4", "--anchor", "greedy",
                            "--json"])
     assert again == data  # reproducible for a seed

@@ -300,6 +300,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
                 "checksum": "verified",
                 "versions": {name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs}
                 if "versions" in f else {},
+                "provenance": _provenance(attrs),
             }
     except RunFileError:
         raise
@@ -318,6 +319,26 @@ def _check_settings(path: Path, domain: Any, config: dict[str, Any], counters: d
         check_counters(counters)
     except (TypeError, ValueError) as error:
         raise RunFileError(f"{path}: damaged run file ({error})") from None
+
+
+def _provenance(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The provenance attributes (popplay.provenance), JSON ones decoded; files written
+    before they existed have none."""
+    from popplay.provenance import KEYS
+
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        if key not in attrs:
+            continue
+        value = _plain(attrs[key])
+        if key.endswith("_json"):
+            try:
+                value = json.loads(value)
+            except (TypeError, ValueError):
+                pass
+            key = key[:-len("_json")]
+        out[key] = value
+    return out
 
 
 def _check_file(path: Path) -> None:

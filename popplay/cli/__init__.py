@@ -92,7 +92,7 @@ _natural_help()
 def _register() -> None:
     """Import every command module (each registers itself on ``app``); lazily, so
     that importing :mod:`popplay.cli` stays cheap."""
-    from popplay.cli import (evaluate, inspect, lineage, play, plot, reproduce,  # noqa: F401
+    from popplay.cli import (evaluate, export, inspect, lineage, play, plot, reproduce,  # noqa: F401
                              tournament, train)
 
     # Command lists show each docstring's first paragraph as one flowing sentence
@@ -165,6 +165,9 @@ def _main(argv: list[str] | None) -> int:
         # Imports and command registration inside the guard: Ctrl-C at start-up is
         # "interrupted" like Ctrl-C anywhere else, never a traceback.
         _register()
+        from popplay import provenance
+
+        provenance.set_command(list(argv) if argv is not None else sys.argv[1:])  # as typed, for run files
         result = app(args=argv, prog_name="popplay", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except _USAGE as error:

@@ -54,6 +54,9 @@ OutOption = Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False
 OverwriteOption = Annotated[bool, typer.Option(help="Replace --out if it exists.")]
 JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 CheckpointOption = Annotated[Optional[str], typer.Option(help=CHECKPOINT_HELP)]
+LogDirOption = Annotated[Optional[Path], typer.Option(
+    help="Also write the curves as DIR/curves.csv and, with the tensorboard extra installed, TensorBoard "
+         "event files (tensorboard --logdir DIR).", file_okay=False, metavar="DIR")]
 ResumeOption = Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")]
 NprocOption = Annotated[int, typer.Option(
     min=1, help="Local processes (ranks) to shard the agents over (loopback only); the number must divide "

@@ -68,15 +68,36 @@ def evaluate(
                           params.seed if seed is None else seed, json_output)
         return
     metrics = experiment.measure(state)
+    interval = _quality_interval(stored.domain, experiment.results(state), metrics)
     payload = {"domain": stored.domain, "path": str(run), "complete": stored.complete,
                "agent_steps_per_trial": experiment.agent_steps(state),
-               "agent_steps": experiment.total_agent_steps(state), **metrics}
+               "agent_steps": experiment.total_agent_steps(state), **metrics, **interval}
     if json_output:
         print_json(payload)
     else:
-        shown = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+        shown = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items() if not name.endswith("_se"))
+        if interval:
+            low, high = interval["quality_ci95"]
+            shown += f" (quality 95% interval {low:.4g} to {high:.4g}, {interval['quality_ci_method']})"
         print(f"{run}: {stored.domain} run, {payload['agent_steps_per_trial']:,} agent-steps per trial"
               f"{'' if stored.complete else ' (stopped early)'}: {shown}")
+
+
+def _quality_interval(domain: str, results: dict[str, Any], metrics: dict[str, float]) -> dict[str, Any]:
+    """A 95 % interval of the quality over independent trials: Wilson for the bandit's
+    rate of trials that pick the best arm, mean ± 1.96 standard errors otherwise."""
+    from popplay import stats
+
+    per_trial = next(iter(results.values()), None) if results else None
+    if per_trial is None or len(per_trial) < 2:
+        return {}
+    if domain == "bandit":
+        low, high = stats.wilson_interval(float(per_trial.sum()), len(per_trial))
+        method = f"Wilson over {len(per_trial)} trials"
+    else:
+        low, high = stats.normal_interval(metrics["quality"], metrics["quality_se"])
+        method = f"mean ± 1.96 standard errors over {len(per_trial)} trials"
+    return {"quality_ci95": [float(low), float(high)], "quality_ci_method": method}
 
 
 def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent: Opponent, games: int, seed: int,
@@ -84,6 +105,7 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     """Every agent against one benchmark opponent; a table or one JSON object."""
     from popplay.opponents import quality
 
+    from popplay import stats
     from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
 
     games += games % 2
@@ -92,14 +114,25 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     except MemoryLimitError as error:
         raise CommandError(str(error)) from None
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
-    best = int(q.score.argmax())
+    best, worst = int(q.score.argmax()), int(q.score.argmin())
+    played = q.wins + q.draws + q.losses
+    low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
     per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "quality": float(q.score[i]),
+                  "quality_ci95": [float(low[i]), float(high[i])],
                   "wins": int(q.wins[i]), "draws": int(q.draws[i]), "losses": int(q.losses[i])}
                  for i in range(len(q.score))]
+    mean, error = stats.mean_and_error(q.score)
+    # The population's quality is its mean agent's: the best of P agents is biased
+    # upwards by its selection (its own interval does not correct for that).
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "opponent": opponent.value,
                "games": games, "seed": seed, "episode": state.episode, "agent_steps": state.turns,
                "per_agent": per_agent, "best": float(q.score.max()), "best_agent": best,
-               "mean": float(q.score.mean()), "worst": float(q.score.min()), "quality": float(q.score.max())}
+               "best_ci95": per_agent[best]["quality_ci95"],
+               "mean": float(mean), "worst": float(q.score.min()), "worst_agent": worst,
+               "worst_ci95": per_agent[worst]["quality_ci95"], "quality": float(mean)}
+    if len(q.score) > 1:
+        payload["quality_se"] = float(error)
+        payload["quality_ci95"] = [float(v) for v in stats.normal_interval(mean, error)]
     if json_output:
         print_json(payload)
         return
@@ -108,12 +141,15 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
 
     table = Table(title=f"{run}: {len(per_agent)} agents after {state.episode:,} episodes "
                         f"vs {opponent.value}, {games} games each")
-    for column in ("agent", "quality", "wins", "draws", "losses"):
+    table.caption = "quality = (wins + draws/2) / games; 95% interval: Wilson score interval"
+    for column in ("agent", "quality", "95% interval", "wins", "draws", "losses"):
         table.add_column(column, justify="right")
     for row in sorted(per_agent, key=lambda r: -r["quality"]):
-        table.add_row(str(row["agent"]), f"{row['quality']:.3f}", str(row["wins"]), str(row["draws"]),
-                      str(row["losses"]))
+        a, b = row["quality_ci95"]
+        table.add_row(str(row["agent"]), f"{row['quality']:.3f}", f"{a:.3f}-{b:.3f}", str(row["wins"]),
+                      str(row["draws"]), str(row["losses"]))
     console = Console()
     console.print(table)
-    console.print(f"best {payload['best']:.3f} (agent {best}), mean {payload['mean']:.3f}, "
-                  f"worst {payload['worst']:.3f}")
+    spread = (f" ± {1.96 * payload['quality_se']:.3f} (95%, over agents)" if "quality_se" in payload else "")
+    console.print(f"population quality (mean agent) {payload['mean']:.3f}{spread}; best {payload['best']:.3f} "
+                  f"(agent {best}, optimistic: selected), worst {payload['worst']:.3f} (agent {worst})")

@@ -37,8 +37,23 @@ def inspect(
         table.add_row(key, _text(info.get(key)))
     for name, value in info.get("last", {}).items():
         table.add_row(f"last {name}", _text(value))
+    provenance = info.get("provenance", {})
+    if "command_line" in provenance:
+        table.add_row("command", provenance["command_line"])
+    if provenance.get("given"):
+        table.add_row("given", " ".join(f"{k} {v}" for k, v in provenance["given"].items()))
+    for earlier in provenance.get("history", []):
+        table.add_row("resumed from", earlier)
     table.add_row("config", ", ".join(f"{k}={v}" for k, v in sorted(info["config"].items())))
     table.add_row("versions", ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items())))
+    shown = [f"popplay {provenance['popplay_version']}" if "popplay_version" in provenance else "",
+             f"commit {provenance['git_commit']}" if "git_commit" in provenance else "",
+             f"host {provenance['host']}" if "host" in provenance else "",
+             f"{provenance['platform']}" if "platform" in provenance else "",
+             f"CPU {provenance['cpu']} ({provenance.get('cpu_count')} cores)" if "cpu" in provenance else "",
+             f"GPU {provenance['gpu']}" if "gpu" in provenance else ""]
+    if any(shown):
+        table.add_row("made by", "; ".join(s for s in shown if s))
     Console().print(table)
 
 

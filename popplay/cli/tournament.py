@@ -99,12 +99,14 @@ def tournament(
     if not dist.is_writer:
         return
     ratings = result.ratings(anchor=field.anchor)
+    errors = result.rating_errors(ratings, anchor=field.anchor)
     names = [e.name for e in field.entrants]
     score = result.score
     payload: dict[str, Any] = {
         "agents": names,
         "agent_info": [e.as_dict() for e in field.entrants],
         "ratings": ratings.tolist(),
+        "rating_se": errors.tolist(),
         "total_score": result.total.tolist(),
         "score": [[None if i == j else float(score[i, j]) for j in range(len(names))] for i in range(len(names))],
         "wins": result.wins.tolist(), "draws": result.draws.tolist(), "losses": result.losses.tolist(),
@@ -128,12 +130,14 @@ def _print_table(payload: dict[str, Any], runs: list[Path]) -> None:
     table = Table(title=f"{len(names)} players, {payload['games']} games per pair ({payload['game']})",
                   caption=f"Elo by maximum likelihood, 400 points = 10:1 odds; "
                           f"{'anchor ' + anchor + ' at 0' if anchor else 'mean 0'}. "
+                          "± is the rating's standard error (Fisher information of the fit). "
                           "score = (wins + draws/2) / games over all games")
-    for column in ("rank", "agent", "rating", "score", "wins", "draws", "losses"):
+    for column in ("rank", "agent", "rating", "±", "score", "wins", "draws", "losses"):
         table.add_column(column, justify="left" if column == "agent" else "right")
     wins, draws, losses = (payload[k] for k in ("wins", "draws", "losses"))
     for rank, i in enumerate(order, 1):
-        table.add_row(str(rank), names[i], f"{payload['ratings'][i]:+.0f}", f"{payload['total_score'][i]:.3f}",
+        table.add_row(str(rank), names[i], f"{payload['ratings'][i]:+.0f}", f"{payload['rating_se'][i]:.0f}",
+                      f"{payload['total_score'][i]:.3f}",
                       str(sum(wins[i])), str(sum(draws[i])), str(sum(losses[i])),
                       style="bold" if names[i] == anchor else None)
     Console().print(table)

@@ -18,7 +18,7 @@ app.add_typer(train_app, name="train")
 from popplay.cli.common import given  # noqa: E402
 # Options a resumed run may still be given: the new budget and how (not what) to run.
 RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "time_budget", "checkpoint_every", "backend", "device",
-                  "json_output", "config", "nproc", "timeout"}
+                  "json_output", "config", "nproc", "timeout", "log_dir"}
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
@@ -106,7 +106,8 @@ def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | Non
 
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
-                 resume: Any = None, seeds: int = 1, nproc: int = 1, timeout: float = 60.0) -> None:
+                 resume: Any = None, seeds: int = 1, nproc: int = 1, timeout: float = 60.0,
+                 log_dir: Path | None = None) -> None:
     """Shared tail of every ``train`` command: run, report, exit 130 if stopped.
 
     ``seeds`` > 1 trains seeds ``params.seed``, +1, … one after another (a run file
@@ -156,8 +157,9 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     outcomes = []
     stop_requested = False
     for run_params, path in plan:
+        logs = log_dir if log_dir is None or seeds == 1 else Path(log_dir) / f"seed{run_params.seed}"
         options = TrainOptions(backend=backend, device=device, time_budget=time_budget, out=path,
-                               overwrite=overwrite, checkpoint_every=every)
+                               overwrite=overwrite, checkpoint_every=every, log_dir=logs)
         outcome, stop_requested = _train_one(domain, run_params, options, json_output=json_output, resume=resume,
                                              nproc=nproc, timeout=timeout)
         outcomes.append(outcome)

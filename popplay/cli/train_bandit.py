@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 SeedsOption, TimeBudgetOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
@@ -53,6 +53,7 @@ def train_bandit(
     config: ConfigOption = None,
     nproc: NprocOption = 1,
     timeout: DistTimeoutOption = 60.0,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
@@ -69,7 +70,7 @@ def train_bandit(
                                f"({done * stored_agents} agent-steps per trial)")
         check_schedule(params, domain="bandit", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
-        run_training("bandit", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
+        run_training("bandit", params, log_dir=log_dir, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=resume_time_budget(ctx, stored, time_budget, "agent_steps"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
@@ -85,7 +86,7 @@ def train_bandit(
         topk_fraction=topk_fraction, seed=seed,
     )
     check_schedule(params, domain="bandit", time_budget=time_budget, agent_steps=agent_steps)
-    run_training("bandit", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("bandit", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 SeedsOption, TimeBudgetOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
@@ -83,6 +83,7 @@ def train_cartpole(
     config: ConfigOption = None,
     nproc: NprocOption = 1,
     timeout: DistTimeoutOption = 60.0,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train cart-pole populations: tabular Sarsa(λ)/Q(λ) over 36 boxes with weighted
     sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional
@@ -101,7 +102,7 @@ def train_cartpole(
                                f"({done * stored_agents} agent-steps per trial)")
         check_schedule(params, domain="cartpole", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
-        run_training("cartpole", params,
+        run_training("cartpole", params, log_dir=log_dir,
                      backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=resume_time_budget(ctx, stored, time_budget, "agent_steps"), out=None, overwrite=True,
@@ -131,7 +132,7 @@ def train_cartpole(
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
     check_schedule(params, domain="cartpole", time_budget=time_budget, agent_steps=agent_steps)
-    run_training("cartpole", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("cartpole", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
+                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
                                 SeedsOption, given)
 from popplay.cli.common import DistTimeoutOption, NprocOption
 from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
@@ -71,6 +71,7 @@ def train_knights(
     config: ConfigOption = None,
     nproc: NprocOption = 1,
     timeout: DistTimeoutOption = 60.0,
+    log_dir: LogDirOption = None,
 ) -> None:
     """Train a knights population by TD(λ) self-play. Quality = best agent's
     (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
@@ -81,7 +82,8 @@ def train_knights(
         if params.episodes < done:
             raise CommandError(f"--episodes ({params.episodes}) is below what {resume} has already learned "
                                f"({done} episodes)")
-        run_training("knights", params, backend=backend.value if given(ctx, "backend") else stored.config["backend"],
+        run_training("knights", params, log_dir=log_dir,
+                     backend=backend.value if given(ctx, "backend") else stored.config["backend"],
                      device=device.value if given(ctx, "device") else stored.config["device"],
                      time_budget=resume_time_budget(ctx, stored, time_budget, "episodes"), out=None, overwrite=True,
                      json_output=json_output, checkpoint_every=checkpoint_every, resume=stored,
@@ -101,7 +103,7 @@ def train_knights(
         name, _, rest = str(error).partition(" ")
         raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
     check_schedule(params, domain="knights", time_budget=time_budget)
-    run_training("knights", params, backend=backend.value, device=device.value, time_budget=time_budget,
+    run_training("knights", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,
                  seeds=seeds, nproc=nproc, timeout=timeout)
 

@@ -65,9 +65,9 @@ class BanditExperiment:
             self._scratch: dict[int, tuple[np.ndarray, ...]] = {}
             # Ranking every trial's arms at each phase lets an agent rescan its greedy
             # choice in O(arms it pulled) instead of O(arms); worth its sort only when
-            # a phase does more agent-steps per trial than there are arms. A per-agent
-            # bias gives every agent its own order, so it scans.
-            self._ranked = not self.use_bias and p.agents * p.share_every >= 2 * p.arms
+            # a phase does more agent-steps per trial than there are arms. With a
+            # per-agent bias the order bounds how far an agent must look.
+            self._ranked = p.agents * p.share_every >= 2 * p.arms
             shape = (p.trials, p.arms) if self._ranked else (1, 1)
             self._order = np.zeros(shape, dtype=np.int64)
             self._rank = np.zeros(shape, dtype=np.int64)
@@ -117,8 +117,12 @@ class BanditExperiment:
         return state._replace(step=state.step + n_steps, shares=state.shares + 1)
 
     def measure(self, state: BanditState) -> dict[str, float]:
-        """Quality: the fraction of trials whose block estimate picks the best arm."""
-        return {"quality": float(self.correctness(state).mean())}
+        """Quality: the fraction of trials whose block estimate picks the best arm, and
+        its standard error over trials."""
+        from popplay import stats
+
+        correct = self.correctness(state)
+        return {"quality": float(correct.mean()), **stats.error_metric("quality", correct)}
 
     def correctness(self, state: BanditState) -> np.ndarray:
         return game.block_correctness(state.q, self.means)

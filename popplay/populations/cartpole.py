@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from popplay import evolution as evo
-from popplay import operators
+from popplay import operators, stats
 from popplay.games import cartpole as game
 from popplay.games.cartpole import (LINEAGE_PARAMETERS, STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams,
                                     CartPoleState)
@@ -253,7 +253,10 @@ class CartPoleExperiment:
         agents (selection may drift them: show it live)."""
         p = self.params
         balanced = self.balanced_steps(state)
-        metrics = {"quality": float(balanced.mean()), "balanced": float((balanced == p.test_steps).mean())}
+        # The standard error is over trials (independent populations; each trial's
+        # test starts share its table).
+        metrics = {"quality": float(balanced.mean()), **stats.error_metric("quality", balanced.mean(axis=1)),
+                   "balanced": float((balanced == p.test_steps).mean())}
         if p.replicate_every and p.mutate_params > 1.0:
             for name in _VARIED:
                 metrics[f"{name}_mean"] = float(_numpy(getattr(state, name)).mean())
@@ -370,10 +373,52 @@ class CartPoleExperiment:
         return state._replace(**{name: t(getattr(state, name)) for name in _STATE_ARRAYS})
 
     def state_arrays(self, state: CartPoleState) -> dict[str, Any]:
+        """The state as a run file stores it: no more than a resume needs.
+
+        States are saved between phases, right after a share, where three of the
+        per-agent tables are (nearly always) redundant, and at 1024 trials of 256 agents
+        each table is 151 MB of float64:
+
+        - ``q`` is the shared table plus each agent's differentiation bias, which the
+          agents' bias streams give again: only trials where that does not hold (a
+          trial reset after non-finite values) are stored, as ``q_trials`` (their
+          indices) and ``q_rows``. The prediction is checked bit for bit here.
+        - ``weight`` is ``initial_weight`` everywhere (equation (8)); stored only when
+          it is not.
+        - ``trace`` holds few distinct values (products of γλ): stored as the sorted
+          distinct values ``trace_values`` and ``trace_codes``, an unsigned index
+          into them per entry (mostly 0: dead traces), which compresses ~5× better.
+
+        :meth:`restore` rebuilds the exact arrays (and still reads the full tables of
+        files written before this layout)."""
         arrays = {name: _numpy(getattr(state, name)) for name in (*_STATE_ARRAYS, *_BOOKKEEPING)}
         for name, values in state.lineage.to_arrays().items():
             arrays[_LINEAGE_PREFIX + name] = values
+        q = np.asarray(arrays.pop("q"))
+        predicted = self._predicted_q(np.asarray(arrays["shared"], dtype=np.float64), state.shares)
+        differs = ~(_same_bits(q, predicted).reshape(q.shape[0], -1).all(axis=1))
+        arrays["q_trials"] = np.flatnonzero(differs).astype(np.int64)
+        arrays["q_rows"] = np.ascontiguousarray(q[differs])
+        weight = np.asarray(arrays.pop("weight"))
+        if not (weight == self.params.initial_weight).all():
+            arrays["weight"] = weight
+        arrays.update(_encode_values(np.asarray(arrays.pop("trace")), "trace"))
         return arrays
+
+    def _predicted_q(self, shared: np.ndarray, shares: int) -> np.ndarray:
+        """Every agent's Q right after share number ``shares``: the shared table plus
+        the bias that share's differentiation drew (:meth:`phase`), replayed with the
+        same float operations, so the same bits."""
+        p = self.params
+        q = np.repeat(shared[:, None, :], p.agents, axis=1)
+        max_bias = float(p.bias)
+        for _ in range(shares - 1):  # the decay of every earlier share, as phase applies it
+            if max_bias > 0.0 and p.agents > 1:
+                max_bias = max_bias / p.bias_decay
+        if shares > 0 and max_bias > 0.0 and p.agents > 1:
+            q, _ = operators.differentiate(q, max_bias, self._bias_keys, (shares - 1) * STATE_ACTIONS,
+                                           p.bias_decay, out=q)
+        return q
 
     def state_counters(self, state: CartPoleState) -> dict[str, Any]:
         return {"step": state.step, "shares": state.shares, "max_bias": state.max_bias}
@@ -385,6 +430,7 @@ class CartPoleExperiment:
         every agent a founder."""
         p = self.params
         population = (p.trials, p.agents)
+        arrays = self._unpacked(arrays, int(counters["shares"]))
         shapes = {"q": population + (STATE_ACTIONS,), "trace": population + (STATE_ACTIONS,),
                   "weight": population + (STATE_ACTIONS,), "cart": population + (4,), "action": population,
                   "shared": (p.trials, STATE_ACTIONS)}
@@ -428,6 +474,40 @@ class CartPoleExperiment:
                               **{name: loaded[name] for name in optional}, lineage=lineage)
         return self._to_backend(state)
 
+    def _unpacked(self, arrays: dict[str, np.ndarray], shares: int) -> dict[str, np.ndarray]:
+        """The full tables from :meth:`state_arrays`' compact layout (arrays already
+        full, as in older files, pass through); shapes and codes are checked."""
+        p = self.params
+        arrays = dict(arrays)
+        population = (p.trials, p.agents)
+        table = population + (STATE_ACTIONS,)
+        if "trace" not in arrays and "trace_codes" in arrays:
+            arrays["trace"] = _decode_values(arrays.pop("trace_codes"), arrays.pop("trace_values", None), "trace",
+                                             table)
+            if (arrays["trace"] < 0.0).any():
+                raise ValueError("state array 'trace_values' holds negative traces")
+        if "weight" not in arrays and "q" not in arrays:
+            arrays["weight"] = np.full(table, float(p.initial_weight))
+        if "q" not in arrays and "q_trials" in arrays:
+            shared = np.asarray(arrays.get("shared"), dtype=np.float64)
+            if shared.shape != (p.trials, STATE_ACTIONS):
+                raise ValueError(f"state array 'shared' has shape {shared.shape}, expected "
+                                 f"{(p.trials, STATE_ACTIONS)}")
+            if shares < 0:
+                raise ValueError(f"shares must be non-negative (got {shares})")
+            trials = np.asarray(arrays.pop("q_trials"))
+            rows = np.asarray(arrays.pop("q_rows", None), dtype=np.float64)
+            if trials.ndim != 1 or trials.dtype.kind not in "iu" or len(np.unique(trials)) != trials.size \
+                    or (trials.size and not (0 <= trials.min() and trials.max() < p.trials)):
+                raise ValueError("state array 'q_trials' must hold distinct trial indices")
+            if rows.shape != (trials.size,) + table[1:]:
+                raise ValueError(f"state array 'q_rows' has shape {rows.shape}, expected "
+                                 f"{(trials.size,) + table[1:]}")
+            q = self._predicted_q(shared, shares)
+            q[trials] = rows
+            arrays["q"] = q
+        return arrays
+
     def static_arrays(self) -> dict[str, np.ndarray]:
         return {"environment/physics": self._phys, "environment/box_bounds": self._bounds}
 
@@ -461,6 +541,37 @@ class _Recycler:
         if len(self._sets) < self._KEEP:
             self._sets.append(arrays)
         return arrays
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: the same float64 bits (so -0.0 differs from 0.0 and a NaN can match)."""
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.int64) == \
+        np.ascontiguousarray(b, dtype=np.float64).view(np.int64)
+
+
+def _encode_values(values: np.ndarray, name: str) -> dict[str, np.ndarray]:
+    """``values`` as its sorted distinct values (0 first when present: the most common)
+    and the smallest unsigned code per entry; exact for every float64 bit pattern."""
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
+    nonzero = bits != 0
+    distinct = np.unique(bits[nonzero])
+    table = np.concatenate([np.zeros(1, dtype=np.int64), distinct])
+    dtype = np.uint8 if table.size <= 2**8 else np.uint16 if table.size <= 2**16 else np.uint32
+    codes = np.zeros(bits.shape, dtype=dtype)
+    codes[nonzero] = (np.searchsorted(distinct, bits[nonzero]) + 1).astype(dtype)
+    return {f"{name}_codes": codes, f"{name}_values": table.view(np.float64)}
+
+
+def _decode_values(codes: Any, table: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if table is None:
+        raise ValueError(f"state array {name + '_values'!r} is missing")
+    codes, table = np.asarray(codes), np.asarray(table, dtype=np.float64)
+    if codes.shape != shape:
+        raise ValueError(f"state array {name + '_codes'!r} has shape {codes.shape}, expected {shape}")
+    if codes.dtype.kind != "u" or table.ndim != 1 or table.size == 0 or \
+            (codes.size and int(codes.max()) >= table.size):
+        raise ValueError(f"state array {name + '_codes'!r} holds codes outside {name + '_values'!r}")
+    return table[codes]
 
 
 def _like(array: Any, values: np.ndarray) -> Any:

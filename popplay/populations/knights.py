@@ -32,6 +32,7 @@ import numpy as np
 from popplay import evolution as evo
 from popplay import opponents as bots
 from popplay import rng as _rng
+from popplay import stats
 from popplay.games import knights as game
 from popplay.games.knights import (KIND_NET, LINEAGE_PARAMETERS, GameBatch, KnightsParams, KnightsState,
                                    Snapshot)
@@ -259,7 +260,10 @@ class KnightsExperiment:
         top = bots.strongest(list(self.eval_opponents))
         for name, q in self.stored_qualities(state).items():
             if name == top:
-                metrics["quality"] = float(q.score.max())
+                # The population's quality is its mean agent's: the best of P agents
+                # measured over a few games is biased upwards by the selection itself.
+                metrics["quality"] = float(q.score.mean())
+                metrics.update(stats.error_metric("quality", q.score))
             for stat, v in q.summary().items():
                 metrics[f"{name}_{stat}"] = v
         metrics["score_best"] = float(state.score.max())
@@ -268,7 +272,8 @@ class KnightsExperiment:
         if p.replicate_every and p.mutate_params > 1.0:  # selection may drift them: show it live
             for name in _VARIED:
                 metrics[f"{name}_mean"] = float(np.mean(getattr(state, name)))
-        return {"quality": metrics.pop("quality"), **metrics}
+        first = {name: metrics.pop(name) for name in ("quality", "quality_se") if name in metrics}
+        return {**first, **metrics}
 
     def store_evaluation(self, state: KnightsState) -> None:
         """Evaluate every agent now and keep the counts in ``state`` (in place)."""

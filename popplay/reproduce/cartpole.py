@@ -425,26 +425,32 @@ def _draw_steps(ax: Any, data: FigureData, title: str) -> None:
     ax.set_xlim(0, float(data.attrs["agent_steps_budget"]) * 1.02)
     _quality_axis(ax, data)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")
 
 
 def _draw_time(ax: Any, data: FigureData, title: str) -> None:
     main = timing.series(data, role="main")
-    timing.plot_curves(ax, main, "seconds", x_scale=1e3)
+    reference = float(data.attrs["single_agent_seconds"])
+    # Each curve ends at its first sharing point at or after T, and the axis reaches
+    # it: a curve never runs off the edge, nor a group with a late first share vanish.
+    right = timing.plot_curves(ax, main, "seconds", x_scale=1e3, until=1e3 * reference)
     colours = {int(group.attrs["agents"]): f"C{i}" for i, (_, group) in enumerate(main)}
     comparison = timing.series(data, role="comparison")
     for _, group in comparison:
-        ax.plot(1e3 * group.arrays["seconds"], group.arrays["quality"], color=colours.get(int(group.attrs["agents"])),
-                linestyle="--", linewidth=1.0, alpha=0.45)
+        seconds = 1e3 * np.asarray(group.arrays["seconds"], dtype=np.float64)
+        past = np.flatnonzero(seconds >= 1e3 * reference)
+        end = int(past[0]) + 1 if past.size else seconds.size
+        ax.plot(seconds[:end], np.asarray(group.arrays["quality"])[:end],
+                color=colours.get(int(group.attrs["agents"])), linestyle="--", linewidth=1.0, alpha=0.45)
+        right = max(right, float(seconds[:end].max()) if end else 0.0)
     if comparison:
         ax.plot([], [], color="0.4", linestyle="--", linewidth=1.0, alpha=0.6, label="(dashed: without differentiation)")
-    reference = float(data.attrs["single_agent_seconds"])
     timing.reference_time_line(ax, reference, int(data.attrs["agent_steps_budget"]))
     ax.set_xlabel("learning time of one trial (ms)")
-    ax.set_xlim(0, 1e3 * reference * 1.15)
+    ax.set_xlim(0, max(1e3 * reference * 1.15, right * 1.03))
     _quality_axis(ax, data)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")
 
 
 def draw_figure6(data: FigureData, fig: Any) -> None:

@@ -250,14 +250,34 @@ def line_style(index: int, agents: int) -> dict[str, Any]:
 
 
 def plot_curves(ax: Any, groups: list[tuple[str, Group]], x: str, y: str = "quality", *, x_scale: float = 1.0,
-                label: Callable[[Group], str] | None = None, **style: Any) -> None:
+                label: Callable[[Group], str] | None = None, errors: Callable[[Group], Any] | None = None,
+                until: float | None = None, **style: Any) -> float:
     """One line per group: ``arrays[y]`` against ``arrays[x] * x_scale``, colours and
-    markers by position, so that the same groups look the same in every figure."""
+    markers by position, so that the same groups look the same in every figure.
+
+    Each curve carries a ±1 standard-error band: ``arrays["stderr"]`` where the data
+    holds it, else ``errors(group)`` (None: no band). With ``until``, a curve stops at
+    its first point at or past ``until`` (in scaled units), so that no curve runs on
+    beyond the axis. Returns the largest x drawn (for the axis limit)."""
+    right = 0.0
     for i, (_, group) in enumerate(groups):
         agents = int(group.attrs["agents"])
         kwargs = {"color": f"C{i}", **line_style(i, agents), **style}
-        ax.plot(np.asarray(group.arrays[x]) * x_scale, group.arrays[y],
-                label=(label(group) if label is not None else str(group.attrs["label"])), **kwargs)
+        xs = np.asarray(group.arrays[x], dtype=np.float64) * x_scale
+        ys = np.asarray(group.arrays[y], dtype=np.float64)
+        band = group.arrays.get("stderr") if errors is None else errors(group)
+        keep = slice(None)
+        if until is not None and xs.size:
+            past = np.flatnonzero(xs >= until)
+            keep = slice(0, int(past[0]) + 1 if past.size else xs.size)
+        xs, ys = xs[keep], ys[keep]
+        ax.plot(xs, ys, label=(label(group) if label is not None else str(group.attrs["label"])), **kwargs)
+        if band is not None:
+            band = np.asarray(band, dtype=np.float64)[keep]
+            ax.fill_between(xs, ys - band, ys + band, color=kwargs["color"], alpha=0.15, linewidth=0)
+        if xs.size:
+            right = max(right, float(np.nanmax(xs)))
+    return right
 
 
 def reference_time_line(ax: Any, seconds: float, budget: int) -> None:

@@ -83,6 +83,46 @@ def elo_ratings(wins: np.ndarray, draws: np.ndarray, games: np.ndarray | None = 
     return ELO_SCALE * np.log(gamma)
 
 
+def elo_standard_errors(ratings: np.ndarray, wins: np.ndarray, draws: np.ndarray, *, anchor: int | None = None,
+                        prior_draws: float = 2.0) -> np.ndarray:
+    """Standard errors of :func:`elo_ratings` (same ``anchor`` and ``prior_draws``) from
+    the Fisher information of the maximum-likelihood fit.
+
+    In natural strengths θ = R / ELO_SCALE, a pair that played g games contributes
+    g p (1 − p) (p = P(i scores against j) at the fit) to I_ii and I_jj and minus that
+    to I_ij; the prior's virtual draws add theirs to I_ii (their opponent held at the
+    reference). Ratings are identified only up to a common shift, so the covariance is
+    taken under the same constraint as the ratings: the anchor's rating fixed (its
+    error 0) or the mean rating 0 (the pseudo-inverse on the sum-zero subspace).
+    Errors are of ratings relative to that reference, in Elo points; rating
+    differences between two players have errors up to the two combined.
+    """
+    r = np.asarray(ratings, dtype=np.float64)
+    wins = np.asarray(wins, dtype=np.float64)
+    draws = np.asarray(draws, dtype=np.float64)
+    n = r.size
+    if wins.shape != (n, n) or draws.shape != (n, n):
+        raise ValueError("wins and draws must be square matrices with one row per rating")
+    games = wins + wins.T + draws
+    np.fill_diagonal(games, 0.0)
+    theta = r / ELO_SCALE
+    p = 1.0 / (1.0 + np.exp(theta[None, :] - theta[:, None]))
+    weight = games * p * (1.0 - p)
+    information = -weight
+    np.fill_diagonal(information, weight.sum(axis=1))
+    reference = theta[anchor] if anchor is not None else theta.mean()
+    p_prior = 1.0 / (1.0 + np.exp(reference - theta))
+    information[np.diag_indices(n)] += prior_draws * p_prior * (1.0 - p_prior)
+    if anchor is not None:
+        keep = np.arange(n) != anchor
+        covariance = np.zeros((n, n))
+        covariance[np.ix_(keep, keep)] = np.linalg.pinv(information[np.ix_(keep, keep)])
+    else:
+        centre = np.eye(n) - 1.0 / n
+        covariance = centre @ np.linalg.pinv(centre @ information @ centre) @ centre
+    return ELO_SCALE * np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+
+
 def _strongly_connected(edges: np.ndarray) -> bool:
     """Whether every player reaches every other along 'scored against' edges."""
 

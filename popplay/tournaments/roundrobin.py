@@ -26,7 +26,7 @@ import numpy as np
 
 from popplay.games import knights as game
 from popplay.games.knights import KnightsParams, Networks
-from popplay.tournaments.ratings import elo_ratings, score_matrix
+from popplay.tournaments.ratings import elo_ratings, elo_standard_errors, score_matrix
 
 # Random-stream families of tournaments (knights' own tags are 32-36).
 TAG_TOURNAMENT = 48  # `popplay tournament` and round_robin's default
@@ -63,6 +63,12 @@ class Tournament(NamedTuple):
     def ratings(self, *, anchor: int | None = None, prior_draws: float = 2.0) -> np.ndarray:
         """Elo ratings (see :func:`popplay.tournaments.ratings.elo_ratings`)."""
         return elo_ratings(self.wins, self.draws, anchor=anchor, prior_draws=prior_draws)
+
+    def rating_errors(self, ratings: np.ndarray, *, anchor: int | None = None, prior_draws: float = 2.0
+                      ) -> np.ndarray:
+        """Standard errors of :meth:`ratings` (same arguments), from the fit's Fisher
+        information (:func:`popplay.tournaments.ratings.elo_standard_errors`)."""
+        return elo_standard_errors(ratings, self.wins, self.draws, anchor=anchor, prior_draws=prior_draws)
 
 
 def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsParams | None = None, seed: int = 0,

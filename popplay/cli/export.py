@@ -1,0 +1,69 @@
+"""``popplay export RUN.h5 --csv``: a run file's learning curves as CSV."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from popplay.cli import app
+from popplay.cli.common import CommandError, print_json
+
+
+@app.command("export", short_help="Write a run file's learning curves as CSV (e.g. for pandas or a spreadsheet).")
+def export(
+    run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", metavar="RUN.h5",
+                                        dir_okay=False)],
+    csv_output: Annotated[bool, typer.Option("--csv", help="Write the curves as CSV (the only format so far).")
+                          ] = False,
+    out: Annotated[Optional[Path], typer.Option(
+        help="CSV file to write; '-' for standard output. Default: the run's name with .csv.", dir_okay=False,
+        metavar="FILE")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+) -> None:
+    """Export the curves of a run file: one row per curve point with agent_steps (agent-time
+    steps per trial; knights: agent turns), seconds (learning time) and every metric, as
+    `train --log-dir` writes while training."""
+    import sys
+
+    from popplay.checkpoints.runfile import RunFileError, read_run
+    from popplay.scalars import LogError, write_csv
+
+    if not csv_output:
+        raise CommandError("say which format to export: --csv")
+    try:
+        stored = read_run(run)
+    except RunFileError as error:
+        raise CommandError(str(error)) from None
+    curves = stored.curves
+    steps = [int(v) for v in curves.get("agent_steps", [])]
+    seconds = [float(v) for v in curves.get("seconds", [])]
+    metrics = {name: [float(v) for v in values] for name, values in curves.items()
+               if name not in ("agent_steps", "seconds")}
+    if any(len(values) != len(steps) for values in [*metrics.values(), seconds] if len(values)):
+        raise CommandError(f"{run}: damaged run file (curves of different lengths)")
+    if out is not None and str(out) == "-":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["agent_steps", "seconds", *metrics])
+        for i, step in enumerate(steps):
+            writer.writerow([step, repr(seconds[i]) if seconds else "", *(repr(metrics[m][i]) for m in metrics)])
+        return
+    target = out if out is not None else Path(run).with_suffix(".csv")
+    if target.resolve() == Path(run).resolve():
+        raise CommandError(f"--out {target}: would overwrite the run file")
+    if not target.parent.is_dir():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CommandError(f"--out {target}: cannot create {target.parent} ({error.strerror})") from None
+    try:
+        write_csv(target, steps, seconds, metrics)
+    except LogError as error:
+        raise CommandError(str(error)) from None
+    if json_output:
+        print_json({"source": str(run), "csv": str(target), "points": len(steps), "columns":
+                    ["agent_steps", "seconds", *metrics]})
+    else:
+        print(f"{run}: wrote {len(steps)} curve points ({', '.join(metrics)}) to {target}")

@@ -1,0 +1,91 @@
+"""`train --log-dir` (CSV and TensorBoard scalars) and `popplay export RUN.h5 --csv`."""
+import csv
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from popplay.cli import main
+
+BANDIT = ["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "16", "--agent-steps", "512",
+          "--share-every", "16", "--seed", "2"]
+
+
+def _rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.reader(handle))
+
+
+def _curves(run):
+    with h5py.File(run) as f:
+        return {name: f["curves"][name][()] for name in f["curves"]}
+
+
+def _check_csv(path, run):
+    rows = _rows(path)
+    curves = _curves(run)
+    assert rows[0][:2] == ["agent_steps", "seconds"] and set(rows[0]) == set(curves)
+    assert len(rows) == 1 + len(curves["agent_steps"])
+    for column, name in enumerate(rows[0]):
+        np.testing.assert_array_equal(np.array([float(r[column]) for r in rows[1:]]), curves[name])
+
+
+def test_log_dir_writes_the_curves_as_csv_and_tensorboard_scalars(tmp_path, capsys):
+    run, logs = tmp_path / "run.h5", tmp_path / "logs" / "bandit"
+    assert main([*BANDIT, "--out", str(run), "--log-dir", str(logs), "--json"]) == 0
+    _check_csv(logs / "curves.csv", run)
+    events = list(logs.glob("events.out.tfevents.*"))
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        assert not events and "pip install" in capsys.readouterr().err
+        return
+    assert len(events) == 1
+    accumulator = EventAccumulator(str(logs))
+    accumulator.Reload()
+    scalars = accumulator.Scalars("quality")
+    curves = _curves(run)
+    assert [s.step for s in scalars] == curves["agent_steps"].tolist()
+    np.testing.assert_allclose([s.value for s in scalars], curves["quality"], rtol=1e-6)
+
+
+def test_without_tensorboard_the_csv_is_written_and_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m.startswith("tensorboard.")] + ["tensorboard"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    run, logs = tmp_path / "run.h5", tmp_path / "logs"
+    assert main([*BANDIT, "--out", str(run), "--log-dir", str(logs), "--json"]) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "tensorboard" in line]
+    assert len(notes) == 1 and 'pip install "popplay[tensorboard]"' in notes[0]
+    assert not list(logs.glob("events.out.tfevents.*"))
+    _check_csv(logs / "curves.csv", run)
+
+
+def test_export_csv_of_an_existing_run(tmp_path, capsys):
+    run = tmp_path / "run.h5"
+    assert main([*BANDIT, "--out", str(run), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(run), "--csv"]) == 0
+    assert "wrote 4 curve points" in capsys.readouterr().out
+    _check_csv(run.with_suffix(".csv"), run)
+    target = tmp_path / "new" / "curves.csv"
+    assert main(["export", str(run), "--csv", "--out", str(target)]) == 0
+    _check_csv(target, run)
+    capsys.readouterr()
+    assert main(["export", str(run), "--csv", "--out", "-"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ",".join(_rows(target)[0])
+    assert main(["export", str(run)]) == 2
+    assert main(["export", str(tmp_path / "missing.h5"), "--csv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("Error: ") for line in err)
+
+
+def test_export_in_a_real_process(tmp_path, capsys):
+    run = tmp_path / "run.h5"
+    assert main([*BANDIT, "--out", str(run), "--json"]) == 0
+    done = subprocess.run([sys.executable, "-m", "popplay", "export", str(run), "--csv", "--out", "-"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("agent_steps,seconds,quality")
+    assert len(done.stdout.strip().splitlines()) == 5 and done.stderr == ""
