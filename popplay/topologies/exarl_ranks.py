@@ -13,7 +13,8 @@ from the actor's local queue, while the actor's main thread plays episodes into 
 queue. A request is ``[GET|BYE, learner's weight version, weights follow?]``; when
 the learner knows the actor holds older weights it appends its flat policy
 parameters (the "put" into the actor's weight window). The reply is
-``[EMPTY|DATA|FINISHED, rows, actor's weight version]`` then the trajectory's rows.
+``[EMPTY|DATA|FINISHED, rows, actor's weight version, first read?]`` then the
+trajectory's rows.
 One thread answers requests one at a time, so a get is atomic like a locked
 ``MPI_Get_accumulate``: under range-based selection a trajectory is popped by
 exactly one learner. Under ``--selection random`` the get reads the actor's newest
@@ -252,20 +253,21 @@ def _window_actor(dist: Any, params: Any, index: int) -> None:
                         shared["stop"] = True
                         cond.notify_all()
                     continue
-                rows = None
+                rows, first = None, 1
                 with cond:
                     if pop and items:
                         rows = items.popleft()[0]
                         cond.notify_all()
                     elif not pop and items and src not in items[-1][1]:
                         rows = items[-1][0]
+                        first = int(not items[-1][1])
                         items[-1][1].add(src)
                         cond.notify_all()
                     finished = rows is None and not shared["producing"] and (
                         not items or (not pop and len(items[-1][1]) > 0))
                     held = shared["version"]
                 status = DATA if rows is not None else FINISHED if finished else EMPTY
-                reply = torch.tensor([status, 0 if rows is None else rows.shape[0], held], dtype=torch.int64)
+                reply = torch.tensor([status, 0 if rows is None else rows.shape[0], held, first], dtype=torch.int64)
                 _guard(dist, f"reply to rank {src}", lambda: c10d.send(reply, dst=src, tag=TAG_REPLY))
                 tally.bytes += _nbytes(reply)
                 if rows is not None:
@@ -445,6 +447,7 @@ class Learners:
         self.tally = _Tally()
         self.done = False
         self.pending: list[np.ndarray] = []  # master: trajectories received, not yet handed out
+        self.first = 1  # whether the last trajectory fetched was read for the first time
 
     # --- fetching ---------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -476,9 +479,9 @@ class Learners:
             w = networks.flat_parameters(agent.policy).detach().double()
             _guard(dist, f"send of weights to rank {rank}", lambda: c10d.send(w, dst=rank, tag=TAG_WEIGHTS))
             self.tally.bytes += _nbytes(w)
-        reply = torch.zeros(3, dtype=torch.int64)
+        reply = torch.zeros(4, dtype=torch.int64)
         _guard(dist, f"reply of actor rank {rank}", lambda: c10d.recv(reply, src=rank, tag=TAG_REPLY))
-        status, rows, held = (int(v) for v in reply)
+        status, rows, held, self.first = (int(v) for v in reply)
         self.known[a] = held
         if status == FINISHED:
             self.seen_finished[a] = True
@@ -547,7 +550,7 @@ class Learners:
 
         from popplay.agents import networks
 
-        rows = None
+        rows, self.first = None, 1
         if stop and self.params.workflow == "master-learner" and self.index == 0:
             for learner in range(1, self.L):  # they wait for a batch header first
                 header = torch.zeros(1, dtype=torch.int64)
@@ -565,9 +568,12 @@ class Learners:
             agent.last_loss, agent.last_mean_rho = float(out.loss.detach()), out.mean_rho
             vec[:size] = grad.double()
             vec[size] = 1.0
-            vec[size + 1] = rows.shape[0]
-            vec[size + 2 + self.index] = float(traj.reward.sum())
-            vec[size + 2 + L + self.index] = rows.shape[0]
+            # Episodes and env-steps count what was played: a duplicate read (random
+            # selection) trains but is not counted again.
+            if self.first:
+                vec[size + 1] = rows.shape[0]
+                vec[size + 2 + self.index] = float(traj.reward.sum())
+                vec[size + 2 + L + self.index] = rows.shape[0]
         elif not stop:
             time.sleep(0.005)  # nothing ready: leave the CPU to the actors
         vec[size + 2 + 2 * L:size + 2 + 2 * L + A] = torch.as_tensor(self.seen_finished, dtype=torch.float64)
