@@ -40,7 +40,7 @@ a batch of actions with the only copy of the policy, scatters them back, and lea
 from each episode as it completes.
 
 At the end every rank reports ``[produced, produced checksum, reads, read checksum,
-parameter checksum, updates, bytes sent, is learner]`` (int64, one gather) and rank 0
+parameter checksum, updates, bytes sent, is learner, reads that helped]`` (int64, one gather) and rank 0
 stores the totals as the run's ``topology_*`` counters.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from popplay.topologies import wire
 TAG_REQ, TAG_WEIGHTS, TAG_REPLY, TAG_DATA = 31, 32, 33, 34
 GET, BYE = 1, 2
 EMPTY, DATA, FINISHED = 0, 1, 2
-REPORT = 8  # int64 fields each rank reports at the end
+REPORT = 9  # int64 fields each rank reports at the end
 
 
 def _guard(dist: Any, name: str, fn: Any) -> Any:
@@ -132,6 +132,7 @@ class _Tally:
         self.reads = 0
         self.read_sum = 0
         self.bytes = 0
+        self.helped = 0  # range selection: trajectories read from another learner's actors
 
     def produce(self, rows: np.ndarray) -> None:
         self.produced += 1
@@ -145,7 +146,7 @@ class _Tally:
         import torch
 
         return torch.tensor([self.produced, _u64(self.produced_sum), self.reads, _u64(self.read_sum),
-                             _u64(params_sum), updates, self.bytes, int(learner)], dtype=torch.int64)
+                             _u64(params_sum), updates, self.bytes, int(learner), self.helped], dtype=torch.int64)
 
 
 def _params_checksum(module: Any) -> int:
@@ -176,7 +177,7 @@ def _final_report(dist: Any, tally: _Tally, params_sum: int, updates: int, learn
             "reads": sum(int(p[2]) for p in parts), "reads_checksum": f"{reads_sum:016x}",
             "reads_by_learner": ",".join(str(int(p[2])) for p in learners),
             "learner_params": ",".join(sums), "learners_identical": int(len(set(sums)) == 1),
-            "bytes": sum(int(p[6]) for p in parts)}
+            "bytes": sum(int(p[6]) for p in parts), "helped": sum(int(p[8]) for p in parts)}
 
 
 # --- actors ------------------------------------------------------------------------
@@ -495,6 +496,7 @@ class Learners:
         for a in self._candidates():
             rows = self._get(agent, a)
             if rows is not None:
+                self.tally.helped += int(self.params.selection == "range" and a not in self.own)
                 return rows
         return None
 
