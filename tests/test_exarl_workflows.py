@@ -26,14 +26,14 @@ def _start(args: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _finish(process: subprocess.Popen, timeout: float = 150) -> dict:
+def _finish(process: subprocess.Popen, timeout: float = 150, expect: int = 0) -> dict:
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
-    assert process.returncode == 0, err
+    assert process.returncode == expect, err
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -66,7 +66,14 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
         "central": _start(["--workflow", "central-inference", "--actors", "2", "--episodes", "6",
                            "--out", str(tmp_path / "central.h5")]),
     }
+    # A run with a budget it will not reach, stopped by Ctrl-C once the others are done:
+    # rank 0 stops the other learners (a stop round) and releases the actors.
+    endless = _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
+                      "--out", str(tmp_path / "stopped.h5")])
     summaries = {name: _finish(process) for name, process in jobs.items()}
+    endless.send_signal(signal.SIGINT)
+    stopped = _finish(endless, expect=130)
+    assert stopped["complete"] is False and stopped["episodes"] > 0
 
     multi = summaries["multi"]
     assert multi["backend"] == "gloo" and multi["ranks"] == 5 and multi["topology"] == "multi-learner"
