@@ -304,7 +304,7 @@ def _window_actor(dist: Any, params: Any, index: int) -> None:
             items.append([rows, set()])
     with cond:
         shared["producing"] = False
-    server.join(timeout=params.timeout * 4)
+    server.join()  # its every wait is bounded; learner 0's pings keep a finished actor's alive
     if shared["error"] is not None:
         raise shared["error"]
     actor.env.close()
@@ -333,13 +333,19 @@ def _master_actor(dist: Any, params: Any, index: int) -> None:
         if weights[0] == 0:  # the learners stopped early
             break
         networks.load_flat_parameters(actor.policy, weights[1:].float())
-    if not actor.done():
-        pass  # stopped by the learners: nothing more to send
-    elif actor.episodes == 0:
-        # Nothing to play (a zero quota): still say so, or learner 0 waits for us.
-        header = torch.tensor([0, 1], dtype=torch.int64)
-        _guard(dist, "send of a trajectory header", lambda: c10d.send(header, dst=0, tag=TAG_REQ))
-        _guard(dist, "receive of the weights", lambda: c10d.recv(weights, src=0, tag=TAG_WEIGHTS))
+    if actor.done():
+        if actor.episodes == 0:
+            # Nothing to play (a zero quota): still say so, or learner 0 waits for us.
+            header = torch.tensor([0, 1], dtype=torch.int64)
+            _guard(dist, "send of a trajectory header", lambda: c10d.send(header, dst=0, tag=TAG_REQ))
+            _guard(dist, "receive of the weights", lambda: c10d.recv(weights, src=0, tag=TAG_WEIGHTS))
+        # Finished before the others: wait for the release, kept alive by learner 0's
+        # pings (a single wait would run into the timeout on a long run).
+        ping = torch.zeros(1, dtype=torch.int64)
+        while True:
+            _guard(dist, "receive of a ping from learner 0", lambda: c10d.recv(ping, src=0, tag=TAG_REPLY))
+            if int(ping[0]) == 0:
+                break
     actor.env.close()
     _final_report(dist, tally, 0, 0, False)
 
@@ -449,6 +455,9 @@ class Learners:
         self.done = False
         self.pending: list[np.ndarray] = []  # master: trajectories received, not yet handed out
         self.first = 1  # whether the last trajectory fetched was read for the first time
+        # Learner 0 pings finished actors so that their waits (bounded by --timeout)
+        # never run out while the others play on.
+        self.pinged = np.full(self.A, time.monotonic())
 
     # --- fetching ---------------------------------------------------------------
     def _candidates(self) -> list[int]:
@@ -484,13 +493,34 @@ class Learners:
         _guard(dist, f"reply of actor rank {rank}", lambda: c10d.recv(reply, src=rank, tag=TAG_REPLY))
         status, rows, held, self.first = (int(v) for v in reply)
         self.known[a] = held
-        if status == FINISHED:
+        if status == FINISHED and not self.seen_finished[a]:
             self.seen_finished[a] = True
+            self.pinged[a] = time.monotonic()
         if status != DATA:
             return None
         data = torch.empty(rows, row_width(self.obs_dim), dtype=torch.float64)
         _guard(dist, f"receive of a trajectory from rank {rank}", lambda: c10d.recv(data, src=rank, tag=TAG_DATA))
         return data.numpy()
+
+    def _ping_finished(self) -> None:
+        import torch
+        import torch.distributed as c10d
+
+        if self.index != 0:
+            return
+        now = time.monotonic()
+        finished = self.seen_finished | ~self.bitmap
+        for a in np.flatnonzero(finished & (now - self.pinged > self.params.timeout / 4)):
+            rank = self.actor_ranks[a]
+            if self.params.workflow == "master-learner":
+                ping = torch.ones(1, dtype=torch.int64)
+                _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.send(ping, dst=rank, tag=TAG_REPLY))
+            else:
+                header = torch.tensor([GET, 0, 0], dtype=torch.int64)  # answered FINISHED
+                reply = torch.zeros(4, dtype=torch.int64)
+                _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.send(header, dst=rank, tag=TAG_REQ))
+                _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.recv(reply, src=rank, tag=TAG_REPLY))
+            self.pinged[a] = now
 
     def _fetch_window(self, agent: Any) -> np.ndarray | None:
         for a in self._candidates():
@@ -531,6 +561,7 @@ class Learners:
             self.tally.bytes += _nbytes(weights)
             if int(header[1]):
                 self.seen_finished[a] = True
+                self.pinged[a] = time.monotonic()
         for learner in range(1, self.L):
             rows = self.pending.pop() if self.pending else None
             header = torch.tensor([0 if rows is None else rows.shape[0]], dtype=torch.int64)
@@ -559,6 +590,7 @@ class Learners:
                 _guard(self.dist, f"send of a batch header to learner {learner}",
                        lambda: c10d.send(header, dst=learner, tag=TAG_REPLY))
         if not stop:
+            self._ping_finished()
             rows = self._fetch_master(agent) if self.params.workflow == "master-learner" else self._fetch_window(agent)
         size = networks.parameter_count(torch.nn.ModuleList([agent.policy, agent.value]))
         L, A = self.L, self.A
@@ -618,6 +650,13 @@ class Learners:
                     _guard(dist, f"receive of a trajectory from rank {rank}",
                            lambda: c10d.recv(data, src=rank, tag=TAG_DATA))
                 _guard(dist, f"send of the stop to rank {rank}", lambda: c10d.send(stop, dst=rank, tag=TAG_WEIGHTS))
+                if int(header[1]):  # that was its last: it waits for the release too
+                    self.seen_finished[a] = True
+        if self.params.workflow == "master-learner" and self.index == 0:
+            release = torch.zeros(1, dtype=torch.int64)
+            for a in np.flatnonzero(self.seen_finished):
+                rank = self.actor_ranks[a]
+                _guard(dist, f"release of actor rank {rank}", lambda: c10d.send(release, dst=rank, tag=TAG_REPLY))
         self.done = True
         modules = torch.nn.ModuleList([agent.policy, agent.value])
         return _final_report(dist, self.tally, _params_checksum(modules), agent.updates, True)
