@@ -10,7 +10,7 @@ round per phase, it alone writes the run file); every other rank runs
 counterpart, so each actor *serves its own window*: a thread in the actor process
 loops on ``recv(src=None)`` (any source) for request headers and answers each one
 from the actor's local queue, while the actor's main thread plays episodes into that
-queue. A request is ``[GET|BYE, learner's weight version, weights follow?]``; when
+queue. A request is ``[GET|BYE|PING, learner's weight version, weights follow?]``; when
 the learner knows the actor holds older weights it appends its flat policy
 parameters (the "put" into the actor's weight window). The reply is
 ``[EMPTY|DATA|FINISHED, rows, actor's weight version, first read?]`` then the
@@ -55,7 +55,7 @@ import numpy as np
 from popplay.topologies import wire
 
 TAG_REQ, TAG_WEIGHTS, TAG_REPLY, TAG_DATA = 31, 32, 33, 34
-GET, BYE = 1, 2
+GET, BYE, PING = 1, 2, 3
 EMPTY, DATA, FINISHED = 0, 1, 2
 REPORT = 9  # int64 fields each rank reports at the end
 
@@ -256,16 +256,20 @@ def _window_actor(dist: Any, params: Any, index: int) -> None:
                     continue
                 rows, first = None, 1
                 with cond:
-                    if pop and items:
+                    # Finished: done playing and nothing left to give (random selection:
+                    # the last trajectory was read once; no more duplicates of it).
+                    finished = not shared["producing"] and (not items or (not pop and bool(items[-1][1])))
+                    if kind == PING:
+                        pass  # keeps this wait alive; never data
+                    elif pop and items:
                         rows = items.popleft()[0]
                         cond.notify_all()
-                    elif not pop and items and src not in items[-1][1]:
+                    elif not pop and items and src not in items[-1][1] and not finished:
                         rows = items[-1][0]
                         first = int(not items[-1][1])
                         items[-1][1].add(src)
                         cond.notify_all()
-                    finished = rows is None and not shared["producing"] and (
-                        not items or (not pop and len(items[-1][1]) > 0))
+                    finished = finished and rows is None
                     held = shared["version"]
                 status = DATA if rows is not None else FINISHED if finished else EMPTY
                 reply = torch.tensor([status, 0 if rows is None else rows.shape[0], held, first], dtype=torch.int64)
@@ -516,7 +520,7 @@ class Learners:
                 ping = torch.ones(1, dtype=torch.int64)
                 _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.send(ping, dst=rank, tag=TAG_REPLY))
             else:
-                header = torch.tensor([GET, 0, 0], dtype=torch.int64)  # answered FINISHED
+                header = torch.tensor([PING, 0, 0], dtype=torch.int64)
                 reply = torch.zeros(4, dtype=torch.int64)
                 _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.send(header, dst=rank, tag=TAG_REQ))
                 _guard(self.dist, f"ping of actor rank {rank}", lambda: c10d.recv(reply, src=rank, tag=TAG_REPLY))
