@@ -48,7 +48,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -422,9 +422,16 @@ def central_width(obs_dim: int) -> int:
 
 
 # --- learners ----------------------------------------------------------------------
-class RoundResult:
-    def __init__(self, returns: list[float], lengths: list[int], steps: int, stop: bool, all_finished: bool) -> None:
-        self.returns, self.lengths, self.steps, self.stop, self.all_finished = returns, lengths, steps, stop, all_finished
+class RoundResult(NamedTuple):
+    """What rank 0 counts after a round: the episodes first learned from (every
+    learner's), their env-steps, whether a learner asked to stop, whether every actor
+    is inactive."""
+
+    returns: list[float]
+    lengths: list[int]
+    steps: int
+    stop: bool
+    all_finished: bool
 
 
 def learner_group(dist: Any, params: Any) -> Any:
@@ -574,7 +581,8 @@ class Learners:
             self.tally.bytes += _nbytes(header)
             if rows is not None:
                 data = torch.as_tensor(np.ascontiguousarray(rows))
-                _guard(dist, f"send of a batch to learner {learner}", lambda: c10d.send(data, dst=learner, tag=TAG_DATA))
+                _guard(dist, f"send of a batch to learner {learner}",
+                       lambda: c10d.send(data, dst=learner, tag=TAG_DATA))
                 self.tally.bytes += _nbytes(data)
         return self.pending.pop() if self.pending else None
 
