@@ -89,6 +89,9 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
     assert 0 < multi["updates"] <= 15 and 0 <= multi["topology_helped"] <= 15
     counters = read_run(tmp_path / "multi.h5").state_counters
     assert counters["topology_reads"] == 15 and counters["received"] == multi["env_steps"] > 0
+    from popplay.cli import main
+
+    assert main(["evaluate", str(tmp_path / "multi.h5"), "--episodes", "1", "--json"]) == 0  # in one process
 
     master = summaries["master"]
     assert master["ranks"] == 3 and master["topology"] == "master-learner"

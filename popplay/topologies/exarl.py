@@ -389,7 +389,10 @@ class A2CExperiment(_Experiment):
 
             dist = current()
             if not dist.distributed:
-                raise UsageProblem(f"--workflow {params.workflow} runs on {params.ranks} ranks (launched by popplay)")
+                # One process may still read the run file (evaluate); training needs the ranks.
+                self._no_ranks = UsageProblem(f"--workflow {params.workflow} runs on {params.ranks} ranks "
+                                              "(launched by popplay)")
+                return
             if params.workflow == "central-inference":
                 self._flow = exarl_ranks.CentralServer(dist, params, self.info.obs_dim)
             else:
@@ -447,6 +450,8 @@ class A2CExperiment(_Experiment):
         p = self.params
         if self._flow is not None:
             return self._workflow_phase(state)
+        if getattr(self, "_no_ranks", None) is not None:
+            raise self._no_ranks
         if state.phases % p.sync_every == 0:
             state.actor.load_state_dict(state.agent.policy.state_dict())
         seeds = [episode_seed(p.seed, copy, state.phases) for copy in range(p.copies)]
