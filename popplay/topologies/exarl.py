@@ -407,11 +407,15 @@ class A2CExperiment(_Experiment):
     def close(self, state: ExarlState) -> None:
         """Stop the other ranks if the run ended early (Ctrl-C, a time limit)."""
         flow = self._flow
-        if flow is None or flow.done:
+        if flow is None:
             return
-        if self.params.workflow != "central-inference":
-            flow.round(state.agent, stop=True)
-        flow.finish(state.agent, stopped=True)
+        if not flow.done:
+            if self.params.workflow != "central-inference":
+                flow.round(state.agent, stop=True)
+            flow.finish(state.agent, stopped=True)
+        from popplay.topologies.exarl_ranks import last_barrier
+
+        last_barrier(flow.dist)
 
     def _workflow_phase(self, state: ExarlState) -> ExarlState:
         flow = self._flow

@@ -754,8 +754,22 @@ class CentralServer:
         return _final_report(self.dist, self.tally, _params_checksum(modules), agent.updates, True)
 
 
+def last_barrier(dist: Any) -> None:
+    """Every rank leaves the group together (rank 0 after its run file is written):
+    an actor that tore its group down while the others still ran was seen to abort in
+    gloo ("terminate called without an active exception")."""
+    import torch.distributed as c10d
+
+    _guard(dist, "the last barrier", lambda: c10d.barrier())
+
+
 def rank_loop(dist: Any, params: Any, resume: Any) -> None:
     """Every rank but 0: an actor, or a learner following rank 0's rounds."""
+    _rank_work(dist, params)
+    last_barrier(dist)
+
+
+def _rank_work(dist: Any, params: Any) -> None:
     from popplay import envs
     from popplay.agents.a2c import A2C
 
