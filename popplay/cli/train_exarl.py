@@ -14,9 +14,20 @@ from popplay.cli.train_dqn import EPISODES_HELP, ENV_HELP, ENV_STEPS_HELP, EVAL_
 
 class Workflow(str, Enum):
     sequential = "sequential"
+    multi_learner = "multi-learner"
+    master_learner = "master-learner"
+    central_inference = "central-inference"
 
 
-WORKFLOW_HELP = "sequential: the actor plays, then the learner trains, in one process."
+class Selection(str, Enum):
+    range = "range"
+    random = "random"
+
+
+WORKFLOW_HELP = ("sequential: the actor plays, then the learner trains, in one process. a2c only: "
+                 "multi-learner (actors' queues read by data-parallel learners), master-learner (actors send "
+                 "to learner 0, which hands batches out), central-inference (one rank holds the model and "
+                 "acts for every actor).")
 
 
 def _widths(hidden: str) -> tuple[int, ...]:
@@ -32,6 +43,9 @@ def _run(ctx: typer.Context, domain: str, make_params: Any, *, episodes: int, en
 
     if resume is not None:
         stored = load_deep_resume(ctx, domain, resume)
+        if stored.config.get("workflow", "sequential") != "sequential":
+            raise CommandError(f"--resume: a {stored.config['workflow']} run cannot be resumed in this version "
+                               "(only sequential runs)")
         params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
         run_deep(domain, params, out=resume, overwrite=True, json_output=json_output, device=device,
                  checkpoint_every=checkpoint_every, resume=stored)
@@ -62,6 +76,14 @@ def train_a2c(
     entropy_coef: Annotated[float, typer.Option(help="Weight of the entropy bonus.")] = 0.01,
     max_grad_norm: Annotated[float, typer.Option(help="Gradient norm clip.")] = 0.5,
     eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 20,
+    learners: Annotated[int, typer.Option(min=1, help="multi-learner, master-learner: learner ranks.")] = 2,
+    actors: Annotated[int, typer.Option(min=1, help="Multi-process workflows: actor ranks.")] = 2,
+    selection: Annotated[Selection, typer.Option(
+        help="multi-learner: range (each learner pops its own block of actors' queues) or random "
+             "(any actor's newest trajectory, read without removing it).")] = Selection.range,
+    queue_capacity: Annotated[int, typer.Option(
+        min=1, help="multi-learner, range: trajectories an actor keeps unread at most.")] = 4,
+    timeout: Annotated[float, typer.Option(help="Seconds any wait for another rank may take.")] = 60.0,
     seed: SeedOption = 0,
     device: DeviceOption = DeviceName.auto,
     out: OutOption = None,
@@ -78,7 +100,9 @@ def train_a2c(
         return A2CParams(env=env, workflow=workflow.value, copies=copies, n_steps=n_steps, sync_every=sync_every,
                          episodes=episodes, env_steps=env_steps, seed=seed, hidden=_widths(hidden), lr=lr,
                          gamma=gamma, value_coef=value_coef, entropy_coef=entropy_coef, max_grad_norm=max_grad_norm,
-                         vtrace=vtrace, rho_bar=rho_bar, c_bar=c_bar, eval_episodes=eval_episodes)
+                         vtrace=vtrace, rho_bar=rho_bar, c_bar=c_bar, eval_episodes=eval_episodes,
+                         learners=learners, actors=actors, selection=selection.value,
+                         queue_capacity=queue_capacity, timeout=timeout)
 
     _run(ctx, "a2c", make, episodes=episodes, env_steps=env_steps, resume=resume, out=out, overwrite=overwrite,
          json_output=json_output, device=device, checkpoint_every=checkpoint_every)

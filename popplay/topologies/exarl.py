@@ -1,7 +1,10 @@
 """EXARL's agents (issue 16) in one process: ``train td3``, ``train ddpg``, ``train a2c``.
 
-Only the ``sequential`` workflow lives here: one actor and the learner take turns in
-one process, like seed 003's Algorithm 1 (:mod:`popplay.topologies.dqn`).
+The ``sequential`` workflow lives here: one actor and the learner take turns in
+one process, like seed 003's Algorithm 1 (:mod:`popplay.topologies.dqn`). A2C's
+multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``)
+are :mod:`popplay.topologies.exarl_ranks`; rank 0's side runs through
+:class:`A2CExperiment`.
 
 - **TD3, DDPG**: one phase plays ``sync_every`` episodes with the explorer (uniform
   actions until the learner's first update, then ``mu(s)`` plus Gaussian noise),
@@ -27,12 +30,13 @@ import numpy as np
 from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
                                        tuple_of_ints)
 
-WORKFLOWS = ("sequential",)
+WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
+SELECTIONS = ("range", "random")
 
 
-def _check_workflow(workflow: str) -> None:
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"workflow must be one of {', '.join(WORKFLOWS)} (got {workflow!r})")
+def _check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None:
+    if workflow not in allowed:
+        raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class DDPGParams:
         return config_type(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
     def validate(self) -> None:
-        _check_workflow(self.workflow)
+        # The multi-process workflows (popplay.topologies.exarl_ranks) are A2C's.
+        _check_workflow(self.workflow, ("sequential",))
         if self.sync_every < 1:
             raise ValueError(f"sync_every must be at least 1 (got {self.sync_every})")
         if self.eval_episodes < 0:
@@ -131,6 +136,12 @@ class A2CParams:
     rho_bar: float = 1.0
     c_bar: float = 1.0
     eval_episodes: int = 20
+    # multi-process workflows (popplay.topologies.exarl_ranks)
+    learners: int = 2  # multi-learner, master-learner
+    actors: int = 2
+    selection: str = "range"  # multi-learner: range (each learner its block of actors) or random
+    queue_capacity: int = 4  # multi-learner, range: trajectories an actor keeps unread at most
+    timeout: float = 60.0  # seconds any wait for another rank may take
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
@@ -143,7 +154,11 @@ class A2CParams:
 
     def validate(self) -> None:
         _check_workflow(self.workflow)
-        for name in ("copies", "n_steps", "sync_every"):
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        for name in ("copies", "n_steps", "sync_every", "learners", "actors", "queue_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.eval_episodes < 0:
@@ -162,7 +177,11 @@ class A2CParams:
 
     @property
     def ranks(self) -> int:
-        return 1
+        if self.workflow == "sequential":
+            return 1
+        if self.workflow == "central-inference":
+            return 1 + self.actors
+        return self.learners + self.actors
 
 
 @dataclass
@@ -175,6 +194,7 @@ class ExarlState:
     env_steps: int = 0
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # multi-process workflows' totals
 
 
 class _Experiment:
@@ -238,7 +258,7 @@ class _Experiment:
 
     def state_counters(self, state: ExarlState) -> dict[str, Any]:
         return {**state.agent.counters(), "phases": state.phases, "episodes": state.episodes,
-                "env_steps": state.env_steps}
+                "env_steps": state.env_steps, **{f"topology_{k}": v for k, v in state.extra.items()}}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ExarlState:
         from popplay.agents import networks
@@ -353,7 +373,64 @@ class TD3Experiment(_ContinuousExperiment):
 
 
 class A2CExperiment(_Experiment):
+    """``sequential`` here; the other workflows run rank 0's side of
+    :mod:`popplay.topologies.exarl_ranks` (one learner round, or a few inference steps,
+    per phase)."""
+
     domain = "a2c"
+
+    def __init__(self, params: Any, backend: Any) -> None:
+        super().__init__(params, backend)
+        self._flow: Any = None
+        if params.workflow != "sequential":
+            from popplay.distributed.group import current
+            from popplay.runner import UsageProblem
+            from popplay.topologies import exarl_ranks
+
+            dist = current()
+            if not dist.distributed:
+                # One process may still read the run file (evaluate); training needs the ranks.
+                self._no_ranks = UsageProblem(f"--workflow {params.workflow} runs on {params.ranks} ranks "
+                                              "(launched by popplay)")
+                return
+            if params.workflow == "central-inference":
+                self._flow = exarl_ranks.CentralServer(dist, params, self.info.obs_dim)
+            else:
+                group = exarl_ranks.learner_group(dist, params)
+                self._flow = exarl_ranks.Learners(dist, params, group, self.info.obs_dim)
+
+    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
+        if self._flow is not None:
+            return self._flow.done
+        return super().finished(state, time_mode=time_mode)
+
+    def close(self, state: ExarlState) -> None:
+        """Stop the other ranks if the run ended early (Ctrl-C, a time limit)."""
+        flow = self._flow
+        if flow is None:
+            return
+        if not flow.done:
+            if self.params.workflow != "central-inference":
+                flow.round(state.agent, stop=True)
+            flow.finish(state.agent, stopped=True)
+        from popplay.topologies.exarl_ranks import last_barrier
+
+        last_barrier(flow.dist)
+
+    def _workflow_phase(self, state: ExarlState) -> ExarlState:
+        flow = self._flow
+        if self.params.workflow == "central-inference":
+            r = flow.steps(state.agent, state.explore, 32)
+        else:
+            r = flow.round(state.agent)
+        state.episodes += len(r.returns)
+        state.env_steps += r.steps
+        state.returns.extend(r.returns)
+        state.lengths.extend(r.lengths)
+        if r.all_finished or r.stop:
+            state.extra.update(flow.finish(state.agent, stopped=r.stop) or {})
+        state.phases += 1
+        return state
 
     def _check_env(self) -> None:
         from popplay import envs
@@ -375,6 +452,10 @@ class A2CExperiment(_Experiment):
         from popplay.envs.rollout import episode_seed, play_episodes
 
         p = self.params
+        if self._flow is not None:
+            return self._workflow_phase(state)
+        if getattr(self, "_no_ranks", None) is not None:
+            raise self._no_ranks
         if state.phases % p.sync_every == 0:
             state.actor.load_state_dict(state.agent.policy.state_dict())
         seeds = [episode_seed(p.seed, copy, state.phases) for copy in range(p.copies)]
@@ -390,7 +471,8 @@ class A2CExperiment(_Experiment):
 
     def summary_extras(self, state: ExarlState) -> dict[str, Any]:
         rho = state.agent.last_mean_rho  # mean pi/mu of the last segment learned from (1: on policy)
-        return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho}
+        return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho,
+                **{f"topology_{k}": v for k, v in state.extra.items()}}
 
     def _greedy(self, state: ExarlState) -> Any:
         from popplay.agents.a2c import greedy_policy

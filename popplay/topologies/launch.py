@@ -29,6 +29,9 @@ def command_line(domain: str, params: Any, *, out: Path, overwrite: bool, checkp
     else:
         for name, value in params.to_dict().items():
             option = _OPTION.get(name, "--" + name.replace("_", "-"))
+            if isinstance(value, bool):  # typer's --name/--no-name flags take no value
+                argv.append(option if value else "--no-" + option[2:])
+                continue
             if isinstance(value, (list, tuple)):
                 value = ",".join(str(v) for v in value)
             argv += [option, str(value)]
@@ -56,7 +59,14 @@ def launch(domain: str, params: Any, *, out: Path, overwrite: bool, checkpoint_e
     return launch_local(argv, params.ranks, timeout=params.timeout, threads_per_rank=1, describe_lost=where)
 
 
-def role_of(domain: str, rank: int) -> str:
+def role_of(domain: str, rank: int, params: Any = None) -> str:
+    if domain == "a2c":
+        from popplay.topologies.exarl_ranks import layout
+
+        learners, _ = layout(params)
+        if params.workflow == "central-inference":
+            return "server" if rank == 0 else f"actor {rank - 1}"
+        return f"learner {rank}" if rank in learners else f"actor {rank - len(learners)}"
     if domain == "reinforce":
         return "server" if rank == 0 else f"worker {rank}"
     return "learner" if rank == 0 else f"simulator {rank}"
@@ -74,7 +84,7 @@ def train_multirank(domain: str, params: Any, options: Any, reporter: Any = None
     if dist.world_size != params.ranks:
         raise UsageProblem(f"this run needs {params.ranks} ranks (rank 0 and {params.ranks - 1} others); "
                            f"the job has {dist.world_size}")
-    set_role(role_of(domain, dist.rank))
+    set_role(role_of(domain, dist.rank, params))
     try:
         return _run_rank(domain, dist, params, options, reporter, should_stop, resume)
     finally:
@@ -90,7 +100,11 @@ def _run_rank(domain: str, dist: Any, params: Any, options: Any, reporter: Any, 
     if dist.rank != 0:
         # The launcher forwards Ctrl-C to every rank; only rank 0 decides when to stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if domain == "reinforce":
+        if domain == "a2c":
+            from popplay.topologies.exarl_ranks import rank_loop
+
+            rank_loop(dist, params, resume)
+        elif domain == "reinforce":
             from popplay.topologies.reinforce_ranks import worker_loop
 
             worker_loop(dist, params, resume)

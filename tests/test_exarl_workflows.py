@@ -1,0 +1,124 @@
+"""EXARL's multi-process workflows for A2C through real ranks on gloo (tiny budgets).
+
+The three jobs run side by side (one launch each, started together) to keep the
+wall time down; each rank's every wait is bounded by --timeout."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from popplay.checkpoints.runfile import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--json"]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "popplay", "train", "a2c", *args, *TINY], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 150, expect: int = 0) -> dict:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
+    assert process.returncode == expect, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_owned_ranges_partition_the_actors_and_rows_round_trip() -> None:
+    from popplay.agents.a2c import Trajectory
+    from popplay.topologies.exarl_ranks import owned, quota, rows_trajectory, trajectory_rows
+
+    for learners, actors in [(1, 1), (2, 3), (3, 2), (4, 10)]:
+        blocks = [list(owned(i, learners, actors)) for i in range(learners)]
+        assert sorted(a for b in blocks for a in b) == list(range(actors))
+        assert all(len(b) in (actors // learners, -(-actors // learners)) for b in blocks)
+    assert [quota(10, 3, i) for i in range(3)] == [4, 3, 3]
+    g = torch.Generator().manual_seed(1)
+    T = 5
+    traj = Trajectory(torch.randn(T, 1, 4, generator=g), torch.randint(0, 2, (T, 1), generator=g),
+                      torch.randn(T, 1, generator=g), torch.randn(T, 1, 4, generator=g), torch.zeros(T, 1),
+                      torch.zeros(T, 1), torch.randn(T, 1, generator=g), torch.ones(T, 1))
+    back = rows_trajectory(trajectory_rows(traj), 4)
+    for name, a, b in zip(Trajectory._fields, traj, back):
+        assert torch.equal(a, b.to(a.dtype)), name
+
+
+def test_workflows_through_real_processes(tmp_path: Path) -> None:
+    jobs = {
+        # Learner 0 owns actor 0, learner 1 actors 1 and 2 (range-based selection).
+        "multi": _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--episodes", "15",
+                         "--queue-capacity", "2", "--out", str(tmp_path / "multi.h5")]),
+        "master": _start(["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--episodes", "6",
+                          "--out", str(tmp_path / "master.h5")]),
+        "central": _start(["--workflow", "central-inference", "--actors", "2", "--episodes", "6",
+                           "--out", str(tmp_path / "central.h5")]),
+    }
+    # A run with a budget it will not reach, stopped by Ctrl-C once the others are done:
+    # rank 0 stops the other learners (a stop round) and releases the actors.
+    endless = _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
+                      "--out", str(tmp_path / "stopped.h5")])
+    summaries = {name: _finish(process) for name, process in jobs.items()}
+    endless.send_signal(signal.SIGINT)
+    stopped = _finish(endless, expect=130)
+    assert stopped["complete"] is False and stopped["episodes"] > 0
+
+    multi = summaries["multi"]
+    assert multi["backend"] == "gloo" and multi["ranks"] == 5 and multi["topology"] == "multi-learner"
+    # Every trajectory played was learned from exactly once: counts and an exact
+    # order-free checksum of the rows, actors' side against learners' side.
+    assert multi["topology_produced"] == multi["topology_reads"] == multi["episodes"] == 15
+    assert multi["topology_produced_checksum"] == multi["topology_reads_checksum"]
+    reads = [int(v) for v in multi["topology_reads_by_learner"].split(",")]
+    assert len(reads) == 2 and sum(reads) == 15 and min(reads) > 0
+    # Data-parallel: both learners applied the same mean gradients.
+    sums = multi["topology_learner_params"].split(",")
+    assert len(sums) == 2 and sums[0] == sums[1] and multi["topology_learners_identical"] == 1
+    assert 0 < multi["updates"] <= 15 and 0 <= multi["topology_helped"] <= 15
+    counters = read_run(tmp_path / "multi.h5").state_counters
+    assert counters["topology_reads"] == 15 and counters["received"] == multi["env_steps"] > 0
+    from popplay.cli import main
+
+    assert main(["evaluate", str(tmp_path / "multi.h5"), "--episodes", "1", "--json"]) == 0  # in one process
+
+    master = summaries["master"]
+    assert master["ranks"] == 3 and master["topology"] == "master-learner"
+    assert master["topology_produced"] == master["topology_reads"] == master["episodes"] == 6
+    assert master["topology_produced_checksum"] == master["topology_reads_checksum"]
+    handed = [int(v) for v in master["topology_reads_by_learner"].split(",")]
+    assert handed[1] > 0  # learner 1 trained on batches learner 0 handed it
+    assert master["topology_learners_identical"] == 1
+
+    central = summaries["central"]
+    assert central["ranks"] == 3 and central["topology"] == "central-inference"
+    assert central["topology_produced"] == central["topology_reads"] == central["episodes"] == 6
+    assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
+    assert central["updates"] == 6  # one update per completed episode, on the one model
+    # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back one int64.
+    steps = central["env_steps"]
+    assert central["topology_bytes"] >= steps * ((2 * 4 + 5) * 4 + 8)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "td3", "--workflow", "multi-learner", "--env-steps", "10"], "--workflow must be one of sequential"),
+    (["train", "a2c", "--workflow", "multi-learner", "--actors", "0", "--episodes", "2"], "--actors"),
+])
+def test_workflow_usage_errors_are_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    from popplay.cli import main
+
+    assert main([*args, "--out", str(tmp_path / "x.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], err
+    assert not (tmp_path / "x.h5").exists()
