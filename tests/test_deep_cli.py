@@ -91,3 +91,25 @@ def test_resume_refuses_new_settings_and_needs_a_budget(tmp_path: Path, capsys: 
     assert "needs a new budget" in capsys.readouterr().err
     assert main(["train", "reinforce", "--resume", str(out), "--episodes", "3"]) == 2
     assert "a dqn run, not a reinforce run" in capsys.readouterr().err
+
+
+def test_multi_rank_launch_honours_overwrite(tmp_path, monkeypatch):
+    """An existing --out is replaced with --overwrite (and refused without it) before ranks start."""
+    import typer
+
+    from popplay.cli import train_dqn
+    from popplay.cli.common import CommandError
+    from popplay.topologies import launch as launching
+
+    started = []
+    monkeypatch.setattr(launching, "launch", lambda *args, **kwargs: started.append(kwargs["overwrite"]) or 0)
+    out = tmp_path / "run.h5"
+    out.write_bytes(b"an old run")
+    with pytest.raises(CommandError, match="file exists"):
+        train_dqn._launch("dqn", object(), out, False, True, None, None)
+    assert started == []
+    try:
+        train_dqn._launch("dqn", object(), out, True, True, None, None)
+    except typer.Exit as stop:  # pragma: no cover - a zero exit code is returned, not raised
+        assert stop.exit_code == 0
+    assert started == [True]

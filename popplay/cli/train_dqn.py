@@ -188,7 +188,7 @@ def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: b
     if resume is None and Path(out).exists() and not overwrite:
         raise CommandError(f"--out {out}: file exists (pass --overwrite to replace it)")
     try:
-        check_writable(Path(out))
+        check_writable(Path(out), overwrite=overwrite, resume=resume is not None)
     except RunFileError as error:
         raise CommandError(str(error)) from None
     code = launch(domain, params, out=Path(out), overwrite=overwrite, checkpoint_every=checkpoint_every,

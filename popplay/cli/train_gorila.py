@@ -104,7 +104,7 @@ def train_gorila(
     target = out if out is not None else (resume if resume is not None else default_out("gorila"))
     if target.exists() and not overwrite and resume is None:
         raise CommandError(f"--out {target}: file exists (pass --overwrite to replace it)")
-    _check_writable(target)
+    _check_writable(target, overwrite=overwrite, resume=resume is not None)
     try:
         with stop_on_signals() as should_stop:
             summary = run(config, target, resume_state=resume_state, should_stop=should_stop, log=sys.stderr,
@@ -154,11 +154,11 @@ def _check_env(env_id: str) -> None:
         vec.close()
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, *, overwrite: bool, resume: bool) -> None:
     from popplay.checkpoints.runfile import RunFileError, check_writable
 
     try:
-        check_writable(path)
+        check_writable(path, overwrite=overwrite, resume=resume)
     except RunFileError as error:
         raise CommandError(str(error)) from None
 
