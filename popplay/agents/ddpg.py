@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.credit import UpdateCredit
 from popplay.agents.per import PrioritizedReplay
 from popplay.agents.replay import Batch, ReplayBuffer
 
@@ -158,7 +159,7 @@ class DDPGConfig:
         return d
 
 
-class ContinuousLearner:
+class ContinuousLearner(UpdateCredit):
     """Bookkeeping shared by DDPG and TD3: replay (uniform or prioritised), update
     credit, and the run-file arrays of every network, optimiser and generator.
     Subclasses list them in :meth:`modules`, :meth:`optimizers`, :meth:`generators`
@@ -197,24 +198,6 @@ class ContinuousLearner:
 
     def learn(self, batch: Batch, weights: torch.Tensor | None) -> Any:
         raise NotImplementedError
-
-    def receive(self, batch: Batch) -> None:
-        """Store transitions and owe ``update_ratio`` updates for each."""
-        self.replay.add(batch)
-        self.received += int(batch.obs.shape[0])
-        if len(self.replay) >= self.config.learning_starts:
-            self.update_credit += self.config.update_ratio * int(batch.obs.shape[0])
-
-    def owed_updates(self) -> int:
-        return int(self.update_credit)
-
-    def train(self, max_updates: int | None = None) -> int:
-        """Run the owed updates (at most ``max_updates``); return how many ran."""
-        n = self.owed_updates() if max_updates is None else min(max_updates, self.owed_updates())
-        for _ in range(n):
-            self.update()
-        self.update_credit -= n
-        return n
 
     def update(self) -> float:
         """One update on a replay minibatch (prioritised: weighted, then re-prioritised)."""

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.credit import UpdateCredit
 from popplay.agents.replay import Batch, ReplayBuffer
 
 
@@ -91,7 +92,7 @@ def dqn_loss(batch: Batch, online: nn.Module, targets: torch.Tensor) -> torch.Te
 
 
 @dataclass
-class DoubleDQN:
+class DoubleDQN(UpdateCredit):
     """The learner's state: online and target networks, Adam, the replay buffer and
     the sampling generator, plus counters. Simulators only need :func:`act`."""
 
@@ -122,24 +123,6 @@ class DoubleDQN:
     @property
     def epsilon(self) -> float:
         return epsilon(self.updates, self.config)
-
-    def receive(self, batch: Batch) -> None:
-        """Store transitions and owe ``update_ratio`` updates for each."""
-        self.replay.add(batch)
-        self.received += int(batch.obs.shape[0])
-        if len(self.replay) >= self.config.learning_starts:
-            self.update_credit += self.config.update_ratio * int(batch.obs.shape[0])
-
-    def owed_updates(self) -> int:
-        return int(self.update_credit)
-
-    def train(self, max_updates: int | None = None) -> int:
-        """Run the owed updates (at most ``max_updates``); return how many ran."""
-        n = self.owed_updates() if max_updates is None else min(max_updates, self.owed_updates())
-        for _ in range(n):
-            self.update()
-        self.update_credit -= n
-        return n
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """:func:`dqn_loss` against :func:`double_dqn_targets`, with one online pass over
