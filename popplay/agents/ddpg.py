@@ -13,7 +13,7 @@ bookkeeping and run-file arrays) are shared with TD3 (:mod:`popplay.agents.td3`)
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
 from popplay.agents.credit import UpdateCredit
 from popplay.agents.per import PrioritizedReplay
 from popplay.agents.replay import Batch, ReplayBuffer
@@ -115,7 +116,7 @@ def deterministic_policy(actor: Actor) -> Callable[[np.ndarray], np.ndarray]:
 
 
 @dataclass(frozen=True)
-class DDPGConfig:
+class DDPGConfig(HiddenConfig):
     """Hyper-parameters of DDPG (defaults: Fujimoto et al.'s "our DDPG" on Pendulum-scale tasks)."""
 
     hidden: tuple[int, ...] = (256, 256)
@@ -134,13 +135,7 @@ class DDPGConfig:
     per_beta_updates: int = 20_000  # updates over which beta rises to 1
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        for name in ("actor_lr", "critic_lr", "update_ratio"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        check_network(self, ("actor_lr", "critic_lr", "update_ratio"))
         if not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"tau must be in [0, 1] (got {self.tau})")
         for name in ("batch_size", "replay_capacity"):
@@ -152,11 +147,6 @@ class DDPGConfig:
             raise ValueError(f"exploration_noise must be non-negative (got {self.exploration_noise})")
         if self.per_alpha < 0 or not 0.0 <= self.per_beta0 <= 1.0:
             raise ValueError("per_alpha must be non-negative and per_beta0 in [0, 1]")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
 
 class ContinuousLearner(UpdateCredit):

@@ -15,7 +15,7 @@ learned; every topology uses the same rule).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,12 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
 from popplay.agents.credit import UpdateCredit
 from popplay.agents.replay import Batch, ReplayBuffer
 
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(HiddenConfig):
     """Hyper-parameters of Double DQN (defaults tuned on CartPole-v1; see docs/deep.md)."""
 
     hidden: tuple[int, ...] = (128, 128)
@@ -46,13 +47,7 @@ class DQNConfig:
     max_grad_norm: float = 10.0
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        for name in ("lr",):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        check_network(self)
         for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -64,11 +59,6 @@ class DQNConfig:
             raise ValueError("epsilon_start and epsilon_end must be in [0, 1]")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (got {self.max_grad_norm})")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
 
 def epsilon(updates: int, config: DQNConfig) -> float:

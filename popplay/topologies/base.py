@@ -12,19 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from popplay.agents.config import HiddenConfig
 from popplay.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
 
 
-class DeepParams:
+class DeepParams(HiddenConfig):
     """Mix-in for the frozen parameter dataclasses of deep runs (``hidden`` field)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))  # type: ignore[attr-defined]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)  # type: ignore[call-overload]
-        d["hidden"] = list(self.hidden)  # type: ignore[attr-defined]
-        return d
 
 
 def config_from(params: Any, config_type: type) -> Any:
