@@ -246,6 +246,17 @@ def _bias_of(a, bias, known, agent, static_key, scale):
     return bias[a]
 
 
+@numba.njit(cache=True, inline="always")
+def _best_two(best_arm, best, second, a, v):
+    """The best arm (value, then lower index), its value and the runner-up's value
+    after seeing arm ``a`` of value ``v``."""
+    if v > best or (v == best and a < best_arm):
+        return a, v, max(second, best)
+    if v > second:
+        return best_arm, best, v
+    return best_arm, best, second
+
+
 @numba.njit(cache=True)
 def _top2_biased(order_row, shared_row, own, pulls, touched, used, arms, bias, known, agent, static_key, scale):
     """:func:`_top2` of an agent with a bias in [-scale, scale] on every arm, walking
@@ -260,12 +271,7 @@ def _top2_biased(order_row, shared_row, own, pulls, touched, used, arms, bias, k
     for i in range(used):
         a = touched[i]
         v = own[a] + _bias_of(a, bias, known, agent, static_key, scale)
-        if v > best or (v == best and a < best_arm):
-            second = max(second, best)
-            best = v
-            best_arm = a
-        elif v > second:
-            second = v
+        best_arm, best, second = _best_two(best_arm, best, second, a, v)
     for i in range(arms):
         a = order_row[i]
         if pulls[a] > 0:
@@ -274,12 +280,7 @@ def _top2_biased(order_row, shared_row, own, pulls, touched, used, arms, bias, k
         if value + scale < second:
             break
         v = value + _bias_of(a, bias, known, agent, static_key, scale)
-        if v > best or (v == best and a < best_arm):
-            second = max(second, best)
-            best = v
-            best_arm = a
-        elif v > second:
-            second = v
+        best_arm, best, second = _best_two(best_arm, best, second, a, v)
     return best_arm, best, second
 
 
