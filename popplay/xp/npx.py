@@ -71,3 +71,7 @@ zeros_like = np.zeros_like
 def table(values: Any) -> Any:
     """A float64 look-up table indexed by arrays."""
     return np.asarray(values, dtype=np.float64)
+
+
+def sigmoid(x: Any) -> Any:
+    return 1.0 / (1.0 + np.exp(-x))

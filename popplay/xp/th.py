@@ -83,3 +83,6 @@ class _Table:
 def table(values: Any) -> _Table:
     """A float64 look-up table indexed by tensors on any device."""
     return _Table(values)
+
+
+sigmoid = torch.sigmoid
