@@ -49,24 +49,6 @@ _ZIG_V = 4.92867323399e-3  # area of each layer
 _ZIG_MAX_ATTEMPTS = 64  # words per draw at most; 0.012**30 makes the cap unreachable
 
 
-class _TorchTable:
-    """A float64 table copied once to each device that asks for it."""
-
-    def __init__(self, values: Any) -> None:
-        self._values = values
-        self._by_device: dict[Any, Any] = {}
-
-    def on(self, device: Any) -> Any:
-        import torch
-
-        if device not in self._by_device:
-            self._by_device[device] = torch.as_tensor(self._values, dtype=torch.float64, device=device)
-        return self._by_device[device]
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.on(index.device)[index]
-
-
 def make_elementary(xp: Any) -> SimpleNamespace:
     """``log`` and ``exp`` that give the same bits on every backend (see module doc)."""
 
@@ -244,35 +226,33 @@ def make_rng(xp: Any) -> SimpleNamespace:
                 return -x if srl(word, 8) & 1 else x
             return normal_slow(key, counter, word)
 
-    elif xp.__name__.endswith(".npx"):
-        import numpy as np
-
-        ZX = _ZIG_X
-        ZF = _ZIG_F
+    else:
+        ZX = xp.table(_ZIG_X)
+        ZF = xp.table(_ZIG_F)
 
         def normal(key, counter, word):
             """A standard normal deviate; ``word = draw(key, mix_counter(counter))``."""
-            key, counter, word = np.broadcast_arrays(key, counter, word)
+            key, counter, word = xp.broadcast(key, counter, word)
             layer = word & 255
             x = uniform53(word) * ZX[layer]
-            x = np.where(srl(word, 8) & 1 == 1, -x, x)
-            pending = np.nonzero(np.abs(x) >= ZX[layer + 1])
-            if pending[0].size:
+            x = xp.where(srl(word, 8) & 1 == 1, -x, x)
+            pending = xp.nonzero(xp.abs(x) >= ZX[layer + 1])
+            if xp.size(pending[0]):
                 x[pending] = _pending_normals(key[pending], counter[pending], word[pending])
             return x
 
         def _pending_normals(key, counter, word):
-            # The torch state machine below, lane for lane, in NumPy.
-            lanes = np.arange(word.size)
-            out = np.empty(word.shape, dtype=np.float64)
-            in_tail = np.zeros(word.shape, dtype=bool)
-            attempt = np.zeros_like(word)
-            negative = np.zeros_like(word)
-            while lanes.size:
+            # normal_slow's state machine, run over all still-pending lanes at once.
+            lanes = xp.arange(xp.size(word), word)
+            out = xp.empty_float(word)
+            in_tail = xp.zeros_bool(word)
+            attempt = xp.zeros_like(word)
+            negative = xp.zeros_like(word)
+            while xp.size(lanes):
                 layer = word & 255
                 zig_x = uniform53(word) * ZX[layer]
                 zig = ~in_tail
-                negative = np.where(zig, srl(word, 8) & 1, negative)
+                negative = xp.where(zig, srl(word, 8) & 1, negative)
                 fast = zig & (zig_x < ZX[layer + 1])
                 to_tail = zig & ~fast & (layer == 0)
                 wedge = zig & ~fast & (layer != 0)
@@ -280,66 +260,15 @@ def make_rng(xp: Any) -> SimpleNamespace:
                 tail_x, tail_ok = tail_point(retry_word(key, counter, attempt + 1),
                                              retry_word(key, counter, attempt + 2))
                 tail_ok = in_tail & tail_ok
-                attempt = np.where(wedge | in_tail, attempt + 2, attempt)
-                word = np.where(wedge & ~wedge_ok, retry_word(key, counter, attempt), word)
-                candidate = np.where(in_tail, tail_x, zig_x)
+                attempt = xp.where(wedge | in_tail, attempt + 2, attempt)
+                word = xp.where(wedge & ~wedge_ok, retry_word(key, counter, attempt), word)
+                candidate = xp.where(in_tail, tail_x, zig_x)
                 finished = fast | wedge_ok | tail_ok | (~to_tail & (attempt >= _ZIG_MAX_ATTEMPTS - 2))
                 in_tail = in_tail | to_tail
-                done = np.nonzero(finished)
+                done = xp.nonzero(finished)
                 value = candidate[done]
-                out[lanes[done]] = np.where(negative[done] == 1, -value, value)
-                keep = np.nonzero(~finished)
-                lanes, key, counter, word = lanes[keep], key[keep], counter[keep], word[keep]
-                in_tail, attempt, negative = in_tail[keep], attempt[keep], negative[keep]
-            return out
-
-    else:
-        import torch
-
-        ZX = _TorchTable(_ZIG_X)
-        ZF = _TorchTable(_ZIG_F)
-
-        def normal(key, counter, word):
-            """A standard normal deviate; ``word = draw(key, mix_counter(counter))``."""
-            key, counter, word = torch.broadcast_tensors(key, counter, word)
-            zx = ZX.on(word.device)
-            layer = word & 255
-            x = uniform53(word) * zx[layer]
-            x = torch.where(srl(word, 8) & 1 == 1, -x, x)
-            pending = (x.abs() >= zx[layer + 1]).nonzero(as_tuple=True)
-            if pending[0].numel():
-                x = x.clone()
-                x[pending] = _pending_normals(key[pending], counter[pending], word[pending])
-            return x
-
-        def _pending_normals(key, counter, word):
-            zx = ZX.on(word.device)
-            lanes = torch.arange(word.numel(), device=word.device)
-            out = torch.empty(word.shape, dtype=torch.float64, device=word.device)
-            in_tail = torch.zeros_like(word, dtype=torch.bool)
-            attempt = torch.zeros_like(word)
-            negative = torch.zeros_like(word)
-            while lanes.numel():
-                layer = word & 255
-                zig_x = uniform53(word) * zx[layer]
-                zig = ~in_tail
-                negative = torch.where(zig, srl(word, 8) & 1, negative)
-                fast = zig & (zig_x < zx[layer + 1])
-                to_tail = zig & ~fast & (layer == 0)
-                wedge = zig & ~fast & (layer != 0)
-                wedge_ok = wedge & wedge_accepts(layer, zig_x, retry_word(key, counter, attempt + 1))
-                tail_x, tail_ok = tail_point(retry_word(key, counter, attempt + 1),
-                                             retry_word(key, counter, attempt + 2))
-                tail_ok = in_tail & tail_ok
-                attempt = torch.where(wedge | in_tail, attempt + 2, attempt)
-                word = torch.where(wedge & ~wedge_ok, retry_word(key, counter, attempt), word)
-                candidate = torch.where(in_tail, tail_x, zig_x)
-                finished = fast | wedge_ok | tail_ok | (~to_tail & (attempt >= _ZIG_MAX_ATTEMPTS - 2))
-                in_tail = in_tail | to_tail
-                done = finished.nonzero(as_tuple=True)
-                value = candidate[done]
-                out[lanes[done]] = torch.where(negative[done] == 1, -value, value)
-                keep = (~finished).nonzero(as_tuple=True)
+                out[lanes[done]] = xp.where(negative[done] == 1, -value, value)
+                keep = xp.nonzero(~finished)
                 lanes, key, counter, word = lanes[keep], key[keep], counter[keep], word[keep]
                 in_tail, attempt, negative = in_tail[keep], attempt[keep], negative[keep]
             return out

@@ -19,7 +19,7 @@ columns padded to a common length (padding comes after an episode end).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
 from popplay.agents.reinforce import SampledPolicy  # noqa: F401  (actors sample as REINFORCE's do)
 from popplay.agents.vtrace import vtrace
 
@@ -43,7 +44,7 @@ class Trajectory(NamedTuple):
 
 
 @dataclass(frozen=True)
-class A2CConfig:
+class A2CConfig(HiddenConfig):
     """Hyper-parameters of A2C (defaults for CartPole-scale tasks)."""
 
     hidden: tuple[int, ...] = (64, 64)
@@ -57,21 +58,10 @@ class A2CConfig:
     c_bar: float = 1.0
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        for name in ("lr", "max_grad_norm", "rho_bar", "c_bar"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        check_network(self, ("lr", "max_grad_norm", "rho_bar", "c_bar"))
         for name in ("value_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be non-negative (got {getattr(self, name)})")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
 
 class A2CLoss(NamedTuple):

@@ -13,7 +13,7 @@ bookkeeping and run-file arrays) are shared with TD3 (:mod:`popplay.agents.td3`)
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
+from popplay.agents.credit import UpdateCredit
 from popplay.agents.per import PrioritizedReplay
 from popplay.agents.replay import Batch, ReplayBuffer
 
@@ -114,7 +116,7 @@ def deterministic_policy(actor: Actor) -> Callable[[np.ndarray], np.ndarray]:
 
 
 @dataclass(frozen=True)
-class DDPGConfig:
+class DDPGConfig(HiddenConfig):
     """Hyper-parameters of DDPG (defaults: Fujimoto et al.'s "our DDPG" on Pendulum-scale tasks)."""
 
     hidden: tuple[int, ...] = (256, 256)
@@ -133,13 +135,7 @@ class DDPGConfig:
     per_beta_updates: int = 20_000  # updates over which beta rises to 1
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        for name in ("actor_lr", "critic_lr", "update_ratio"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        check_network(self, ("actor_lr", "critic_lr", "update_ratio"))
         if not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"tau must be in [0, 1] (got {self.tau})")
         for name in ("batch_size", "replay_capacity"):
@@ -152,13 +148,8 @@ class DDPGConfig:
         if self.per_alpha < 0 or not 0.0 <= self.per_beta0 <= 1.0:
             raise ValueError("per_alpha must be non-negative and per_beta0 in [0, 1]")
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
-
-class ContinuousLearner:
+class ContinuousLearner(UpdateCredit):
     """Bookkeeping shared by DDPG and TD3: replay (uniform or prioritised), update
     credit, and the run-file arrays of every network, optimiser and generator.
     Subclasses list them in :meth:`modules`, :meth:`optimizers`, :meth:`generators`
@@ -197,24 +188,6 @@ class ContinuousLearner:
 
     def learn(self, batch: Batch, weights: torch.Tensor | None) -> Any:
         raise NotImplementedError
-
-    def receive(self, batch: Batch) -> None:
-        """Store transitions and owe ``update_ratio`` updates for each."""
-        self.replay.add(batch)
-        self.received += int(batch.obs.shape[0])
-        if len(self.replay) >= self.config.learning_starts:
-            self.update_credit += self.config.update_ratio * int(batch.obs.shape[0])
-
-    def owed_updates(self) -> int:
-        return int(self.update_credit)
-
-    def train(self, max_updates: int | None = None) -> int:
-        """Run the owed updates (at most ``max_updates``); return how many ran."""
-        n = self.owed_updates() if max_updates is None else min(max_updates, self.owed_updates())
-        for _ in range(n):
-            self.update()
-        self.update_credit -= n
-        return n
 
     def update(self) -> float:
         """One update on a replay minibatch (prioritised: weighted, then re-prioritised)."""

@@ -15,7 +15,7 @@ learned; every topology uses the same rule).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,11 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
+from popplay.agents.credit import UpdateCredit
 from popplay.agents.replay import Batch, ReplayBuffer
 
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(HiddenConfig):
     """Hyper-parameters of Double DQN (defaults tuned on CartPole-v1; see docs/deep.md)."""
 
     hidden: tuple[int, ...] = (128, 128)
@@ -45,13 +47,7 @@ class DQNConfig:
     max_grad_norm: float = 10.0
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        for name in ("lr",):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive (got {getattr(self, name)})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
+        check_network(self)
         for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -63,11 +59,6 @@ class DQNConfig:
             raise ValueError("epsilon_start and epsilon_end must be in [0, 1]")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (got {self.max_grad_norm})")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
 
 def epsilon(updates: int, config: DQNConfig) -> float:
@@ -91,7 +82,7 @@ def dqn_loss(batch: Batch, online: nn.Module, targets: torch.Tensor) -> torch.Te
 
 
 @dataclass
-class DoubleDQN:
+class DoubleDQN(UpdateCredit):
     """The learner's state: online and target networks, Adam, the replay buffer and
     the sampling generator, plus counters. Simulators only need :func:`act`."""
 
@@ -122,24 +113,6 @@ class DoubleDQN:
     @property
     def epsilon(self) -> float:
         return epsilon(self.updates, self.config)
-
-    def receive(self, batch: Batch) -> None:
-        """Store transitions and owe ``update_ratio`` updates for each."""
-        self.replay.add(batch)
-        self.received += int(batch.obs.shape[0])
-        if len(self.replay) >= self.config.learning_starts:
-            self.update_credit += self.config.update_ratio * int(batch.obs.shape[0])
-
-    def owed_updates(self) -> int:
-        return int(self.update_credit)
-
-    def train(self, max_updates: int | None = None) -> int:
-        """Run the owed updates (at most ``max_updates``); return how many ran."""
-        n = self.owed_updates() if max_updates is None else min(max_updates, self.owed_updates())
-        for _ in range(n):
-            self.update()
-        self.update_credit -= n
-        return n
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """:func:`dqn_loss` against :func:`double_dqn_targets`, with one online pass over

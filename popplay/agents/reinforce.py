@@ -8,37 +8,28 @@ Adam. The running reward follows seed 001: R ← 0.05·reward + 0.95·R.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from popplay.agents import networks
+from popplay.agents.config import HiddenConfig, check_network
 
 RUNNING_RATE = 0.05
 NORMALISE_EPS = 0.001
 
 
 @dataclass(frozen=True)
-class ReinforceConfig:
+class ReinforceConfig(HiddenConfig):
     hidden: tuple[int, ...] = (128,)
     lr: float = 1e-2
     gamma: float = 0.99
 
     def validate(self) -> None:
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive (got {self.lr})")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
+        check_network(self)
 
 
 def policy_network(seed: int, obs_dim: int, actions: int, config: ReinforceConfig) -> nn.Module:

@@ -14,8 +14,7 @@ Batches, exploration, replay (uniform or prioritised) and run-file arrays as in
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -41,11 +40,6 @@ class TD3Config(DDPGConfig):
             raise ValueError(f"policy_delay must be at least 1 (got {self.policy_delay})")
         if self.target_noise < 0 or self.noise_clip < 0:
             raise ValueError("target_noise and noise_clip must be non-negative")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
 
 def target_actions(next_obs: torch.Tensor, actor_target: Actor, config: TD3Config,

@@ -66,6 +66,24 @@ DistTimeoutOption = Annotated[float, typer.Option(
     help="Seconds a rank may go silent before the job stops (with several ranks).")]
 
 
+# The options the deep `train` commands (dqn, reinforce, gorila, exarl) share.
+ENV_HELP = "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, popplay/CartPole-v1, ...)."
+EVAL_HELP = "Greedy episodes played at the end for `quality` (0: skip)."
+TIMEOUT_HELP = "Seconds any wait for another rank may take before the job ends with an error."
+EnvOption = Annotated[str, typer.Option(help=ENV_HELP)]
+GammaOption = Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")]
+EvalEpisodesOption = Annotated[int, typer.Option(min=0, help=EVAL_HELP)]
+RankTimeoutOption = Annotated[float, typer.Option(help=TIMEOUT_HELP)]
+
+
+def parse_hidden(hidden: str, example: str) -> tuple[int, ...]:
+    """--hidden's comma-separated layer widths (``example`` shows the form in the error)."""
+    try:
+        return tuple(int(v) for v in hidden.split(","))
+    except ValueError:
+        raise CommandError(f"--hidden: expected comma-separated widths such as {example} (got {hidden!r})") from None
+
+
 def given(ctx: typer.Context, name: str) -> bool:
     """Whether the user set option ``name`` (on the command line or in --config), as
     opposed to leaving its default."""

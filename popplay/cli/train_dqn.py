@@ -7,8 +7,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from popplay.cli.common import (CheckpointOption, CommandError, DeviceName, DeviceOption, JsonOption, OutOption,
-                                OverwriteOption, ResumeOption, SeedOption, given)
+from popplay.cli.common import (ENV_HELP, EVAL_HELP, TIMEOUT_HELP, CheckpointOption, CommandError, DeviceName,
+                                DeviceOption, EnvOption, EvalEpisodesOption, GammaOption, JsonOption, OutOption,
+                                OverwriteOption, RankTimeoutOption, ResumeOption, SeedOption, given, parse_hidden)
 from popplay.cli.train import train_app
 
 
@@ -19,11 +20,9 @@ class Topology(str, Enum):
     async_ = "async"
 
 
-ENV_HELP = "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, popplay/CartPole-v1, ...)."
 EPISODES_HELP = "Budget: episodes summed over all simulators (0: none; with --env-steps, whichever comes first)."
 ENV_STEPS_HELP = "Budget: environment steps summed over all simulators (0: none)."
-EVAL_HELP = "Greedy episodes played at the end for `quality` (0: skip)."
-TIMEOUT_HELP = "Seconds any wait for another rank may take before the job ends with an error."
+__all__ = ["ENV_HELP", "EVAL_HELP", "TIMEOUT_HELP"]  # re-exported: train_exarl and train_gorila import them here
 # Options a resumed run may still be given: the new budget and how (not what) to run.
 DEEP_RESUME_ALLOWED = {"resume", "episodes", "env_steps", "checkpoint_every", "device", "json_output", "timeout"}
 
@@ -31,7 +30,7 @@ DEEP_RESUME_ALLOWED = {"resume", "episodes", "env_steps", "checkpoint_every", "d
 @train_app.command("dqn")
 def train_dqn(
     ctx: typer.Context,
-    env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
+    env: EnvOption = "CartPole-v1",
     topology: Annotated[Topology, typer.Option(
         help="sequential: simulate an episode, then train (one process); pipelined: one simulator and the "
              "learner in two processes; collective: N simulators, transitions gathered and weights broadcast "
@@ -43,7 +42,7 @@ def train_dqn(
     env_steps: Annotated[int, typer.Option(min=0, help=ENV_STEPS_HELP)] = 0,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "128,128",
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
-    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+    gamma: GammaOption = 0.99,
     batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each update.")] = 64,
     replay: Annotated[int, typer.Option(min=1, help="Replay capacity in transitions.")] = 50_000,
     learning_starts: Annotated[int, typer.Option(min=0, help="Transitions stored before the first update.")] = 1_000,
@@ -54,8 +53,8 @@ def train_dqn(
     epsilon_updates: Annotated[int, typer.Option(
         min=1, help="Learner updates over which ε falls linearly (ε follows training, not simulation).")] = 5_000,
     max_grad_norm: Annotated[float, typer.Option(help="Gradients are clipped to this norm.")] = 10.0,
-    eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 100,
-    timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 60.0,
+    eval_episodes: EvalEpisodesOption = 100,
+    timeout: RankTimeoutOption = 60.0,
     slow_simulator: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per episode.")] = 0.0,
     slow_learner: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per update.")] = 0.0,
     seed: SeedOption = 0,
@@ -71,18 +70,12 @@ def train_dqn(
     from popplay.topologies.dqn import DQNParams
 
     if resume is not None:
-        stored = load_deep_resume(ctx, "dqn", resume)
-        params = resumed_deep_params("dqn", stored, ctx, episodes=episodes, env_steps=env_steps)
-        run_deep("dqn", params, out=resume, overwrite=True, json_output=json_output, device=device,
-                 checkpoint_every=checkpoint_every, resume=stored)
+        resume_deep(ctx, "dqn", resume, episodes=episodes, env_steps=env_steps, json_output=json_output,
+                    device=device, checkpoint_every=checkpoint_every)
         return
-    try:
-        widths = tuple(int(v) for v in hidden.split(","))
-    except ValueError:
-        raise CommandError(f"--hidden: expected comma-separated widths such as 128,128 (got {hidden!r})") from None
     params = DQNParams(
         env=env, topology=topology.value, simulators=simulators, sync_every=sync_every, episodes=episodes,
-        env_steps=env_steps, seed=seed, hidden=widths, lr=lr, gamma=gamma, batch_size=batch_size,
+        env_steps=env_steps, seed=seed, hidden=parse_hidden(hidden, "128,128"), lr=lr, gamma=gamma, batch_size=batch_size,
         replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
         target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
         epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout,
@@ -114,6 +107,15 @@ def load_deep_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         return read_run(path, expected_domain=domain)
     except RunFileError as error:
         raise CommandError(str(error)) from None
+
+
+def resume_deep(ctx: typer.Context, domain: str, path: Path, *, episodes: int, env_steps: int, json_output: bool,
+                device: DeviceName, checkpoint_every: Optional[str]) -> None:
+    """`train dqn|reinforce|... --resume`: continue the run file in place up to the new budget."""
+    stored = load_deep_resume(ctx, domain, path)
+    params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
+    run_deep(domain, params, out=path, overwrite=True, json_output=json_output, device=device,
+             checkpoint_every=checkpoint_every, resume=stored)
 
 
 def resumed_deep_params(domain: str, stored: Any, ctx: typer.Context, **budget: int) -> Any:

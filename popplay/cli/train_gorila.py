@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from popplay.cli.common import CommandError, JsonOption, OutOption, OverwriteOption, ResumeOption, SeedOption, given
+from popplay.cli.common import (EVAL_HELP, CommandError, EnvOption, GammaOption, JsonOption, OutOption, OverwriteOption,
+                                RankTimeoutOption, ResumeOption, SeedOption, given, parse_hidden)
 from popplay.cli.train import train_app
-from popplay.cli.train_dqn import ENV_HELP, EVAL_HELP, TIMEOUT_HELP
 
 class Replay(str, Enum):
     local = "local"
@@ -25,7 +25,7 @@ RESUME_ALLOWED = {"resume", "episodes", "env_steps", "actors", "learners", "shar
 @train_app.command("gorila")
 def train_gorila(
     ctx: typer.Context,
-    env: Annotated[str, typer.Option(help=ENV_HELP)] = "CartPole-v1",
+    env: EnvOption = "CartPole-v1",
     actors: Annotated[int, typer.Option(min=1, help="Actor processes (own environment, own Q-network copy).")] = 2,
     learners: Annotated[int, typer.Option(
         min=1, help="Learner processes (see --replay).")] = 1,
@@ -37,7 +37,7 @@ def train_gorila(
     env_steps: Annotated[int, typer.Option(min=0, help="Budget: environment steps over all actors (0: none).")] = 0,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "64,64",
     lr: Annotated[float, typer.Option(help="AdaGrad learning rate (on the shards).")] = 0.01,
-    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ.")] = 0.99,
+    gamma: GammaOption = 0.99,
     batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each learner update.")] = 64,
     replay_capacity: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner.")] = 50_000,
     learning_starts: Annotated[int, typer.Option(min=0, help="Transitions in a learner's replay first.")] = 500,
@@ -52,7 +52,7 @@ def train_gorila(
         help="Drop gradients whose norm is over mean + k·std of the last --outlier-window norms.")] = 6.0,
     outlier_window: Annotated[int, typer.Option(min=2, help="Norms in the outlier guard's window.")] = 100,
     eval_episodes: Annotated[int, typer.Option(min=1, help=EVAL_HELP)] = 100,
-    timeout: Annotated[float, typer.Option(help=TIMEOUT_HELP)] = 30.0,
+    timeout: RankTimeoutOption = 30.0,
     inject_stale_every: Annotated[int, typer.Option(
         hidden=True, min=0, help="Test hook: every k-th gradient sent is labelled too stale.")] = 0,
     inject_huge_every: Annotated[int, typer.Option(
@@ -82,10 +82,7 @@ def train_gorila(
         config = GorilaConfig.from_dict(base)
         resume_state = {**stored.state, "version": stored.state_counters["version"]}
     else:
-        try:
-            widths = tuple(int(v) for v in hidden.split(","))
-        except ValueError:
-            raise CommandError(f"--hidden: expected comma-separated widths such as 64,64 (got {hidden!r})") from None
+        widths = parse_hidden(hidden, "64,64")
         config = GorilaConfig(
             env=env, actors=actors, learners=learners, shards=shards, replay=replay.value, episodes=episodes,
             env_steps=env_steps,

@@ -187,6 +187,22 @@ def _random_argmax_ranked(order_row, rank_row, tie_top, shared_row, own, pulls, 
     return order_row[position]
 
 
+@numba.njit(cache=True, inline="always")
+def _topk_insert(top_arm, top_val, filled, k, a, v):
+    """Insert arm ``a`` of value ``v`` into the sorted best-``filled`` list (value, then
+    lower index) if it belongs among the best ``k``; returns the new fill."""
+    if filled == k and not (v > top_val[k - 1] or (v == top_val[k - 1] and a < top_arm[k - 1])):
+        return filled
+    pos = filled if filled < k else k - 1
+    while pos > 0 and (v > top_val[pos - 1] or (v == top_val[pos - 1] and a < top_arm[pos - 1])):
+        top_val[pos] = top_val[pos - 1]
+        top_arm[pos] = top_arm[pos - 1]
+        pos -= 1
+    top_val[pos] = v
+    top_arm[pos] = a
+    return filled + 1 if filled < k else filled
+
+
 @numba.njit(cache=True)
 def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
     """The floor(u * k)-th best arm, ranking by value then lower index."""
@@ -194,17 +210,8 @@ def _topk_arm(shared_row, own, pulls, bias, arms, k, u):
     top_val = np.empty(4, dtype=np.float64)
     filled = 0
     for a in range(arms):
-        v = _value(a, shared_row, own, pulls, bias)
-        if filled < k or v > top_val[filled - 1]:
-            pos = filled if filled < k else k - 1
-            while pos > 0 and v > top_val[pos - 1]:
-                top_val[pos] = top_val[pos - 1]
-                top_arm[pos] = top_arm[pos - 1]
-                pos -= 1
-            top_val[pos] = v
-            top_arm[pos] = a
-            if filled < k:
-                filled += 1
+        # arms come in index order, so the index tie-break of _topk_insert never fires
+        filled = _topk_insert(top_arm, top_val, filled, k, a, _value(a, shared_row, own, pulls, bias))
     return top_arm[np.int64(np.floor(u * k))]
 
 
@@ -225,18 +232,7 @@ def _topk_ranked(order_row, shared_row, own, pulls, touched, used, arms, k, u, t
         i += 1
     for j in range(used):
         a = touched[j]
-        v = own[a]
-        if filled == k and not (v > top_val[k - 1] or (v == top_val[k - 1] and a < top_arm[k - 1])):
-            continue
-        pos = filled if filled < k else k - 1
-        while pos > 0 and (v > top_val[pos - 1] or (v == top_val[pos - 1] and a < top_arm[pos - 1])):
-            top_val[pos] = top_val[pos - 1]
-            top_arm[pos] = top_arm[pos - 1]
-            pos -= 1
-        top_val[pos] = v
-        top_arm[pos] = a
-        if filled < k:
-            filled += 1
+        filled = _topk_insert(top_arm, top_val, filled, k, a, own[a])
     return top_arm[np.int64(np.floor(u * k))]
 
 
@@ -248,6 +244,17 @@ def _bias_of(a, bias, known, agent, static_key, scale):
         bias[a] = _arm_bias(_draw(static_key, _mix_counter(a)), scale)
         known[a] = agent
     return bias[a]
+
+
+@numba.njit(cache=True, inline="always")
+def _best_two(best_arm, best, second, a, v):
+    """The best arm (value, then lower index), its value and the runner-up's value
+    after seeing arm ``a`` of value ``v``."""
+    if v > best or (v == best and a < best_arm):
+        return a, v, max(second, best)
+    if v > second:
+        return best_arm, best, v
+    return best_arm, best, second
 
 
 @numba.njit(cache=True)
@@ -264,12 +271,7 @@ def _top2_biased(order_row, shared_row, own, pulls, touched, used, arms, bias, k
     for i in range(used):
         a = touched[i]
         v = own[a] + _bias_of(a, bias, known, agent, static_key, scale)
-        if v > best or (v == best and a < best_arm):
-            second = max(second, best)
-            best = v
-            best_arm = a
-        elif v > second:
-            second = v
+        best_arm, best, second = _best_two(best_arm, best, second, a, v)
     for i in range(arms):
         a = order_row[i]
         if pulls[a] > 0:
@@ -278,12 +280,7 @@ def _top2_biased(order_row, shared_row, own, pulls, touched, used, arms, bias, k
         if value + scale < second:
             break
         v = value + _bias_of(a, bias, known, agent, static_key, scale)
-        if v > best or (v == best and a < best_arm):
-            second = max(second, best)
-            best = v
-            best_arm = a
-        elif v > second:
-            second = v
+        best_arm, best, second = _best_two(best_arm, best, second, a, v)
     return best_arm, best, second
 
 

@@ -400,7 +400,9 @@ def pack(nets: Networks) -> np.ndarray:
 
 
 def _sigmoid(x: Any) -> Any:
-    return 1.0 / (1.0 + np.exp(-x))
+    from popplay.xp import npx
+
+    return npx.sigmoid(x)
 
 
 def value(net: Network, board: np.ndarray, player: int) -> float:
@@ -453,17 +455,7 @@ def make_rules(xp: Any) -> SimpleNamespace:
     rng = _rng.make_rng(xp)
     uniform_hi32 = rng.uniform_hi32
     uniform_lo32 = rng.uniform_lo32
-    if xp.vectorized and xp.__name__.endswith(".npx"):
-        def sigmoid(x):
-            return 1.0 / (1.0 + np.exp(-x))
-    elif xp.vectorized:
-        import torch
-
-        sigmoid = torch.sigmoid
-    else:
-        @xp.fn
-        def sigmoid(x):
-            return 1.0 / (1.0 + math.exp(-x))
+    sigmoid = xp.sigmoid
 
     @xp.fn
     def pick(u, n):

@@ -9,19 +9,20 @@ and one phase of the experiment is ``sync_every`` episodes per simulator.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from popplay.topologies import DQN_TOPOLOGIES
-from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
-                                       tuple_of_ints)
+from popplay.topologies.base import (DeepExperiment, DeepParams, check_at_least_one, check_evaluation_and_timeout,
+                                     config_from, count_episodes, curve_arrays, restore_curves, topology_counters,
+                                     topology_extra)
+from popplay.topologies.common import check_budget, recent_mean
 
 
 @dataclass(frozen=True)
-class DQNParams:
+class DQNParams(DeepParams):
     """Everything a DQN run depends on (stored in the run file's config)."""
 
     env: str = "CartPole-v1"
@@ -48,35 +49,21 @@ class DQNParams:
     slow_simulator: float = 0.0  # test hook: seconds a simulator sleeps per episode
     slow_learner: float = 0.0  # test hook: seconds the learner sleeps per update
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
-
     def agent_config(self) -> Any:
         from popplay.agents.dqn import DQNConfig
 
-        names = {f.name for f in dataclasses.fields(DQNConfig)}
-        return DQNConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+        return config_from(self, DQNConfig)
 
     def validate(self) -> None:
         if self.topology not in DQN_TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(DQN_TOPOLOGIES)} (got {self.topology!r})")
-        if self.simulators < 1:
-            raise ValueError(f"simulators must be at least 1 (got {self.simulators})")
+        check_at_least_one(simulators=self.simulators)
         if self.topology in ("sequential", "pipelined") and self.simulators != 1:
             raise ValueError(f"simulators: the {self.topology} topology has exactly one simulator")
-        if self.sync_every < 1:
-            raise ValueError(f"sync_every must be at least 1 (got {self.sync_every})")
-        if self.eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        check_at_least_one(sync_every=self.sync_every)
+        check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
     @property
     def ranks(self) -> int:
@@ -96,7 +83,7 @@ class DQNState:
     extra: dict[str, Any] = field(default_factory=dict)  # topology counters (e.g. checksums)
 
 
-class DQNExperiment:
+class DQNExperiment(DeepExperiment):
     """The runner's view of a DQN run (:class:`popplay.runner.Experiment`)."""
 
     domain = "dqn"
@@ -104,12 +91,7 @@ class DQNExperiment:
     def __init__(self, params: DQNParams, backend: Any) -> None:
         from popplay import envs
 
-        params.validate()
-        self.params = params
-        self.backend = backend
-        self.config = params.agent_config()
-        self._env = envs.make_vector(params.env, 1)
-        self.info = envs.describe(self._env, params.env)
+        self._open(params, backend)
         envs.require_discrete(self.info, "dqn")
         self._topology: Any = None  # rank 0's side of a multi-rank topology
         if params.topology != "sequential":
@@ -131,13 +113,6 @@ class DQNExperiment:
 
         agent = DoubleDQN(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed)
         return DQNState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 2))
-
-    def warmup(self) -> None:
-        pass
-
-    def finished(self, state: DQNState, *, time_mode: bool) -> bool:
-        p = self.params
-        return budget_reached(state.episodes, state.env_steps, p.episodes, p.env_steps)
 
     def phase(self, state: DQNState, *, time_left: float | None) -> DQNState:
         if self._topology is not None:
@@ -165,52 +140,27 @@ class DQNExperiment:
         from popplay.topologies.wire import rows_to_batch
 
         state.agent.receive(rows_to_batch(rows, self.info.obs_dim))
-        state.episodes += len(returns)
-        state.env_steps += int(rows.shape[0])
-        state.returns.extend(float(r) for r in returns)
-        state.lengths.extend(int(n) for n in lengths)
+        count_episodes(state, returns, lengths, int(rows.shape[0]))
 
     def learn(self, state: DQNState, episodes: Any) -> None:
         """Hand a batch of episodes to the learner and count them."""
-        agent = state.agent
-        agent.receive(to_batch(episodes))
-        state.episodes += len(episodes.returns)
-        state.env_steps += episodes.steps
-        state.returns.extend(float(r) for r in episodes.returns)
-        state.lengths.extend(int(n) for n in episodes.lengths)
+        state.agent.receive(to_batch(episodes))
+        count_episodes(state, episodes.returns, episodes.lengths, episodes.steps)
 
     # --- measurements and the run file ------------------------------------------------
     def measure(self, state: DQNState) -> dict[str, float]:
         return {"return": recent_mean(state.returns), "epsilon": state.agent.epsilon,
                 "updates": float(state.agent.updates)}
 
-    def agent_steps(self, state: DQNState) -> int:
-        return state.env_steps
-
-    def total_agent_steps(self, state: DQNState) -> int:
-        return state.env_steps
-
-    def budget_agent_steps(self) -> int:
-        s = getattr(self, "_last", (0, 0))
-        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
-
-    def progress(self, state: DQNState) -> int:
-        """Episodes, or environment steps with an --env-steps budget (the unit of
-        --checkpoint-every)."""
-        self._last = (state.episodes, state.env_steps)
-        return state.env_steps if self.params.env_steps and not self.params.episodes else state.episodes
-
     def state_arrays(self, state: DQNState) -> dict[str, Any]:
         from popplay.agents import networks
 
-        self._last = (state.episodes, state.env_steps)
-        return {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore),
-                "episode_returns": np.asarray(state.returns, dtype=np.float64),
-                "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+        self._note(state)
+        return {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore), **curve_arrays(state)}
 
     def state_counters(self, state: DQNState) -> dict[str, Any]:
         return {**state.agent.counters(), "episodes": state.episodes, "env_steps": state.env_steps,
-                **{f"topology_{k}": v for k, v in state.extra.items()}}
+                **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> DQNState:
         from popplay.agents import networks
@@ -220,19 +170,12 @@ class DQNExperiment:
         networks.load_generator(state.explore, arrays["rng.explore"])
         state.episodes = int(counters["episodes"])
         state.env_steps = int(counters["env_steps"])
-        state.returns = [float(r) for r in arrays["episode_returns"]]
-        state.lengths = [int(n) for n in arrays["episode_lengths"]]
+        restore_curves(state, arrays)
         if len(state.returns) != state.episodes:
             raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
-        state.extra = {k[len("topology_"):]: v for k, v in counters.items() if k.startswith("topology_")}
-        self._last = (state.episodes, state.env_steps)
+        state.extra = topology_extra(counters)
+        self._note(state)
         return state
-
-    def static_arrays(self) -> dict[str, Any]:
-        return {}
-
-    def results(self, state: DQNState) -> dict[str, Any]:
-        return {}
 
     def summary_extras(self, state: DQNState) -> dict[str, Any]:
         """What a DQN run adds to the summary every deep run prints."""

@@ -15,20 +15,20 @@ R ← 0.05·reward + 0.95·R, kept per worker; ``running_reward`` is their mean.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
-                                       tuple_of_ints)
+from popplay.topologies.base import (DeepExperiment, DeepParams, check_at_least_one, check_evaluation_and_timeout,
+                                     topology_counters, topology_extra)
+from popplay.topologies.common import check_budget, recent_mean
 
 REINFORCE_TOPOLOGIES = ("server", "local")
 
 
 @dataclass(frozen=True)
-class ReinforceParams:
+class ReinforceParams(DeepParams):
     env: str = "CartPole-v1"
     topology: str = "server"  # server: ranks (seed 001); local: the same workers in one process
     workers: int = 1
@@ -42,9 +42,6 @@ class ReinforceParams:
     eval_episodes: int = 100
     timeout: float = 60.0  # seconds any wait for another rank may take
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
-
     def agent_config(self) -> Any:
         from popplay.agents.reinforce import ReinforceConfig
 
@@ -53,21 +50,10 @@ class ReinforceParams:
     def validate(self) -> None:
         if self.topology not in REINFORCE_TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(REINFORCE_TOPOLOGIES)} (got {self.topology!r})")
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1 (got {self.workers})")
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1 (got {self.max_steps})")
-        if self.eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        check_at_least_one(workers=self.workers, max_steps=self.max_steps)
+        check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
     @property
     def ranks(self) -> int:
@@ -107,7 +93,7 @@ def worker_episode(policy: Any, env: Any, generator: Any, seed: int, worker: int
     return grad, float(episodes.returns[0]), episodes.steps
 
 
-class ReinforceExperiment:
+class ReinforceExperiment(DeepExperiment):
     """The runner's view of a REINFORCE run; one phase is one server update."""
 
     domain = "reinforce"
@@ -115,12 +101,7 @@ class ReinforceExperiment:
     def __init__(self, params: ReinforceParams, backend: Any) -> None:
         from popplay import envs
 
-        params.validate()
-        self.params = params
-        self.backend = backend
-        self.config = params.agent_config()
-        self._env = envs.make_vector(params.env, 1)
-        self.info = envs.describe(self._env, params.env)
+        self._open(params, backend)
         envs.require_discrete(self.info, "reinforce")
         self._dist: Any = None  # the process group when the workers are ranks
         if params.topology == "server":
@@ -149,11 +130,8 @@ class ReinforceExperiment:
                               generators=[worker_generator(self.params.seed, w) for w in range(self.params.workers)],
                               running=np.zeros(self.params.workers))
 
-    def warmup(self) -> None:
-        pass
-
-    def finished(self, state: ReinforceState, *, time_mode: bool) -> bool:
-        return budget_reached(state.updates, state.env_steps, self.params.episodes, self.params.env_steps)
+    def _done(self, state: ReinforceState) -> int:
+        return state.updates  # the episodes budget counts server updates
 
     def phase(self, state: ReinforceState, *, time_left: float | None) -> ReinforceState:
         from popplay.agents import networks
@@ -189,24 +167,10 @@ class ReinforceExperiment:
     def measure(self, state: ReinforceState) -> dict[str, float]:
         return {"running_reward": float(state.running.mean()), "return": recent_mean(state.returns)}
 
-    def agent_steps(self, state: ReinforceState) -> int:
-        return state.env_steps
-
-    def total_agent_steps(self, state: ReinforceState) -> int:
-        return state.env_steps
-
-    def budget_agent_steps(self) -> int:
-        s = getattr(self, "_last", (0, 0))
-        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
-
-    def progress(self, state: ReinforceState) -> int:
-        self._last = (state.updates, state.env_steps)
-        return state.env_steps if self.params.env_steps and not self.params.episodes else state.updates
-
     def state_arrays(self, state: ReinforceState) -> dict[str, Any]:
         from popplay.agents import networks
 
-        self._last = (state.updates, state.env_steps)
+        self._note(state)
         out = {**networks.module_arrays(state.policy, "policy"),
                **networks.optimizer_arrays(state.optimizer, "adam"),
                "running": state.running.astype(np.float64),
@@ -220,7 +184,7 @@ class ReinforceExperiment:
 
     def state_counters(self, state: ReinforceState) -> dict[str, Any]:
         return {"updates": state.updates, "episodes": state.episodes, "env_steps": state.env_steps,
-                **{f"topology_{k}": v for k, v in state.extra.items()}}
+                **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ReinforceState:
         import torch
@@ -243,15 +207,9 @@ class ReinforceExperiment:
         state.updates = int(counters["updates"])
         state.episodes = int(counters["episodes"])
         state.env_steps = int(counters["env_steps"])
-        state.extra = {k[len("topology_"):]: v for k, v in counters.items() if k.startswith("topology_")}
-        self._last = (state.updates, state.env_steps)
+        state.extra = topology_extra(counters)
+        self._note(state)
         return state
-
-    def static_arrays(self) -> dict[str, Any]:
-        return {}
-
-    def results(self, state: ReinforceState) -> dict[str, Any]:
-        return {}
 
     def summary_extras(self, state: ReinforceState) -> dict[str, Any]:
         return {"running_reward": float(state.running.mean()), "updates": state.updates, "workers": self.params.workers,

@@ -60,3 +60,8 @@ def where(condition, a, b):
 @numba.njit(cache=True)
 def abs(x):  # noqa: A001 - mirrors the torch name
     return -x if x < 0 else x
+
+
+@numba.njit(cache=True)
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))

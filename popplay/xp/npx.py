@@ -38,3 +38,40 @@ frexp = np.frexp
 ldexp = np.ldexp
 where = np.where
 abs = np.abs  # noqa: A001
+
+
+# Array plumbing for rules that run a state machine over pending lanes (the ziggurat).
+def broadcast(*arrays: Any) -> tuple[Any, ...]:
+    return tuple(np.broadcast_arrays(*arrays))
+
+
+def nonzero(mask: Any) -> tuple[Any, ...]:
+    return np.nonzero(mask)
+
+
+def size(x: Any) -> int:
+    return x.size
+
+
+def arange(n: int, like: Any) -> Any:
+    return np.arange(n)
+
+
+def empty_float(like: Any) -> Any:
+    return np.empty(like.shape, dtype=np.float64)
+
+
+def zeros_bool(like: Any) -> Any:
+    return np.zeros(like.shape, dtype=bool)
+
+
+zeros_like = np.zeros_like
+
+
+def table(values: Any) -> Any:
+    """A float64 look-up table indexed by arrays."""
+    return np.asarray(values, dtype=np.float64)
+
+
+def sigmoid(x: Any) -> Any:
+    return 1.0 / (1.0 + np.exp(-x))

@@ -51,3 +51,7 @@ def where(condition: bool, a, b):
 
 def abs(x):  # noqa: A001
     return -x if x < 0 else x
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))

@@ -1,0 +1,26 @@
+"""What the deep agents' (and runs') config dataclasses share: ``hidden`` widths
+stored as a list in run files, and the network checks every learner makes."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class HiddenConfig:
+    """Mix-in for frozen config dataclasses with a ``hidden`` tuple of layer widths."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        d["hidden"] = list(self.hidden)  # type: ignore[attr-defined]
+        return d
+
+
+def check_network(config: Any, positive: tuple[str, ...] = ("lr",)) -> None:
+    """Positive layer widths, positive ``positive`` fields (learning rates...), γ in [0, 1]."""
+    if not config.hidden or any(h < 1 for h in config.hidden):
+        raise ValueError(f"hidden must list positive layer widths (got {config.hidden})")
+    for name in positive:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"{name} must be positive (got {getattr(config, name)})")
+    if not 0.0 <= config.gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1] (got {config.gamma})")

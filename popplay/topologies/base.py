@@ -1,0 +1,124 @@
+"""The experiment plumbing every deep run repeats: parameters that turn into an
+agent's config and a run file's dict, the runner's budget and progress methods, and
+the episode curves and topology counters of the run file.
+
+DQN and REINFORCE use these; ExaRL's ``_Experiment`` repeats the same methods and can
+adopt :class:`DeepExperiment` as it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from popplay.agents.config import HiddenConfig
+from popplay.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
+
+
+class DeepParams(HiddenConfig):
+    """Mix-in for the frozen parameter dataclasses of deep runs (``hidden`` field)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))  # type: ignore[attr-defined]
+
+
+def config_from(params: Any, config_type: type) -> Any:
+    """``config_type`` built from the fields of ``params`` that it has."""
+    names = {f.name for f in dataclasses.fields(config_type)}
+    return config_type(**{k: v for k, v in dataclasses.asdict(params).items() if k in names})
+
+
+def check_at_least_one(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1 (got {value})")
+
+
+def check_evaluation_and_timeout(eval_episodes: int, timeout: float | None = None) -> None:
+    if eval_episodes < 0:
+        raise ValueError(f"eval_episodes must be non-negative (got {eval_episodes})")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive (got {timeout})")
+
+
+class DeepExperiment:
+    """The runner's budget, progress and step-count methods of a deep experiment.
+
+    The state carries ``env_steps``; ``_done`` gives the count the ``episodes`` budget
+    is in (episodes, or server updates for REINFORCE).
+    """
+
+    params: Any
+
+    def _open(self, params: Any, backend: Any, copies: int = 1) -> None:
+        """Validate ``params`` and open ``copies`` environments (``self.info`` describes them)."""
+        from popplay import envs
+
+        params.validate()
+        self.params = params
+        self.backend = backend
+        self.config = params.agent_config()
+        self._env = envs.make_vector(params.env, copies)
+        self.info = envs.describe(self._env, params.env)
+
+    def _done(self, state: Any) -> int:
+        return state.episodes
+
+    def _note(self, state: Any) -> None:
+        # budget_agent_steps has no state argument: it estimates from the last seen.
+        self._last = (self._done(state), state.env_steps)
+
+    def warmup(self) -> None:
+        pass
+
+    def finished(self, state: Any, *, time_mode: bool) -> bool:
+        return budget_reached(self._done(state), state.env_steps, self.params.episodes, self.params.env_steps)
+
+    def agent_steps(self, state: Any) -> int:
+        return state.env_steps
+
+    def total_agent_steps(self, state: Any) -> int:
+        return state.env_steps
+
+    def budget_agent_steps(self) -> int:
+        s = getattr(self, "_last", (0, 0))
+        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
+
+    def progress(self, state: Any) -> int:
+        """The budget's unit count, or environment steps with an --env-steps budget
+        alone (the unit of --checkpoint-every)."""
+        self._note(state)
+        return state.env_steps if self.params.env_steps and not self.params.episodes else self._done(state)
+
+    def static_arrays(self) -> dict[str, Any]:
+        return {}
+
+    def results(self, state: Any) -> dict[str, Any]:
+        return {}
+
+
+def count_episodes(state: Any, returns: Any, lengths: Any, steps: int) -> None:
+    """Add finished episodes to the state's counters and curves."""
+    state.episodes += len(returns)
+    state.env_steps += steps
+    state.returns.extend(float(r) for r in returns)
+    state.lengths.extend(int(n) for n in lengths)
+
+
+def curve_arrays(state: Any) -> dict[str, Any]:
+    return {"episode_returns": np.asarray(state.returns, dtype=np.float64),
+            "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+
+
+def restore_curves(state: Any, arrays: dict[str, Any]) -> None:
+    state.returns = [float(r) for r in arrays["episode_returns"]]
+    state.lengths = [int(n) for n in arrays["episode_lengths"]]
+
+
+def topology_counters(extra: dict[str, Any]) -> dict[str, Any]:
+    return {f"topology_{k}": v for k, v in extra.items()}
+
+
+def topology_extra(counters: dict[str, Any]) -> dict[str, Any]:
+    return {k[len("topology_"):]: v for k, v in counters.items() if k.startswith("topology_")}
