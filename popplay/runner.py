@@ -457,12 +457,12 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
             raise UsageProblem(str(error)) from None
         if log.warning:
             notes.append(f"--log-dir: wrote the CSV but no TensorBoard event files: {log.warning}")
-    if options.writer:
-        _status(reporter, f"{'resuming' if resume is not None else 'training'} {domain} with {backend.name} on "
-                          f"{backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
     held = getattr(resume, "lock", None)  # --resume took it before reading the file
     with held if held is not None else RunLock(out) if out is not None and options.writer else contextlib.nullcontext():
         experiment = registry.build(domain, params, backend)
+        if options.writer:  # once the settings proved buildable: a refusal stays one line
+            _status(reporter, f"{'resuming' if resume is not None else 'training'} {domain} with {backend.name} "
+                              f"on {backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:
             try:

@@ -113,3 +113,15 @@ def test_multi_rank_launch_honours_overwrite(tmp_path, monkeypatch):
     except typer.Exit as stop:  # pragma: no cover - a zero exit code is returned, not raised
         assert stop.exit_code == 0
     assert started == [True]
+
+
+def test_progress_is_counted_in_the_budget_s_own_unit(tmp_path, capsys):
+    """Deep runs count episodes or env-steps, not agent-steps per trial."""
+    from popplay.cli import main
+
+    assert main(["train", "dqn", "--episodes", "3", "--eval-episodes", "0", "--out", str(tmp_path / "e.h5")]) == 0
+    err = capsys.readouterr().err
+    assert "episodes 3/3" in err and "steps/trial" not in err
+    assert main(["train", "dqn", "--env-steps", "60", "--eval-episodes", "0", "--out", str(tmp_path / "s.h5")]) == 0
+    err = capsys.readouterr().err
+    assert "env-steps 60/60" in err or "env-steps" in err.split("100.0%")[-1], err

@@ -156,7 +156,8 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
         if not in_rank():
             _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume)
             return
-    reporter = reporter_for(sys.stderr if json_output else sys.stdout, quiet=json_output and not sys.stderr.isatty())
+    # Progress on stderr, as for the populations: stdout carries only the results.
+    reporter = reporter_for(sys.stderr, quiet=json_output and not sys.stderr.isatty())
     try:
         with stop_on_signals() as should_stop:
             summary = train_deep(domain, params, out=target, overwrite=overwrite, checkpoint_every=checkpoint_every,

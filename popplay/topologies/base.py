@@ -85,6 +85,18 @@ class DeepExperiment:
         s = getattr(self, "_last", (0, 0))
         return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
 
+    #: What the ``episodes`` budget counts, as the console labels it.
+    episode_unit = "episodes"
+
+    @property
+    def progress_unit(self) -> str:
+        """The console's label for :meth:`progress` (not agent-steps per trial)."""
+        return "env-steps" if self.params.env_steps and not self.params.episodes else self.episode_unit
+
+    def budget_progress(self) -> int:
+        """The budget in :attr:`progress_unit`."""
+        return self.params.env_steps if self.progress_unit == "env-steps" else self.params.episodes
+
     def progress(self, state: Any) -> int:
         """The budget's unit count, or environment steps with an --env-steps budget
         alone (the unit of --checkpoint-every)."""

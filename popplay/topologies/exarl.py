@@ -241,6 +241,13 @@ class _Experiment:
         s = getattr(self, "_last", (0, 0))
         return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
 
+    @property
+    def progress_unit(self) -> str:
+        return "env-steps" if self.params.env_steps and not self.params.episodes else "episodes"
+
+    def budget_progress(self) -> int:
+        return self.params.env_steps if self.progress_unit == "env-steps" else self.params.episodes
+
     def progress(self, state: ExarlState) -> int:
         self._last = (state.episodes, state.env_steps)
         return state.env_steps if self.params.env_steps and not self.params.episodes else state.episodes
