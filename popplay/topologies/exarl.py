@@ -21,14 +21,13 @@ A phase depends only on the state and the run's seed (episode seeds come from
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from popplay.topologies.common import (budget_reached, check_budget, estimated_budget_steps, recent_mean,
-                                       tuple_of_ints)
+from popplay.topologies.base import DeepParams, check_at_least_one, check_evaluation_and_timeout, config_from
+from popplay.topologies.common import budget_reached, check_budget, estimated_budget_steps, recent_mean
 
 WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
 SELECTIONS = ("range", "random")
@@ -40,7 +39,7 @@ def _check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None
 
 
 @dataclass(frozen=True)
-class DDPGParams:
+class DDPGParams(DeepParams):
     """Everything a DDPG run depends on (stored in the run file's config)."""
 
     env: str = "Pendulum-v1"
@@ -65,33 +64,21 @@ class DDPGParams:
     per_beta_updates: int = 20_000
     eval_episodes: int = 10
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
-
     def _config_type(self) -> type:
         from popplay.agents.ddpg import DDPGConfig
 
         return DDPGConfig
 
     def agent_config(self) -> Any:
-        config_type = self._config_type()
-        names = {f.name for f in dataclasses.fields(config_type)}
-        return config_type(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+        return config_from(self, self._config_type())
 
     def validate(self) -> None:
         # The multi-process workflows (popplay.topologies.exarl_ranks) are A2C's.
         _check_workflow(self.workflow, ("sequential",))
-        if self.sync_every < 1:
-            raise ValueError(f"sync_every must be at least 1 (got {self.sync_every})")
-        if self.eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
+        check_at_least_one(sync_every=self.sync_every)
+        check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
     @property
     def topology(self) -> str:
@@ -117,7 +104,7 @@ class TD3Params(DDPGParams):
 
 
 @dataclass(frozen=True)
-class A2CParams:
+class A2CParams(DeepParams):
     env: str = "CartPole-v1"
     workflow: str = "sequential"
     copies: int = 8  # environment copies, one episode each per phase
@@ -143,14 +130,10 @@ class A2CParams:
     queue_capacity: int = 4  # multi-learner, range: trajectories an actor keeps unread at most
     timeout: float = 60.0  # seconds any wait for another rank may take
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))
-
     def agent_config(self) -> Any:
         from popplay.agents.a2c import A2CConfig
 
-        names = {f.name for f in dataclasses.fields(A2CConfig)}
-        return A2CConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+        return config_from(self, A2CConfig)
 
     def validate(self) -> None:
         _check_workflow(self.workflow)
@@ -158,18 +141,11 @@ class A2CParams:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be positive (got {self.timeout})")
-        for name in ("copies", "n_steps", "sync_every", "learners", "actors", "queue_capacity"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be non-negative (got {self.eval_episodes})")
+        check_at_least_one(copies=self.copies, n_steps=self.n_steps, sync_every=self.sync_every,
+                           learners=self.learners, actors=self.actors, queue_capacity=self.queue_capacity)
+        check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
 
     @property
     def topology(self) -> str:
