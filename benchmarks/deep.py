@@ -4,6 +4,12 @@ seed 003 topologies' wall time against ``sequential``.
     python benchmarks/deep.py --env-steps 100000 --seeds 3          # popplay DQN, quality per seed
     python benchmarks/deep.py --env-steps 20000 --sb3                # and SB3's DQN, same settings
     python benchmarks/deep.py --topologies --episodes 100            # seed 003 Tables 1-2 style
+    python benchmarks/deep.py --preset tuned --sb3                   # the tuned CartPole settings, both
+
+``--preset tuned`` (docs/deep.md, "Double DQN on CartPole-v1"): 256-256, Adam 2.3e-3 falling
+linearly to 0 over the run, 0.5 updates per step, target every 128 updates (256 steps),
+ε 1 -> 0.04 over 4000 updates (8000 steps), replay 100k; SB3 gets the same through its own
+knobs (lr schedule, train_freq 256 with 128 gradient steps, target_update_interval 256).
 
 Same network (128-128 ReLU), learning rate, replay, batch, discount, update rate (one
 update per 4 environment steps), target refresh (every 250 updates = 1000 steps),
@@ -29,19 +35,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+TUNED = {"hidden": (256, 256), "lr": 2.3e-3, "lr_end": 0.0, "update_ratio": 0.5, "target_every": 128,
+         "epsilon_end": 0.04, "epsilon_updates": 4_000, "replay_capacity": 100_000}
+
+
 def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequential", simulators: int = 1,
-                episodes: int = 0, eval_episodes: int = 100) -> dict[str, Any]:
+                episodes: int = 0, eval_episodes: int = 100, tuned: bool = False) -> dict[str, Any]:
     from popplay.console import SilentReporter
     from popplay.topologies.dqn import DQNParams
     from popplay.topologies.run import train_deep
 
+    extra: dict[str, Any] = {}
+    if tuned:
+        extra = {**TUNED, "lr_updates": max(1, int((env_steps - 1_000) * TUNED["update_ratio"]))}
     params = DQNParams(env=env_id, env_steps=env_steps, episodes=episodes, seed=seed, topology=topology,
-                       simulators=simulators, eval_episodes=eval_episodes)
+                       simulators=simulators, eval_episodes=eval_episodes, **extra)
     with tempfile.TemporaryDirectory() as tmp:
         return train_deep("dqn", params, out=Path(tmp) / "run.h5", reporter=SilentReporter())
 
 
-def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100) -> dict[str, Any]:
+def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tuned: bool = False) -> dict[str, Any]:
     import gymnasium
     import numpy as np
     import torch
@@ -50,11 +63,18 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100) ->
     from popplay.topologies.common import greedy_quality
 
     torch.set_num_threads(1)
-    model = DQN("MlpPolicy", gymnasium.make(env_id), learning_rate=1e-3, buffer_size=50_000, learning_starts=1_000,
-                batch_size=64, gamma=0.99, train_freq=4, gradient_steps=1, target_update_interval=1_000,
-                exploration_fraction=min(1.0, 20_000 / env_steps), exploration_initial_eps=1.0,
-                exploration_final_eps=0.05, max_grad_norm=10.0, policy_kwargs={"net_arch": [128, 128]},
-                seed=seed, device="cpu")
+    if tuned:
+        lr0 = TUNED["lr"]
+        knobs: dict[str, Any] = dict(
+            learning_rate=lambda remaining: lr0 * remaining, buffer_size=TUNED["replay_capacity"], train_freq=256,
+            gradient_steps=128, target_update_interval=256, exploration_fraction=min(1.0, 8_000 / env_steps),
+            exploration_final_eps=TUNED["epsilon_end"], policy_kwargs={"net_arch": list(TUNED["hidden"])})
+    else:
+        knobs = dict(learning_rate=1e-3, buffer_size=50_000, train_freq=4, gradient_steps=1, target_update_interval=1_000,
+                     exploration_fraction=min(1.0, 20_000 / env_steps), exploration_final_eps=0.05,
+                     policy_kwargs={"net_arch": [128, 128]})
+    model = DQN("MlpPolicy", gymnasium.make(env_id), learning_starts=1_000, batch_size=64, gamma=0.99,
+                exploration_initial_eps=1.0, max_grad_norm=10.0, seed=seed, device="cpu", **knobs)
     started = time.perf_counter()
     model.learn(total_timesteps=env_steps)
     seconds = time.perf_counter() - started
@@ -74,7 +94,11 @@ def main() -> None:
     parser.add_argument("--sb3", action="store_true", help="also stable-baselines3's DQN (pip install stable-baselines3)")
     parser.add_argument("--topologies", action="store_true", help="wall time of each topology for --episodes")
     parser.add_argument("--episodes", type=int, default=100)
-    parser.add_argument("--simulators", type=int, default=2)
+    parser.add_argument("--simulators", type=lambda text: [int(n) for n in text.split(",")], default=[2],
+                        help="simulator counts of the collective and async rows, e.g. 2,3")
+    parser.add_argument("--preset", choices=("default", "tuned"), default="default",
+                        help="default: popplay's defaults; tuned: the tuned CartPole settings (see above)")
+    parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args()
     import torch
 
@@ -82,29 +106,35 @@ def main() -> None:
     report: dict[str, Any] = {"env": args.env}
     if args.topologies:
         rows = {}
-        for topology, sims in (("sequential", 1), ("pipelined", 1), ("collective", args.simulators)):
+        layouts = [("sequential", 1), ("pipelined", 1)]
+        layouts += [(topology, n) for topology in ("collective", "async") for n in args.simulators]
+        for topology, sims in layouts:
+            name = topology if topology in ("sequential", "pipelined") else f"{topology} x{sims}"
             if topology == "sequential":
-                rows[topology] = popplay_dqn(args.env, 0, 0, topology, sims, episodes=args.episodes, eval_episodes=10)
+                rows[name] = popplay_dqn(args.env, 0, args.first_seed, topology, sims, episodes=args.episodes,
+                                         eval_episodes=10)
             else:
-                rows[topology] = _launched(args.env, topology, sims, args.episodes)
-            print(f"{topology}: {rows[topology]}", file=sys.stderr, flush=True)
+                rows[name] = _launched(args.env, topology, sims, args.episodes, args.first_seed)
+            print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
         base = rows["sequential"]["seconds"]
         for row in rows.values():
             row["speedup"] = base / row["seconds"] if row.get("seconds") else None
         report["topologies"] = rows
     else:
         runs = []
-        for seed in range(args.seeds):
-            row = {"popplay": popplay_dqn(args.env, args.env_steps, seed)}
+        tuned = args.preset == "tuned"
+        report["preset"] = args.preset
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            row = {"seed": seed, "popplay": popplay_dqn(args.env, args.env_steps, seed, tuned=tuned)}
             if args.sb3:
-                row["sb3"] = sb3_dqn(args.env, args.env_steps, seed)
+                row["sb3"] = sb3_dqn(args.env, args.env_steps, seed, tuned=tuned)
             print(f"seed {seed}: {json.dumps(row)}", file=sys.stderr, flush=True)
             runs.append(row)
         report["runs"] = runs
     print(json.dumps(report, default=str))
 
 
-def _launched(env_id: str, topology: str, simulators: int, episodes: int) -> dict[str, Any]:
+def _launched(env_id: str, topology: str, simulators: int, episodes: int, seed: int = 0) -> dict[str, Any]:
     """A multi-rank topology through the CLI (its ranks are real processes)."""
     import os
     import subprocess
@@ -112,6 +142,7 @@ def _launched(env_id: str, topology: str, simulators: int, episodes: int) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, "-m", "popplay", "train", "dqn", "--env", env_id, "--topology", topology,
                 "--simulators", str(simulators), "--episodes", str(episodes), "--eval-episodes", "10",
+                "--seed", str(seed),
                 "--out", str(Path(tmp) / "run.h5"), "--json"]
         done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=3600)

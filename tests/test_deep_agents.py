@@ -63,6 +63,24 @@ def test_epsilon_falls_linearly_with_learner_updates() -> None:
     assert dqn.epsilon(10_000, config) == pytest.approx(0.1)
 
 
+def test_learning_rate_falls_linearly_to_lr_end_and_reaches_adam() -> None:
+    config = dqn.DQNConfig(hidden=(8,), lr=1e-2, lr_end=1e-3, lr_updates=10, learning_starts=0, batch_size=4)
+    assert dqn.learning_rate(0, config) == 1e-2
+    assert dqn.learning_rate(5, config) == pytest.approx(5.5e-3)
+    assert dqn.learning_rate(10, config) == pytest.approx(1e-3)
+    assert dqn.learning_rate(1_000, config) == pytest.approx(1e-3)
+    assert dqn.learning_rate(1_000, dqn.DQNConfig(lr=1e-2)) == 1e-2  # lr_updates 0: constant
+    agent = dqn.DoubleDQN(config, obs_dim=2, actions=2, seed=0)
+    agent.replay.add(_batch(16))
+    used = []
+    for _ in range(12):
+        agent.update()
+        used.append(agent.optimizer.param_groups[0]["lr"])
+    assert used[0] == 1e-2 and used[5] == pytest.approx(5.5e-3) and used[-1] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="lr_updates"):
+        dqn.DQNConfig(lr_updates=-1).validate()
+
+
 def _batch(n: int, start: int = 0) -> Batch:
     v = torch.arange(start, start + n, dtype=torch.float32)
     return Batch(torch.stack([v, -v], 1), (v % 2).long(), v * 0.5, torch.stack([v + 1, -v], 1), (v % 3 == 0).float())
@@ -130,7 +148,7 @@ def test_batched_episode_gradient_equals_the_step_by_step_loss() -> None:
         terms.append(-logp * weights[t])
     reference = torch.stack(terms).sum()
     reference.backward()
-    assert loss == pytest.approx(float(reference), rel=1e-5)
+    assert loss == pytest.approx(float(reference.detach()), rel=1e-5)
     assert torch.allclose(grad, networks.flat_gradients(policy), atol=1e-6)
 
 

@@ -45,9 +45,15 @@ class DQNConfig(HiddenConfig):
     epsilon_end: float = 0.05
     epsilon_updates: int = 5_000  # updates over which ε falls linearly
     max_grad_norm: float = 10.0
+    lr_end: float = 0.0  # learning rate reached after ``lr_updates`` updates (linear)
+    lr_updates: int = 0  # 0: the learning rate stays ``lr``
 
     def validate(self) -> None:
         check_network(self)
+        if not (self.lr > 0 and self.lr_end >= 0):
+            raise ValueError(f"lr must be positive and lr_end non-negative (got {self.lr}, {self.lr_end})")
+        if self.lr_updates < 0:
+            raise ValueError(f"lr_updates must be non-negative (got {self.lr_updates})")
         for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -65,6 +71,17 @@ def epsilon(updates: int, config: DQNConfig) -> float:
     """ε after ``updates`` learner updates (linear, then flat at ``epsilon_end``)."""
     fraction = min(1.0, updates / config.epsilon_updates)
     return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+def learning_rate(updates: int, config: DQNConfig) -> float:
+    """Adam's step size for update number ``updates`` + 1: ``lr`` falling linearly to
+    ``lr_end`` over ``lr_updates`` updates (constant when ``lr_updates`` is 0). A falling
+    rate lets the Q-network settle instead of oscillating between good and collapsed
+    policies late in training, which is what decides the final greedy return."""
+    if config.lr_updates == 0:
+        return config.lr
+    fraction = min(1.0, updates / config.lr_updates)
+    return config.lr + fraction * (config.lr_end - config.lr)
 
 
 def double_dqn_targets(batch: Batch, online: nn.Module, target: nn.Module, gamma: float) -> torch.Tensor:
@@ -129,6 +146,9 @@ class DoubleDQN(UpdateCredit):
     def update(self) -> float:
         """One gradient step on a uniform minibatch; refreshes the target when due."""
         batch = self.replay.sample(self.config.batch_size, self.sampler)
+        if self.config.lr_updates:
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(self.updates, self.config)
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(batch)
         loss.backward()

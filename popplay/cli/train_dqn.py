@@ -42,6 +42,9 @@ def train_dqn(
     env_steps: Annotated[int, typer.Option(min=0, help=ENV_STEPS_HELP)] = 0,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "128,128",
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 1e-3,
+    lr_end: Annotated[float, typer.Option(min=0.0, help="Learning rate after --lr-updates.")] = 0.0,
+    lr_updates: Annotated[int, typer.Option(
+        min=0, help="Learner updates over which the learning rate falls linearly to --lr-end (0: constant).")] = 0,
     gamma: GammaOption = 0.99,
     batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each update.")] = 64,
     replay: Annotated[int, typer.Option(min=1, help="Replay capacity in transitions.")] = 50_000,
@@ -75,7 +78,8 @@ def train_dqn(
         return
     params = DQNParams(
         env=env, topology=topology.value, simulators=simulators, sync_every=sync_every, episodes=episodes,
-        env_steps=env_steps, seed=seed, hidden=parse_hidden(hidden, "128,128"), lr=lr, gamma=gamma, batch_size=batch_size,
+        env_steps=env_steps, seed=seed, hidden=parse_hidden(hidden, "128,128"), lr=lr, lr_end=lr_end,
+        lr_updates=lr_updates, gamma=gamma, batch_size=batch_size,
         replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
         target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
         epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout,

@@ -14,7 +14,7 @@ from popplay.reproduce.data import FigureData
 
 # Modules defining figures, imported on first use.
 DOMAIN_MODULES: tuple[str, ...] = ("popplay.reproduce.bandit", "popplay.reproduce.cartpole",
-                                   "popplay.reproduce.knights")
+                                   "popplay.reproduce.knights", "popplay.reproduce.reinforce")
 
 SCALES: tuple[str, ...] = ("tiny", "small", "paper")
 

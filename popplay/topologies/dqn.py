@@ -44,6 +44,8 @@ class DQNParams(DeepParams):
     epsilon_end: float = 0.05
     epsilon_updates: int = 5_000
     max_grad_norm: float = 10.0
+    lr_end: float = 0.0
+    lr_updates: int = 0
     eval_episodes: int = 100
     timeout: float = 60.0  # seconds any wait for another rank may take
     slow_simulator: float = 0.0  # test hook: seconds a simulator sleeps per episode

@@ -282,6 +282,18 @@ class _Simulator:
         self.actor.epsilon = config.epsilon_start
         self.sent = 0
         self.sent_checksum = 0
+        # async: this simulator's share of what is left of the budget, so that simulators
+        # that never wait stop near the budget instead of playing on until the stop arrives.
+        done = resume.state_counters if resume is not None else {}
+        sims = dist.world_size - 1
+        self.quota_episodes = _share(params.episodes, int(done.get("episodes", 0)), sims)
+        self.quota_steps = _share(params.env_steps, int(done.get("env_steps", 0)), sims)
+        self.played_episodes = 0
+        self.played_steps = 0
+
+    @property
+    def quota_reached(self) -> bool:
+        return self.played_episodes >= self.quota_episodes or self.played_steps >= self.quota_steps
 
     def load(self, message: Any) -> None:
         from popplay.agents import networks
@@ -297,6 +309,8 @@ class _Simulator:
         for _ in range(episodes):
             parts.append(play_episodes(self.env, self.actor, [episode_seed(self.params.seed, self.index, self.episode)]))
             self.episode += 1
+            self.played_episodes += 1
+            self.played_steps += parts[-1].steps
             if self.params.slow_simulator:
                 time.sleep(self.params.slow_simulator)
         return Episodes(*(np.concatenate([getattr(p, f) for p in parts]) for f in
@@ -320,6 +334,13 @@ class _Simulator:
         bits = self.sent_checksum - (1 << 64) if self.sent_checksum >= 1 << 63 else self.sent_checksum
         totals = torch.tensor([self.sent, bits], dtype=torch.int64)
         _guard(self.dist, "send of the totals", lambda: c10d.send(totals, dst=0, tag=TAG_TOTALS))
+
+
+def _share(budget: int, done: int, simulators: int) -> float:
+    """One simulator's share of what is left of a budget (infinite for no budget)."""
+    if budget <= 0:
+        return math.inf
+    return max(0, -(-(budget - done) // simulators))
 
 
 def _empty_episodes(obs_dim: int) -> Any:
@@ -405,7 +426,13 @@ def _async_simulator(sim: _Simulator) -> None:
             break
         if latest is not None:
             sim.load(latest)
-        outbox.append(sim.play(sim.params.sync_every))
+        if sim.quota_reached:  # its share is played: hand over what it holds, then wait for the stop
+            if outbox and sends.unfinished_tasks == 0:
+                sends.put(sim.pack(_merge(outbox, sim.info.obs_dim), last=False))
+                outbox = []
+            time.sleep(0.002)
+            continue
+        outbox.append(sim.play(int(min(sim.params.sync_every, sim.quota_episodes - sim.played_episodes))))
         if sends.unfinished_tasks == 0:  # the previous message has landed: send all held so far
             sends.put(sim.pack(_merge(outbox, sim.info.obs_dim), last=False))
             outbox = []
