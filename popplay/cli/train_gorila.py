@@ -65,9 +65,37 @@ def train_gorila(
 ) -> None:
     """Train DQN the Gorila way: actors and learners as processes around a sharded
     AdaGrad parameter server; stale and outlier gradients are dropped; a lost actor or
-    learner does not stop the run, a lost shard stops it with its checkpoint."""
+    learner does not stop the run, a lost shard stops it with its checkpoint. Under
+    torchrun (world size = shards + learners + actors) every worker is one rank, and a
+    lost rank ends the attempt (--max-restarts continues from the last checkpoint)."""
+    from popplay.topologies import gorila_torchrun
+
+    torchrun = gorila_torchrun.under_torchrun()
+    try:
+        _train(ctx, torchrun=torchrun, env=env, actors=actors, learners=learners, shards=shards, replay=replay,
+               episodes=episodes, env_steps=env_steps, hidden=hidden, lr=lr, gamma=gamma, batch_size=batch_size,
+               replay_capacity=replay_capacity, learning_starts=learning_starts, update_ratio=update_ratio,
+               target_every=target_every, epsilon_updates=epsilon_updates, actor_sync=actor_sync,
+               learner_sync=learner_sync, max_staleness=max_staleness, outlier_k=outlier_k,
+               outlier_window=outlier_window, eval_episodes=eval_episodes, timeout=timeout,
+               inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every, seed=seed, out=out,
+               overwrite=overwrite, json_output=json_output, resume=resume)
+    except CommandError as error:
+        if torchrun and gorila_torchrun.rank() != 0:
+            # Every worker finds the same problem; rank 0 alone says it (one line).
+            raise typer.Exit(error.exit_code) from None
+        raise
+
+
+def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learners: int, shards: int, replay: Replay,
+           episodes: int, env_steps: int, hidden: str, lr: float, gamma: float, batch_size: int,
+           replay_capacity: int, learning_starts: int, update_ratio: float, target_every: int, epsilon_updates: int,
+           actor_sync: int, learner_sync: int, max_staleness: int, outlier_k: float, outlier_window: int,
+           eval_episodes: int, timeout: float, inject_stale_every: int, inject_huge_every: int, seed: int,
+           out: Path | None, overwrite: bool, json_output: bool, resume: Path | None) -> None:
     from popplay.cli.common import default_out, print_json, stop_on_signals
-    from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, train_gorila as run
+    from popplay.topologies import gorila_torchrun
+    from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, summary_text, train_gorila as run
 
     resume_state = None
     if resume is not None:
@@ -94,31 +122,42 @@ def train_gorila(
             inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every)
     try:
         config.validate()
+    except ValueError as error:
+        raise CommandError(_option_message(str(error))) from None
+    if torchrun:
+        problem = gorila_torchrun.layout_problem(config)  # before anything waits for a peer
+        if problem is not None:
+            raise CommandError(problem)
+    try:
         _check_env(config.env)
     except ValueError as error:
         raise CommandError(_option_message(str(error))) from None
     # A resumed run goes on in its own file unless told otherwise (as train dqn's does).
     target = out if out is not None else (resume if resume is not None else default_out("gorila"))
-    if target.exists() and not overwrite and resume is None:
-        raise CommandError(f"--out {target}: file exists (pass --overwrite to replace it)")
-    _check_writable(target, overwrite=overwrite, resume=resume is not None)
+
+    def check_out(path: Path) -> None:
+        if path.exists() and not overwrite and resume is None:
+            raise CommandError(f"--out {path}: file exists (pass --overwrite to replace it)")
+        _check_writable(path, overwrite=overwrite, resume=resume is not None)
+
+    progress = 0.0 if json_output and not sys.stderr.isatty() else 2.0
+    if torchrun:
+        # Rank 0 checks --out (unless this is a restart of the job), prepares the
+        # attempt; then this process becomes its rank (exec) and does not return.
+        gorila_torchrun.start(config, target, json_output=json_output, progress_every=progress,
+                              resume_state=resume_state, check_out=check_out)
+    check_out(target)
     try:
         with stop_on_signals() as should_stop:
             summary = run(config, target, resume_state=resume_state, should_stop=should_stop, log=sys.stderr,
-                          progress_every=0.0 if json_output and not sys.stderr.isatty() else 2.0)
+                          progress_every=progress)
     except GorilaJobLost as error:
         raise CommandError(f"{error}: resume with --resume {target}", 3) from None
     summary.pop("started_at", None)
     if json_output:
         print_json(summary)
     else:
-        quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
-        print(f"gorila on {summary['env']} ({config.actors} actors, {config.learners} learners, {config.shards} "
-              f"shards): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
-              f"{summary['episodes']:,} episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s; "
-              f"{summary['gradients_applied']:,} gradient slices applied, {summary['stale_discarded']} stale and "
-              f"{summary['outliers_discarded']} outlier gradients dropped; staleness histogram "
-              f"{summary['staleness_histogram']}; wrote {summary['out']}")
+        print(summary_text(summary, config))
         for line in summary["lost"]:
             print(f"Lost during the run: {line}", file=sys.stderr)
     if summary["lost"] and not should_stop():

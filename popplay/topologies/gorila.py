@@ -25,7 +25,9 @@ receive just waits), so every rank polls the store between messages instead.
 Why not :func:`popplay.distributed.launch.launch_local`: it stops the whole job when
 any rank is lost, by design; Gorila must keep going without a lost actor or learner
 and stop only for a lost shard. The rank environment is the same
-(:func:`popplay.distributed.launch.rank_environment`, torchrun's variables).
+(:func:`popplay.distributed.launch.rank_environment`, torchrun's variables). Under
+``torchrun`` itself the ranks are torchrun's workers (:mod:`gorila_torchrun`): its
+agent hosts the store and ends the attempt when any rank is lost.
 
 Each rank writes its own files into the run directory atomically (``shard-S.npz``:
 the slice, accumulator, version and guard counts, every ``checkpoint_every`` applied
@@ -44,7 +46,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, IO
+from typing import Any, Callable, IO, Sequence
 
 import numpy as np
 
@@ -193,6 +195,16 @@ def save_npz(path: Path, **arrays: Any) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a text file atomically (ranks may read it while it is replaced)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -377,11 +389,23 @@ def _try_load(path: Path) -> dict[str, np.ndarray] | None:
         return None
 
 
-def progress_line(config: GorilaConfig, run_dir: Path, lost: list[str]) -> str:
-    """One console line from the ranks' latest files."""
-    actors = [x for a in range(config.actors) if (x := _try_load(run_dir / f"actor-{a}.npz")) is not None]
-    shards = [x for s in range(config.shards) if (x := _try_load(run_dir / f"shard-{s}.npz")) is not None]
-    learners = [x for l in range(config.learners) if (x := _try_load(run_dir / f"learner-{l}.npz")) is not None]
+def _all(dirs: Sequence[Path], kind: str, count: int) -> list[dict[str, np.ndarray]]:
+    """The readable ``KIND-i.npz`` files of every directory (attempts oldest first)."""
+    return [x for d in dirs for i in range(count) if (x := _try_load(Path(d) / f"{kind}-{i}.npz")) is not None]
+
+
+def played(dirs: Sequence[Path], config: GorilaConfig) -> tuple[int, int]:
+    """``(env_steps, episodes)`` the actors' files in ``dirs`` record as played."""
+    actors = _all(dirs, "actor", config.actors)
+    return sum(int(x["env_steps"]) for x in actors), sum(int(x["returns"].size) for x in actors)
+
+
+def progress_line(config: GorilaConfig, run_dir: Path, lost: list[str], earlier: Sequence[Path] = ()) -> str:
+    """One console line from the ranks' latest files (``earlier``: the directories of
+    earlier attempts of a torchrun job, whose env-steps count too)."""
+    actors = _all([*earlier, run_dir], "actor", config.actors)
+    shards = _all([run_dir], "shard", config.shards)
+    learners = _all([*earlier, run_dir], "learner", config.learners)
     steps = sum(int(x["env_steps"]) for x in actors)
     recent = np.concatenate([x["returns"][-20:] for x in actors]) if actors else np.zeros(0)
     version = min((int(x["version"]) for x in shards), default=0)
@@ -392,12 +416,14 @@ def progress_line(config: GorilaConfig, run_dir: Path, lost: list[str]) -> str:
             f"stale dropped {stale}, outliers dropped {outliers}, lost {len(lost)}")
 
 
-def episode_curve(run_dir: Path, config: GorilaConfig, started_at: float) -> dict[str, np.ndarray]:
+def episode_curve(run_dir: Path, config: GorilaConfig, started_at: float,
+                  earlier: Sequence[Path] = ()) -> dict[str, np.ndarray]:
     """Every actor's episodes merged by the time they ended: return, actor, the env-steps
-    summed over all actors up to then, and seconds since the start."""
+    summed over all actors up to then, and seconds since the start (``earlier``: earlier
+    attempts' directories, whose episodes come first)."""
     rows = []
-    for a in range(config.actors):
-        data = _try_load(run_dir / f"actor-{a}.npz")
+    for d, a in ((d, a) for d in [*earlier, run_dir] for a in range(config.actors)):
+        data = _try_load(Path(d) / f"actor-{a}.npz")
         if data is None:
             continue
         n = data["returns"].size
@@ -412,13 +438,22 @@ def episode_curve(run_dir: Path, config: GorilaConfig, started_at: float) -> dic
 
 
 def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndarray], seconds: float,
-              lost: list[str], stopped: bool, started_at: float = 0.0, evaluate: bool = True) -> dict[str, Any]:
+              lost: list[str], stopped: bool, started_at: float = 0.0, evaluate: bool = True,
+              earlier: Sequence[Path] = (), launch: str = "local") -> dict[str, Any]:
+    """The run's summary from the ranks' files. ``earlier``: the directories of earlier
+    attempts of a torchrun job (``--max-restarts``): their counts add in, so the
+    summary covers the whole job; the parameters are ``checkpoint``'s."""
+    dirs = [*earlier, run_dir]
     shards = [load_npz(run_dir / f"shard-{s}.npz") for s in range(config.shards)]
-    learners = [load_npz(p) for l in range(config.learners) if (p := run_dir / f"learner-{l}.npz").exists()]
-    actors = [load_npz(p) for a in range(config.actors) if (p := run_dir / f"actor-{a}.npz").exists()]
-    histogram = np.sum([s["staleness_histogram"] for s in shards], axis=0)
+    shards_before = _all(earlier, "shard", config.shards)
+    learners = _all(dirs, "learner", config.learners)
+    actors = _all(dirs, "actor", config.actors)
+    every_shard = shards + shards_before
+    histogram = np.sum([s["staleness_histogram"] for s in every_shard], axis=0)
     env_steps = int(sum(int(a["env_steps"]) for a in actors))
-    curve = episode_curve(run_dir, config, started_at)
+    curve = episode_curve(run_dir, config, started_at, earlier)
+    pulls = [sum(int(x["pulls"]) for d in dirs if (x := _try_load(Path(d) / f"shard-{s}.npz")) is not None)
+             for s in range(config.shards)]
     returns = curve["return"]
     quality = evaluate_checkpoint(config, checkpoint) if evaluate else math.nan
     return {
@@ -434,19 +469,33 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "seconds": seconds,
         "env_steps_per_second": env_steps / seconds if seconds > 0 else 0.0,
         "server_versions": checkpoint["shard_versions"].tolist(),
-        "gradients_applied": int(sum(int(s["accepted"]) for s in shards)),
-        "stale_discarded": int(sum(int(s["discarded"]) for s in shards)),
+        "gradients_applied": int(sum(int(s["accepted"]) for s in every_shard)),
+        "stale_discarded": int(sum(int(s["discarded"]) for s in every_shard)),
         "staleness_histogram": histogram.tolist(),
         "outliers_discarded": int(sum(int(x["outliers"]) for x in learners)),
         "learner_updates": int(sum(int(x["updates"]) for x in learners)),
         "gradients_sent": int(sum(int(x["sent"]) for x in learners)),
-        "pulls_per_shard": [int(s["pulls"]) for s in shards],
+        "pulls_per_shard": pulls,
         "transitions_received": int(sum(int(x["received"]) for x in learners)),
         "lost": lost,
+        "launch": launch,  # "local" (this launcher) or "torchrun"
+        "restarts": len(earlier),  # attempts of a torchrun job that a lost rank ended
         "complete": not stopped and not lost,
         "started_at": started_at,
         "run_dir": str(run_dir),
     }
+
+
+def summary_text(summary: dict[str, Any], config: GorilaConfig) -> str:
+    """The console's one-line account of a finished run (``--json`` prints the summary)."""
+    quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
+    restarts = f" and {summary['restarts']} restart(s)" if summary.get("restarts") else ""
+    return (f"gorila on {summary['env']} ({config.actors} actors, {config.learners} learners, {config.shards} "
+            f"shards{restarts}): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
+            f"{summary['episodes']:,} episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s; "
+            f"{summary['gradients_applied']:,} gradient slices applied, {summary['stale_discarded']} stale and "
+            f"{summary['outliers_discarded']} outlier gradients dropped; staleness histogram "
+            f"{summary['staleness_histogram']}; wrote {summary['out']}")
 
 
 def evaluate_checkpoint(config: GorilaConfig, checkpoint: dict[str, np.ndarray]) -> float:
@@ -529,12 +578,16 @@ def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:
     return dataclasses.replace(config, **changes)
 
 
-def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any]) -> None:
+def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any],
+                     earlier: Sequence[Path] = (), checkpoint: dict[str, np.ndarray] | None = None) -> None:
+    """The run file from the ranks' files in ``parts`` (and earlier attempts' in
+    ``earlier``) and the checkpoint (default: ``parts/checkpoint.npz``)."""
     from popplay.checkpoints.runfile import write_run
 
-    checkpoint = load_npz(parts / "checkpoint.npz")
+    if checkpoint is None:
+        checkpoint = load_npz(parts / "checkpoint.npz")
     started = float(summary.get("started_at", 0.0))
-    curve = episode_curve(parts, config, started)
+    curve = episode_curve(parts, config, started, earlier)
     stored = {k: v for k, v in config.to_dict().items() if k != "resume"}
     scalars = {k: v for k, v in summary.items()
                if isinstance(v, (int, float, bool, str)) and v is not None and k not in ("run_dir",)}

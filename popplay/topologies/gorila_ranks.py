@@ -3,6 +3,10 @@
 ``python -m popplay.topologies.gorila_ranks "popplay gorila actor 2" RUN_DIR/config.json``:
 the role is an argument so that ``ps`` shows it; the rank and the rendezvous come
 from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+Started by the local launcher (:func:`gorila.run_gorila`), or ``exec``-ed by a torchrun
+worker once its rank 0 prepared the attempt (``config.json`` then has a ``torchrun``
+entry; :mod:`gorila_torchrun`): there the ranks announce their own finish and rank 0
+writes the run file, as nobody else is left to.
 
 Only tensors travel (``dist.send``/``dist.recv``, gloo). Every receive names its
 source and runs in a thread of its own (one per client on a shard, one per actor on a
@@ -49,12 +53,18 @@ class _Spaces:
 
 class Context:
     def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any,
-                 spaces: tuple[int, int] | None = None) -> None:
+                 spaces: tuple[int, int] | None = None, torchrun: dict[str, Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
         self.role = G.role_of(rank, config)
         self.store = store
+        self.torchrun = torchrun  # None: the local launcher's job
+        self.attempt = int(torchrun["attempt"]) if torchrun else 0
+        # A restart after the actors had played the whole budget: nothing to play, only
+        # the end (the checkpoint, the evaluation, the run file) is left to do.
+        self.nothing_left = bool(torchrun and torchrun.get("nothing_left"))
+        self.rank0: Any = None  # gorila_torchrun.Rank0 on rank 0 under torchrun
         if spaces is None:
             from popplay import envs
 
@@ -78,6 +88,13 @@ class Context:
 
     def stop_requested(self) -> bool:
         return bool(self.store.check(["stop"]))
+
+    def stream(self, base: int) -> int:
+        """A seed or stream id of this attempt: a restarted rank must not replay the
+        previous attempt's episodes and draws (attempt 0: ``base`` itself)."""
+        from popplay.topologies.gorila_torchrun import ATTEMPT_STRIDE
+
+        return base + ATTEMPT_STRIDE * self.attempt
 
     def finished(self, key: str) -> int:
         return int(self.store.add(key, 0))
@@ -149,6 +166,8 @@ def run_shard(ctx: Context) -> int:
     for client in range(config.shards, config.shards + clients):
         threading.Thread(target=serve, args=(client,), daemon=True).start()
     while ctx.finished("finished/clients") < clients:
+        if ctx.rank0 is not None:
+            ctx.rank0.poll(counts["saved"])
         time.sleep(_POLL)
     with lock:
         save()
@@ -186,29 +205,42 @@ def run_learner(ctx: Context) -> int:
     obs_dim = ctx.info.obs_dim
     online, target = ctx.net(), ctx.net()
     replay = ReplayBuffer(config.replay_capacity, obs_dim)
-    sampler = networks.generator(config.seed * 7919 + 1 + l)
+    sampler = networks.generator(ctx.stream(config.seed * 7919 + 1 + l))
     outliers = OutlierGuard(config.outlier_k, config.outlier_window, config.outlier_min_samples)
     inbox: queue.Queue = queue.Queue()
     my_actors = G.actors_of_learner(l, config)
     busy = [threading.Event() for _ in my_actors]  # set between a chunk's header and its body
 
-    def receive(src: int, flag: threading.Event) -> None:
-        """Chunks from one actor until it is gone."""
+    def receive(a: int, flag: threading.Event) -> None:
+        """Chunks from actor ``a`` until it is gone."""
         header = torch.zeros(4, dtype=torch.int64)
         while True:
             try:
-                dist.recv(header, src=src, tag=TAG_TRANS_HDR)
+                dist.recv(header, src=G.actor_rank(a, config), tag=TAG_TRANS_HDR)
                 flag.set()
                 block = torch.empty(int(header[0]), _width(obs_dim), dtype=torch.float32)
-                dist.recv(block, src=src, tag=TAG_TRANS)
-                inbox.put(block)
+                dist.recv(block, src=G.actor_rank(a, config), tag=TAG_TRANS)
+                inbox.put((a, block))
             except RuntimeError:  # the actor vanished; the launcher reports it
                 return
             finally:
                 flag.clear()
 
     for a, flag in zip(my_actors, busy):
-        threading.Thread(target=receive, args=(G.actor_rank(a, config), flag), daemon=True).start()
+        threading.Thread(target=receive, args=(a, flag), daemon=True).start()
+    received_from = dict.fromkeys(my_actors, 0)
+
+    def delivered() -> bool:
+        """Every transition a finished actor says it sent here has arrived. (Its send
+        returns once gloo has the data, possibly before our receive has it, and
+        nothing else orders its "finished" against that receive.) A lost actor said
+        nothing: what arrived from it is all there is."""
+        for a in my_actors:
+            key = f"sent/{a}/{l}"
+            if ctx.store.check([key]) and received_from[a] < int(ctx.store.get(key)):
+                return False
+        return True
+
     mine = len(my_actors)
     flat = ctx.initial.clone()
     versions = [0] * config.shards
@@ -222,9 +254,11 @@ def run_learner(ctx: Context) -> int:
         G.save_npz(path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
                    outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32))
 
-    def take(block: torch.Tensor) -> None:
+    def take(item: tuple[int, torch.Tensor]) -> None:
         nonlocal received, credit
+        a, block = item
         n = block.shape[0]
+        received_from[a] += n
         replay.add(Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
                          block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
         received += n
@@ -234,6 +268,7 @@ def run_learner(ctx: Context) -> int:
             credit += config.update_ratio * n / (config.learners if config.replay == "global" else 1)
 
     last_save = time.monotonic()
+    waiting_since: float | None = None  # every actor finished; the last chunks are due
     while not ctx.stop_requested():
         while True:
             try:
@@ -274,7 +309,14 @@ def run_learner(ctx: Context) -> int:
         else:
             if (ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty()
                     and not any(flag.is_set() for flag in busy)):
-                break
+                if waiting_since is None:
+                    waiting_since = time.monotonic()
+                if delivered():
+                    break
+                if time.monotonic() - waiting_since > config.timeout:
+                    print(f"gorila {ctx.role}: the last transitions did not arrive within --timeout "
+                          f"{config.timeout:g}s; finishing without them", file=sys.stderr, flush=True)
+                    break
             try:
                 take(inbox.get(timeout=_POLL))  # wait for a chunk without spinning
             except queue.Empty:
@@ -299,7 +341,7 @@ def run_actor(ctx: Context) -> int:
     budget_steps, budget_episodes = G.actor_budget(a, config)
     env = envs.make_vector(config.env, 1)
     q = ctx.net()
-    policy = EpsilonGreedy(q, ctx.info.actions, networks.generator(config.seed * 1_000_003 + 17 + a))
+    policy = EpsilonGreedy(q, ctx.info.actions, networks.generator(ctx.stream(config.seed * 1_000_003 + 17 + a)))
     flat = ctx.initial.clone()
     state = {"steps": 0, "last_pull": None, "server": 0}
 
@@ -325,7 +367,11 @@ def run_actor(ctx: Context) -> int:
                    lengths=np.asarray(lengths, dtype=np.int64), ended_at=np.asarray(ended_at, dtype=np.float64),
                    server_version=np.int64(state["server"]))
 
+    sent = dict.fromkeys(learners, 0)  # transitions per learner, told to it at the end
+
     def more() -> bool:
+        if ctx.nothing_left:
+            return False
         if budget_steps and state["steps"] >= budget_steps:
             return False
         if budget_episodes and len(returns) >= budget_episodes:
@@ -335,7 +381,7 @@ def run_actor(ctx: Context) -> int:
     episode = 0
     try:
         while more():
-            ep = play_episodes(env, act, [episode_seed(config.seed, 1000 + a, episode)])
+            ep = play_episodes(env, act, [episode_seed(config.seed, ctx.stream(1000 + a), episode)])
             episode += 1
             block = torch.as_tensor(np.concatenate([
                 ep.obs, ep.action.reshape(-1, 1).astype(np.float32), ep.reward.reshape(-1, 1),
@@ -350,6 +396,7 @@ def run_actor(ctx: Context) -> int:
                     try:
                         dist.send(header, dst=learner, tag=TAG_TRANS_HDR)
                         dist.send(part, dst=learner, tag=TAG_TRANS)
+                        sent[learner] += part.shape[0]
                     except RuntimeError:
                         # Global replay: the other learners' copies still take it; with
                         # local replay this was the only one and the actor stops.
@@ -362,6 +409,8 @@ def run_actor(ctx: Context) -> int:
     finally:
         env.close()
     save()
+    for learner in learners:  # before this actor counts as finished (see run_learner)
+        ctx.store.set(f"sent/{a}/{G.role_of(learner, config).index}", str(sent[learner]))
     return 0
 
 
@@ -387,6 +436,39 @@ def _die_with_parent() -> None:
         pass
 
 
+def _stop_on_interrupt(store: Any, rank: int) -> None:
+    """Under torchrun, Ctrl-C reaches each worker as SIGINT from the agent (the workers
+    have sessions of their own): "stop" in the store, as the local launcher would do."""
+    def handler(signum: int, frame: Any) -> None:
+        if rank == 0 and not store.check(["stop"]):
+            print("\ngorila: stopping; every rank finishes what it holds, then the run file is written...",
+                  file=sys.stderr, flush=True)
+        store.set("stop", "requested")
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def _finish_under_torchrun(ctx: Context) -> int:
+    """Announce this rank's end (nobody watches its exit under torchrun); rank 0 then
+    writes the run file. Returns the exit code."""
+    store, config = ctx.store, ctx.config
+    if ctx.role.kind == "actor":
+        for l in G.learners_of_actor(ctx.role.index, config):
+            store.add(f"finished/actors-of-{l}", 1)
+    if ctx.role.kind != "shard":
+        store.add("finished/clients", 1)
+        return 0
+    store.add("finished/shards", 1)
+    if ctx.rank0 is None:
+        return 0
+    try:
+        return ctx.rank0.conclude()
+    except Exception as error:  # one line; the shards' files stand (OUT.parts)
+        print(f"Error: gorila: writing the run file failed: {type(error).__name__}: {_line(error)}",
+              file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or not args[0].startswith(G.ROLE_PREFIX + " "):
@@ -400,19 +482,34 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(config_path.read_text())
     config = G.GorilaConfig.from_dict(raw)
     spaces = (int(raw["obs_dim"]), int(raw["actions"])) if "obs_dim" in raw and "actions" in raw else None
+    torchrun = raw.get("torchrun")  # present when a torchrun worker exec-ed this rank
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
         print(f"Error: WORLD_SIZE {world} does not match the layout's {config.world_size} ranks", file=sys.stderr)
         return 2
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=config.timeout))
+    if torchrun is None:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=config.timeout))
+    else:
+        from popplay.topologies import gorila_torchrun as T
+
+        store = T.attempt_store(T.agent_store(config.timeout), int(torchrun["attempt"]))
+        _stop_on_interrupt(store, rank)
+        if not T.all_arrived(store, world, config.timeout):
+            # gloo's own rendezvous would wait the long transport timeout for them.
+            print(f"Error: gorila rank {rank}: not every rank of {world} arrived within --timeout "
+                  f"{config.timeout:g}s", file=sys.stderr, flush=True)
+            os._exit(G.PEER_LOST_EXIT)
     # gloo closes a pair for good when a wait on it times out, and a shard may wait for
     # a client's next request for as long as the client takes to play or learn: the
     # transport's own timeout is long. Lost peers are found by the launcher (waitpid)
-    # instead, which bounds every wait that matters (see gorila.run_gorila).
+    # instead, which bounds every wait that matters (see gorila.run_gorila); under
+    # torchrun its agent ends every rank when one is lost.
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
-    ctx = Context(config, config_path.parent, rank, store, spaces)
+    ctx = Context(config, config_path.parent, rank, store, spaces, torchrun)
+    if torchrun is not None and rank == 0:
+        ctx.rank0 = T.Rank0(config, config_path.parent, torchrun, store)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
     try:
         code = runner(ctx)
@@ -427,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a bug or a bad input: one line, and the launcher reports the rank lost
         print(f"gorila {ctx.role}: failed: {type(error).__name__}: {_line(error)}", file=sys.stderr)
         code = 1
+    if torchrun is not None and code == 0:
+        code = _finish_under_torchrun(ctx)
     sys.stdout.flush()
     sys.stderr.flush()
     # Daemon threads may sit in a gloo receive that never returns: leave without
