@@ -105,6 +105,25 @@ def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, t
         assert summary["updates"] < summary["env_steps"]  # ε follows the (slow) learner, not simulation
 
 
+def test_async_simulators_stop_at_their_share_of_either_budget(tmp_path: Path) -> None:
+    """Simulators that never wait used to play on until the stop reached them (2 of
+    them, asked for 6 episodes, played 107). Now each plays its share; with both
+    budgets set, until both shares are played, so that the run still ends."""
+    runs = {"episodes": ["--episodes", "6"], "both": ["--episodes", "4", "--env-steps", "400"]}
+    for name, budget in runs.items():
+        out = tmp_path / f"{name}.h5"
+        process = _popplay(["train", "dqn", "--topology", "async", "--simulators", "2", *budget,
+                            "--out", str(out), "--json", *TINY])
+        code, stdout, err = _finish(process)
+        assert code == 0, err
+        summary = json.loads(stdout.strip().splitlines()[-1])
+        if name == "episodes":
+            assert summary["episodes"] == 6
+        else:  # whichever budget came first, and the other one's share was also played
+            assert summary["episodes"] >= 4 and summary["env_steps"] >= 400
+            assert summary["episodes"] < 4 + 2 * 400 // 8  # bounded: CartPole episodes last >= 8 steps
+
+
 def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "dead.h5"
     process = _popplay(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",

@@ -75,9 +75,10 @@ def epsilon(updates: int, config: DQNConfig) -> float:
 
 def learning_rate(updates: int, config: DQNConfig) -> float:
     """Adam's step size for update number ``updates`` + 1: ``lr`` falling linearly to
-    ``lr_end`` over ``lr_updates`` updates (constant when ``lr_updates`` is 0). A falling
-    rate lets the Q-network settle instead of oscillating between good and collapsed
-    policies late in training, which is what decides the final greedy return."""
+    ``lr_end`` over ``lr_updates`` updates (constant when ``lr_updates`` is 0). Offered
+    because a falling rate can let the Q-network settle late in training instead of
+    swinging between good and collapsed policies; on CartPole it rescued some seeds and
+    lost others (docs/deep.md), so it is off by default."""
     if config.lr_updates == 0:
         return config.lr
     fraction = min(1.0, updates / config.lr_updates)

@@ -293,7 +293,15 @@ class _Simulator:
 
     @property
     def quota_reached(self) -> bool:
-        return self.played_episodes >= self.quota_episodes or self.played_steps >= self.quota_steps
+        # Every budget that is set, not either: with both set, a simulator that stopped at
+        # its step share while another stopped at its episode share could leave both
+        # totals short of their budgets, and the learner would wait for ever.
+        return self.played_episodes >= self.quota_episodes and self.played_steps >= self.quota_steps
+
+    def episodes_to_play(self) -> int:
+        """``sync_every`` episodes, or fewer where that would pass the episode share."""
+        left = self.quota_episodes - self.played_episodes
+        return int(min(self.params.sync_every, left)) if left > 0 else self.params.sync_every
 
     def load(self, message: Any) -> None:
         from popplay.agents import networks
@@ -336,10 +344,11 @@ class _Simulator:
         _guard(self.dist, "send of the totals", lambda: c10d.send(totals, dst=0, tag=TAG_TOTALS))
 
 
-def _share(budget: int, done: int, simulators: int) -> float:
-    """One simulator's share of what is left of a budget (infinite for no budget)."""
+def _share(budget: int, done: int, simulators: int) -> int:
+    """One simulator's share of what is left of a budget (0 for a budget not set: the
+    other one decides)."""
     if budget <= 0:
-        return math.inf
+        return 0
     return max(0, -(-(budget - done) // simulators))
 
 
@@ -432,7 +441,7 @@ def _async_simulator(sim: _Simulator) -> None:
                 outbox = []
             time.sleep(0.002)
             continue
-        outbox.append(sim.play(int(min(sim.params.sync_every, sim.quota_episodes - sim.played_episodes))))
+        outbox.append(sim.play(sim.episodes_to_play()))
         if sends.unfinished_tasks == 0:  # the previous message has landed: send all held so far
             sends.put(sim.pack(_merge(outbox, sim.info.obs_dim), last=False))
             outbox = []
