@@ -21,6 +21,18 @@ def popplay(*args: str, timeout: float = WAIT, env: dict[str, str] | None = None
                           text=True, timeout=timeout)
 
 
+def finish(process: subprocess.Popen, timeout: float = WAIT, what: str = "the job") -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a started job; a job that hangs fails the test
+    within ``timeout`` instead of holding the suite."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate(timeout=30)
+        raise AssertionError(f"{what} did not end within {timeout:g}s: {err[-2000:]}") from None
+    return process.returncode, out, err
+
+
 def datasets(path: Path) -> dict[str, np.ndarray]:
     import h5py
 

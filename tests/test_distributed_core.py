@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
+
+from tests._dist_helpers import finish
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: generous for a loaded 2-core machine, but never forever
@@ -27,13 +28,7 @@ def _launcher(scenario: str, outdir: Path, nproc: int = 2, timeout: float = 10.0
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate(timeout=10)
-        pytest.fail(f"launcher did not finish within {WAIT}s: {err}")
-    return process.returncode, out, err
+    return finish(process, WAIT, "the launcher")
 
 
 def test_tree_sum_power_of_two_blocks_equal_numba_share() -> None:

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests._dist_helpers import ROOT, WAIT, assert_same_run
+from tests._dist_helpers import ROOT, WAIT, assert_same_run, finish
 
 # Far more steps than the test lets it run: it is stopped (killed or interrupted) early.
 LONG = ["train", "cartpole", "--agents", "4", "--trials", "16", "--agent-steps", "40000000", "--share-every", "25",
@@ -45,13 +45,7 @@ def _rank_pid(launcher: int, role: str) -> int:
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate(timeout=30)
-        raise AssertionError(f"the job did not end within {WAIT}s")
-    return process.returncode, out, err
+    return finish(process, WAIT, "the job")
 
 
 def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path) -> None:

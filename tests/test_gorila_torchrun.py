@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests._dist_helpers import ROOT, WAIT
+from tests._dist_helpers import ROOT, WAIT, finish
 from tests.test_gorila_cli import TINY, _roles_running
 
 
@@ -25,13 +25,7 @@ def _torchrun(nproc: int, *args: str, restarts: int = 0) -> subprocess.Popen:
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate(timeout=30)
-        raise AssertionError(f"the torchrun job did not end within {WAIT}s")
-    return process.returncode, out, err
+    return finish(process, WAIT, "the torchrun job")
 
 
 def _pid_of(marker: str, role: str) -> int | None:

@@ -30,6 +30,12 @@ _RESERVED = ("format", "schema_version", "figure", "domain", "scale", "title", "
 _MAX_ARRAY_BYTES = 2**30
 
 
+def round_finite(value: Any, digits: int) -> float:
+    """``value`` rounded for a summary (NaN and infinities pass unchanged)."""
+    value = float(value)
+    return round(value, digits) if np.isfinite(value) else value
+
+
 class FigureFileError(Exception):
     """A figure data file that cannot be written or read; the message is one line."""
 

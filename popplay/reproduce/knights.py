@@ -44,13 +44,12 @@ quiet cores; about where the gentle replication was furthest ahead of none in
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from popplay.reproduce.data import FigureData, Group
+from popplay.reproduce.data import FigureData, Group, round_finite
 from popplay.reproduce.registry import Context, Figure, register
 
 OPPONENT = "greedy"  # the benchmark of the figure
@@ -336,8 +335,7 @@ def _turns(n: int) -> str:
 
 
 def _round(value: Any, digits: int = 4) -> float:
-    value = float(value)
-    return round(value, digits) if math.isfinite(value) else value
+    return round_finite(value, digits)
 
 
 KNIGHTS_REPLICATION = register(Figure(

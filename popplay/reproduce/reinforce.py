@@ -16,14 +16,13 @@ Scales: ``tiny`` (1 and 2 workers, 2 seeds, 10 updates: seconds), ``small`` (1, 
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from popplay.reproduce.data import FigureData, Group
+from popplay.reproduce.data import FigureData, Group, round_finite
 from popplay.reproduce.registry import Context, Figure, register
 
 ENV = "CartPole-v1"
@@ -141,8 +140,7 @@ def summary_workers(data: FigureData) -> dict[str, Any]:
 
 
 def _round(value: Any, digits: int = 2) -> float:
-    value = float(value)
-    return round(value, digits) if math.isfinite(value) else value
+    return round_finite(value, digits)
 
 
 REINFORCE_WORKERS = register(Figure(

@@ -500,13 +500,6 @@ def summary_text(summary: dict[str, Any], config: GorilaConfig) -> str:
 
 def evaluate_checkpoint(config: GorilaConfig, checkpoint: dict[str, np.ndarray]) -> float:
     """Mean return of greedy episodes of the checkpoint's Q-network."""
-    import torch
-
-    from popplay import envs
-    from popplay.agents import networks
-    from popplay.agents.dqn import greedy_policy
-    from popplay.envs.rollout import evaluate
-
     returns = greedy_returns(config, checkpoint["params"], config.eval_episodes, config.seed)
     return float(returns.mean()) if returns.size else float("nan")
 
