@@ -19,7 +19,8 @@ class Scale(str, Enum):
 
 
 SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit under a minute, cart-pole about 4 minutes and "
-              "16 GB of memory, knights about 8 minutes on a 2-core CPU); small: the report's groups with fewer "
+              "16 GB of memory, knights about 8 minutes on a 2-core CPU; reinforce_workers: 8 seeds x 200 "
+              "updates, about an hour); small: the report's groups with fewer "
               "trials or a shorter run (a couple of minutes in all); tiny: a seconds-long smoke run.")
 
 
@@ -27,7 +28,8 @@ SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit under a minute, ca
 def reproduce(
     figure: Annotated[str, typer.Argument(
         help="figure2-figure4 (bandit, report §1.4), figure6-figure9 (cart-pole, §2.5), knights_replication "
-             "(knights, §3.4); a domain (bandit, cartpole, knights) for all its figures; all for every figure.",
+             "(knights, §3.4), reinforce_workers (seed 001: REINFORCE with 1-15 workers); a domain (bandit, "
+             "cartpole, knights, reinforce) for all its figures; all for every figure.",
         metavar="FIGURE")],
     scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,
     out: Annotated[Path, typer.Option(
