@@ -16,9 +16,9 @@ TINY = ["--hidden", "16", "--batch-size", "16", "--learning-starts", "64", "--up
         "--timeout", "15"]
 
 
-def _roles_running(marker: str) -> set[str]:
-    """Roles of the processes whose command line mentions ``marker`` (what ps shows)."""
-    found = set()
+def _gorila_ranks(marker: str) -> dict[str, int]:
+    """Role -> pid of the gorila ranks whose command line mentions ``marker`` (what ps shows)."""
+    found: dict[str, int] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -27,9 +27,13 @@ def _roles_running(marker: str) -> set[str]:
         except OSError:
             continue
         if marker in cmd and "popplay gorila " in cmd:
-            found.add(cmd.split("popplay gorila ", 1)[1].split(" ")[0] + " "
-                      + cmd.split("popplay gorila ", 1)[1].split(" ")[1])
+            words = cmd.split("popplay gorila ", 1)[1].split(" ")
+            found[f"{words[0]} {words[1]}"] = int(proc.name)
     return found
+
+
+def _roles_running(marker: str) -> set[str]:
+    return set(_gorila_ranks(marker))
 
 
 def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests._dist_helpers import ROOT, WAIT, finish
-from tests.test_gorila_cli import TINY, _roles_running
+from tests.test_gorila_cli import TINY, _gorila_ranks, _roles_running
 
 
 def _torchrun(nproc: int, *args: str, restarts: int = 0) -> subprocess.Popen:
@@ -29,16 +29,7 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def _pid_of(marker: str, role: str) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmd and f"popplay gorila {role} " in cmd:
-            return int(proc.name)
-    return None
+    return _gorila_ranks(marker).get(role)
 
 
 def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
