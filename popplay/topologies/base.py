@@ -2,8 +2,7 @@
 agent's config and a run file's dict, the runner's budget and progress methods, and
 the episode curves and topology counters of the run file.
 
-DQN and REINFORCE use these; ExaRL's ``_Experiment`` repeats the same methods and can
-adopt :class:`DeepExperiment` as it is.
+DQN, REINFORCE and the EXARL agents (``exarl._Experiment``) use these.
 """
 from __future__ import annotations
 

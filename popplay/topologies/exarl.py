@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from popplay.topologies.base import DeepParams, check_at_least_one, check_evaluation_and_timeout, config_from
-from popplay.topologies.common import budget_reached, check_budget, estimated_budget_steps, recent_mean
+from popplay.topologies.base import (DeepExperiment, DeepParams, check_at_least_one, check_evaluation_and_timeout,
+                                     config_from, count_episodes, curve_arrays, restore_curves, topology_counters)
+from popplay.topologies.common import check_budget, recent_mean
 
 WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
 SELECTIONS = ("range", "random")
@@ -173,75 +174,34 @@ class ExarlState:
     extra: dict[str, Any] = field(default_factory=dict)  # multi-process workflows' totals
 
 
-class _Experiment:
-    """What the three experiments share: budgets, curves, the run file's arrays."""
+class _Experiment(DeepExperiment):
+    """What the three experiments share beyond :class:`DeepExperiment`: curves and the
+    run file's arrays."""
 
     domain = ""
 
     def __init__(self, params: Any, backend: Any) -> None:
-        from popplay import envs
-
-        params.validate()
-        self.params = params
-        self.backend = backend
-        self.config = params.agent_config()
-        self._env = envs.make_vector(params.env, getattr(params, "copies", 1))
-        self.info = envs.describe(self._env, params.env)
+        self._open(params, backend, getattr(params, "copies", 1))
         self._check_env()
 
     def _check_env(self) -> None:
         raise NotImplementedError
 
-    def warmup(self) -> None:
-        pass
-
-    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
-        return budget_reached(state.episodes, state.env_steps, self.params.episodes, self.params.env_steps)
-
-    def _count(self, state: ExarlState, episodes: Any) -> None:
-        state.episodes += len(episodes.returns)
-        state.env_steps += episodes.steps
-        state.returns.extend(float(r) for r in episodes.returns)
-        state.lengths.extend(int(n) for n in episodes.lengths)
-
     def measure(self, state: ExarlState) -> dict[str, float]:
         return {"return": recent_mean(state.returns), "updates": float(state.agent.updates)}
-
-    def agent_steps(self, state: ExarlState) -> int:
-        return state.env_steps
-
-    def total_agent_steps(self, state: ExarlState) -> int:
-        return state.env_steps
-
-    def budget_agent_steps(self) -> int:
-        s = getattr(self, "_last", (0, 0))
-        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
-
-    @property
-    def progress_unit(self) -> str:
-        return "env-steps" if self.params.env_steps and not self.params.episodes else "episodes"
-
-    def budget_progress(self) -> int:
-        return self.params.env_steps if self.progress_unit == "env-steps" else self.params.episodes
-
-    def progress(self, state: ExarlState) -> int:
-        self._last = (state.episodes, state.env_steps)
-        return state.env_steps if self.params.env_steps and not self.params.episodes else state.episodes
 
     def state_arrays(self, state: ExarlState) -> dict[str, Any]:
         from popplay.agents import networks
 
-        self._last = (state.episodes, state.env_steps)
-        out = {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore),
-               "episode_returns": np.asarray(state.returns, dtype=np.float64),
-               "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+        self._note(state)
+        out = {**state.agent.arrays(), "rng.explore": networks.generator_array(state.explore), **curve_arrays(state)}
         if state.actor is not None:
             out.update(networks.module_arrays(state.actor, "actor_copy"))
         return out
 
     def state_counters(self, state: ExarlState) -> dict[str, Any]:
         return {**state.agent.counters(), "phases": state.phases, "episodes": state.episodes,
-                "env_steps": state.env_steps, **{f"topology_{k}": v for k, v in state.extra.items()}}
+                "env_steps": state.env_steps, **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ExarlState:
         from popplay.agents import networks
@@ -254,18 +214,11 @@ class _Experiment:
         state.phases = int(counters["phases"])
         state.episodes = int(counters["episodes"])
         state.env_steps = int(counters["env_steps"])
-        state.returns = [float(r) for r in arrays["episode_returns"]]
-        state.lengths = [int(n) for n in arrays["episode_lengths"]]
+        restore_curves(state, arrays)
         if len(state.returns) != state.episodes:
             raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
-        self._last = (state.episodes, state.env_steps)
+        self._note(state)
         return state
-
-    def static_arrays(self) -> dict[str, Any]:
-        return {}
-
-    def results(self, state: ExarlState) -> dict[str, Any]:
-        return {}
 
     def summary_extras(self, state: ExarlState) -> dict[str, Any]:
         return {"return": recent_mean(state.returns), "updates": state.agent.updates}
@@ -324,7 +277,7 @@ class _ContinuousExperiment(_Experiment):
                                 torch.as_tensor(episodes.action, dtype=torch.float32).reshape(episodes.steps, -1),
                                 torch.as_tensor(episodes.reward), torch.as_tensor(episodes.next_obs),
                                 torch.as_tensor(episodes.terminated).float()))
-            self._count(state, episodes)
+            count_episodes(state, episodes.returns, episodes.lengths, episodes.steps)
             agent.train()
         state.phases += 1
         return state
@@ -448,7 +401,7 @@ class A2CExperiment(_Experiment):
             segment = Trajectory(*(t[start:start + p.n_steps] for t in traj))
             if float(segment.mask.sum()) > 0:
                 state.agent.learn(segment)
-        self._count(state, episodes)
+        count_episodes(state, episodes.returns, episodes.lengths, episodes.steps)
         state.phases += 1
         return state
 
