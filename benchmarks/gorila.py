@@ -1,7 +1,8 @@
 """Gorila (seed 002) against our single-process Double DQN at equal environment steps.
 
     PYTHONPATH=. python benchmarks/gorila.py --env CartPole-v1 --env-steps 30000 \
-        --layouts 2x1x1,1x1x1 --dqn --fault --json results/gorila.json
+        --layouts 2x1x1,1x1x1 --dqn --fault --json results/gorila.json --plot results/gorila.png
+    PYTHONPATH=. python benchmarks/gorila.py --layouts 2x2x1 --replay global   # one memory over 2 learners
 
 For each layout ``AxLxS`` (actors × learners × shards) one run of ``popplay train
 gorila``'s engine; with ``--dqn`` one run of ``popplay train dqn`` (sequential, Adam)
@@ -58,7 +59,12 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _param_count(config: GorilaConfig) -> int:
-    widths = [4, *config.hidden, 2]  # CartPole's 4 observations and 2 actions
+    from popplay import envs
+
+    env = envs.make_vector(config.env, 1)
+    info = envs.describe(env, config.env)
+    env.close()
+    widths = [info.obs_dim, *config.hidden, int(info.actions)]
     return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
 
 
@@ -78,8 +84,8 @@ def project(config: GorilaConfig, measured: dict[str, Any], actors: int = 100, l
 def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_at: int = 0) -> dict[str, Any]:
     actors, learners, shards = (int(v) for v in layout.split("x"))
     config = GorilaConfig(env=args.env, actors=actors, learners=learners, shards=shards, env_steps=args.env_steps,
-                          seed=args.seed, eval_episodes=args.eval_episodes, timeout=60.0)
-    out = workdir / f"gorila-{layout}{'-fault' if kill_actor_at else ''}.h5"
+                          seed=args.seed, eval_episodes=args.eval_episodes, timeout=60.0, replay=args.replay)
+    out = workdir / f"gorila-{layout}-{args.replay}{'-fault' if kill_actor_at else ''}.h5"
     parts = out.with_name(out.name + ".parts")
     killed: dict[str, Any] = {}
 
@@ -104,7 +110,8 @@ def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_
     from popplay.checkpoints.runfile import read_run
 
     curves = read_run(out).curves
-    row = {"layout": layout, "kind": "gorila", "wall_seconds": wall, **summary,
+    row = {"layout": layout if args.replay == "local" else f"{layout} global", "kind": "gorila",
+           "wall_seconds": wall, **summary,
            "curve": _thin(curves["env_steps"], curves["return"]), "killed": killed,
            "model": model(config, summary["learner_updates"], summary["gradients_sent"], summary["env_steps"],
                           summary["episodes"]),
@@ -162,7 +169,9 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--dqn", action="store_true")
     parser.add_argument("--fault", action="store_true")
+    parser.add_argument("--replay", choices=("local", "global"), default="local")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="a PNG of the learning curves (matplotlib)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,11 +191,39 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1, default=str))
+    if args.plot:
+        plot(payload, args.plot)
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """Every row's learning curve (mean return of the last 20 episodes against env-steps
+    summed over actors); a killed actor is marked where it died."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in payload["rows"]:
+        curve = np.asarray(row["curve"], dtype=float).reshape(-1, 2)
+        label = row["layout"] if row["kind"] == "dqn" else f"gorila {row['layout']} (A×L×S)"
+        if row.get("killed"):
+            label += ", actor 1 killed"
+            ax.axvline(row["killed"]["at_env_steps"], color="grey", linestyle=":", linewidth=1)
+        ax.plot(curve[:, 0], curve[:, 1], label=label)
+    ax.set_xlabel("environment steps (all actors)")
+    ax.set_ylabel("training return (mean of last 20 episodes)")
+    ax.set_title(f"{payload['env']}, {payload['env_steps']:,} env-steps, seed {payload['seed']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _print(row: dict[str, Any]) -> None:
     keys = ("layout", "wall_seconds", "env_steps", "quality", "return", "stale_discarded", "outliers_discarded",
-            "staleness_histogram", "lost", "model", "measured_per_shard", "killed")
+            "staleness_histogram", "lost", "model", "measured_per_shard", "killed", "replay_rows_remote")
     print(json.dumps({k: row.get(k) for k in keys}, default=str), flush=True)
 
 

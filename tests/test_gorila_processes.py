@@ -125,9 +125,28 @@ def test_a_killed_actor_and_a_killed_learner_do_not_stop_the_run(tmp_path):
     assert summary["server_versions"][0] >= mark["version"] + 20
 
 
+def test_global_replay_is_one_memory_spread_over_the_learners(tmp_path):
+    """Each transition is stored once (by its actor's learner), and every learner draws
+    minibatch rows from the other's part: the rows fetched add up to what the draws
+    over both parts' sizes give."""
+    config = GorilaConfig(actors=2, learners=2, shards=1, replay="global", env_steps=1200, seed=5, **TINY)
+    summary = run_gorila(config, tmp_path)
+    assert summary["complete"] and summary["replay"] == "global"
+    assert summary["transitions_received"] == summary["env_steps"]  # stored once, not copied
+    updates = [int(load_npz(tmp_path / f"learner-{l}.npz")["updates"]) for l in range(2)]
+    remote = [int(load_npz(tmp_path / f"learner-{l}.npz")["remote_rows"]) for l in range(2)]
+    assert min(updates) > 50
+    # Two parts of about equal size: about half of each minibatch is fetched from the
+    # other learner (the first request, before any size is known, fetches nothing).
+    for u, r in zip(updates, remote):
+        assert 0.3 * u * config.batch_size < r < 0.7 * u * config.batch_size
+    assert summary["replay_rows_remote"] == sum(remote)
+
+
 def test_global_replay_survives_a_killed_learner(tmp_path):
-    # Global replay: both actors feed both learners (ranks: shard 0, learners 1-2,
-    # actors 3-4). Kill learner 1 and actor 1: actor 0 keeps feeding learner 0.
+    # Global replay (ranks: shard 0, learners 1-2, actors 3-4): actor a stores in
+    # learner a's part. Kill learner 1: actor 1 moves to learner 0's part, and learner 0
+    # stops asking the lost part for rows and goes on learning.
     config = GorilaConfig(actors=2, learners=2, shards=1, replay="global", env_steps=10_000_000, seed=9, **TINY)
     pids: dict[int, int] = {}
     mark: dict[str, float] = {}
@@ -145,17 +164,19 @@ def test_global_replay_survives_a_killed_learner(tmp_path):
         if "killed" not in mark:
             if min(received(0), received(1)) >= 200:
                 os.kill(pids[2], signal.SIGKILL)  # learner 1
-                os.kill(pids[4], signal.SIGKILL)  # actor 1
                 mark["killed"] = 1
                 mark["received0"] = received(0)
+                mark["steps1"] = _steps(tmp_path / "actor-1.npz")
                 mark["version"] = _version(tmp_path / "shard-0.npz")
             return False
-        return received(0) >= mark["received0"] + 300 and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20
+        return (received(0) >= mark["received0"] + 600 and _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 300
+                and _version(tmp_path / "shard-0.npz") >= mark["version"] + 20)
 
     summary = run_gorila(config, tmp_path, should_stop=should_stop, on_start=pids.update)
     assert "killed" in mark and summary["replay"] == "global"
-    assert sorted(summary["lost"]) == ["actor 1 (killed by SIGKILL)", "learner 1 (killed by SIGKILL)"]
-    assert received(0) >= mark["received0"] + 300
+    assert summary["lost"] == ["learner 1 (killed by SIGKILL)"]  # both actors played on
+    assert received(0) >= mark["received0"] + 600
+    assert _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 300
     assert summary["server_versions"][0] >= mark["version"] + 20
 
 

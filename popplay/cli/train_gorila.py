@@ -31,16 +31,17 @@ def train_gorila(
         min=1, help="Learner processes (see --replay).")] = 1,
     shards: Annotated[int, typer.Option(min=1, help="Parameter-server shards (AdaGrad on a slice each).")] = 1,
     replay: Annotated[Replay, typer.Option(
-        help="local: actor a feeds learner a mod L (the seed's bundles); global: every actor feeds every "
-             "learner, each holding a copy of one replay memory of all experience.")] = Replay.local,
+        help="local: actor a feeds learner a mod L, which samples only that memory (the seed's bundles); "
+             "global: one memory distributed over the learners (each holds its actors' part) and every "
+             "minibatch drawn from all of it.")] = Replay.local,
     episodes: Annotated[int, typer.Option(min=0, help="Budget: episodes over all actors (0: none).")] = 0,
     env_steps: Annotated[int, typer.Option(min=0, help="Budget: environment steps over all actors (0: none).")] = 0,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths of the Q network, comma separated.")] = "64,64",
     lr: Annotated[float, typer.Option(help="AdaGrad learning rate (on the shards).")] = 0.01,
     gamma: GammaOption = 0.99,
     batch_size: Annotated[int, typer.Option(min=1, help="Minibatch of each learner update.")] = 64,
-    replay_capacity: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner.")] = 50_000,
-    learning_starts: Annotated[int, typer.Option(min=0, help="Transitions in a learner's replay first.")] = 500,
+    replay_capacity: Annotated[int, typer.Option(min=1, help="Replay capacity of each learner (its part, with global replay).")] = 50_000,
+    learning_starts: Annotated[int, typer.Option(min=0, help="Transitions in replay before learning (global: over all parts).")] = 500,
     update_ratio: Annotated[float, typer.Option(help="Learner updates per transition received.")] = 0.25,
     target_every: Annotated[int, typer.Option(min=1, help="G: server updates between target refreshes.")] = 200,
     epsilon_updates: Annotated[int, typer.Option(min=1, help="Server updates over which ε falls to 0.05.")] = 4_000,

@@ -15,6 +15,8 @@ Messages (tensors only, tags keep the streams apart; see :mod:`gorila_ranks`):
   ``version``); shard → client: ``[version, ...]`` then its slice.
 - actor → learner: ``[n, env_steps, episodes, 0]`` then ``n`` transitions as one
   float32 block ``[obs, action, reward, next_obs, terminated]``.
+- learner → learner (global replay): ``[rows, 0, 0, 0]``; the answer ``[rows, size, 0,
+  0]`` then ``rows`` transitions drawn from the answering learner's part of the memory.
 
 Control (who has finished, who was lost, stop) goes through the c10d ``TCPStore``
 that this launcher hosts: the launcher, not a rank, is the one that sees a process
@@ -89,7 +91,10 @@ class GorilaConfig:
     timeout: float = 30.0  # seconds any wait may take
     eval_episodes: int = 10
     resume: str = ""  # a checkpoint.npz to start the parameters from (any layout)
-    replay: str = "local"  # "local": actor a feeds learner a mod L; "global": every learner
+    # "local": actor a feeds learner a mod L, which samples only that memory; "global":
+    # the same placement, but every learner samples each minibatch from all the parts
+    # (one memory distributed over the learners).
+    replay: str = "local"
     # Test hooks (hidden CLI options): learners label every k-th gradient they send as
     # computed from parameters max_staleness + 1 updates older than it was, and scale
     # every k-th gradient they compute by 1e30 before the outlier guard sees it.
@@ -167,11 +172,14 @@ def actor_rank(a: int, config: GorilaConfig) -> int:
 
 
 def learners_of_actor(a: int, config: GorilaConfig) -> list[int]:
-    """Where actor ``a``'s transitions go: its bundle's learner (``a mod L``) with local
-    replay; every learner with global replay (each holds a copy of one global memory)."""
+    """Where actor ``a``'s transitions may go, in order: its bundle's learner (``a mod L``)
+    alone with local replay. With global replay the same learner first (it holds that
+    part of the one distributed memory), then the others in turn: a lost learner's
+    actors go on feeding the next live part of the store."""
+    first = a % config.learners
     if config.replay == "global":
-        return list(range(config.learners))
-    return [a % config.learners]
+        return [(first + i) % config.learners for i in range(config.learners)]
+    return [first]
 
 
 def actors_of_learner(l: int, config: GorilaConfig) -> list[int]:
@@ -477,6 +485,8 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
         "gradients_sent": int(sum(int(x["sent"]) for x in learners)),
         "pulls_per_shard": pulls,
         "transitions_received": int(sum(int(x["received"]) for x in learners)),
+        # Global replay: minibatch rows fetched from other learners' parts of the store.
+        "replay_rows_remote": int(sum(int(x["remote_rows"]) for x in learners if "remote_rows" in x)),
         "lost": lost,
         "launch": launch,  # "local" (this launcher) or "torchrun"
         "restarts": len(earlier),  # attempts of a torchrun job that a lost rank ended

@@ -39,6 +39,7 @@ from popplay.topologies import gorila as G
 
 PULL, GRAD = 1, 2
 TAG_REQ, TAG_GRAD, TAG_REPLY_HDR, TAG_REPLY, TAG_TRANS_HDR, TAG_TRANS = 11, 12, 13, 14, 15, 16
+TAG_SAMPLE_REQ, TAG_SAMPLE_HDR, TAG_SAMPLE = 17, 18, 19  # learner ↔ learner: global replay
 _POLL = 0.05
 
 
@@ -195,10 +196,164 @@ def _width(obs_dim: int) -> int:
     return 2 * obs_dim + 3
 
 
+def _unpack(block: torch.Tensor, obs_dim: int) -> Any:
+    """A ``[n, 2·obs+3]`` block ``[obs, action, reward, next_obs, terminated]`` as a Batch."""
+    from popplay.agents.replay import Batch
+
+    return Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
+                 block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2])
+
+
+def _pack(batch: Any) -> torch.Tensor:
+    return torch.cat([batch.obs, batch.action.to(torch.float32).reshape(-1, 1), batch.reward.reshape(-1, 1),
+                      batch.next_obs, batch.terminated.reshape(-1, 1)], dim=1).contiguous()
+
+
+class _GlobalReplay:
+    """One replay memory distributed over the learners (``--replay global``).
+
+    Learner ``l`` holds the part its actors feed (``replay``, guarded by ``lock``) and
+    draws each minibatch from the whole memory: the rows' owners are drawn in proportion
+    to the parts' sizes, its own rows come from its part, the others' from their owners.
+    Per peer, a server thread answers that peer's requests (rows drawn uniformly from
+    this part, with its size) and a client thread carries this learner's requests to it,
+    so the main thread never sits in a gloo receive: it waits on a queue and watches the
+    store for the peer's loss. Every request goes to every live peer, asking 0 rows when
+    none are wanted, so each reply refreshes the size the next draw weighs.
+    """
+
+    def __init__(self, ctx: "Context", replay: Any, lock: threading.Lock, sampler: torch.Generator) -> None:
+        from popplay.agents import networks
+
+        self.ctx, self.replay, self.lock, self.sampler = ctx, replay, lock, sampler
+        config, l = ctx.config, ctx.role.index
+        self.peers = [j for j in range(config.learners) if j != l]
+        self.known = dict.fromkeys(self.peers, 0)  # each peer's part, as its last reply said
+        self.requests: dict[int, queue.Queue] = {j: queue.Queue() for j in self.peers}
+        self.replies: dict[int, queue.Queue] = {j: queue.Queue() for j in self.peers}
+        self.lost: set[int] = set()
+        self.remote_rows = 0
+        self.width = _width(ctx.info.obs_dim)
+        for j in self.peers:
+            serving = networks.generator(ctx.stream(config.seed * 7919 + 104_729 * (l + 1) + j))
+            threading.Thread(target=self._serve, args=(j, serving), daemon=True).start()
+            threading.Thread(target=self._client, args=(j,), daemon=True).start()
+
+    def _serve(self, j: int, serving: torch.Generator) -> None:
+        """Rows of this part for peer ``j``, request after request, until it is done or gone."""
+        peer = G.learner_rank(j, self.ctx.config)
+        header = torch.zeros(4, dtype=torch.int64)
+        while True:
+            try:
+                dist.recv(header, src=peer, tag=TAG_SAMPLE_REQ)
+                wanted = int(header[0])
+                if wanted < 0:
+                    return
+                with self.lock:
+                    size = len(self.replay)
+                    rows = wanted if size else 0
+                    block = _pack(self.replay.sample(rows, serving)) if rows else None
+                dist.send(torch.tensor([rows, size, 0, 0], dtype=torch.int64), dst=peer, tag=TAG_SAMPLE_HDR)
+                if block is not None:
+                    dist.send(block, dst=peer, tag=TAG_SAMPLE)
+            except RuntimeError:
+                return
+
+    def _client(self, j: int) -> None:
+        peer = G.learner_rank(j, self.ctx.config)
+        header = torch.zeros(4, dtype=torch.int64)
+        while True:
+            wanted = self.requests[j].get()
+            try:
+                dist.send(torch.tensor([wanted, 0, 0, 0], dtype=torch.int64), dst=peer, tag=TAG_SAMPLE_REQ)
+                if wanted < 0:
+                    return
+                dist.recv(header, src=peer, tag=TAG_SAMPLE_HDR)
+                rows, size = int(header[0]), int(header[1])
+                block = torch.empty(rows, self.width, dtype=torch.float32)
+                if rows:
+                    dist.recv(block, src=peer, tag=TAG_SAMPLE)
+                self.replies[j].put((size, block))
+            except RuntimeError:
+                self.replies[j].put(None)
+                return
+
+    def request(self, batch_size: int) -> dict[int, int]:
+        """Draw the owners of ``batch_size`` rows and ask the peers for theirs; returns
+        the rows wanted per owner (-1: this learner), for :meth:`collect`."""
+        live = [j for j in self.peers if j not in self.lost]
+        with self.lock:
+            own = len(self.replay)
+        weights = torch.tensor([float(own)] + [float(self.known[j]) for j in live], dtype=torch.float64)
+        if float(weights.sum()) == 0.0:
+            weights[0] = 1.0
+        owners = torch.multinomial(weights, batch_size, replacement=True, generator=self.sampler)
+        counts = torch.bincount(owners, minlength=len(live) + 1).tolist()
+        wanted = {-1: counts[0]}
+        for j, k in zip(live, counts[1:]):
+            wanted[j] = k
+            self.requests[j].put(k)
+        return wanted
+
+    def collect(self, wanted: dict[int, int]) -> Any:
+        """The minibatch asked for by :meth:`request`: the peers' rows as they arrive;
+        rows a lost or empty peer could not give come from this learner's own part."""
+        from popplay.agents.replay import Batch
+
+        own, blocks = wanted[-1], []
+        for j, k in wanted.items():
+            if j < 0:
+                continue
+            reply = self._await(j)
+            if reply is None:
+                own += k
+                continue
+            size, block = reply
+            self.known[j] = size
+            own += k - block.shape[0]
+            self.remote_rows += block.shape[0]
+            blocks.append(block)
+        with self.lock:
+            parts = [self.replay.sample(own, self.sampler)] if own else []
+        parts += [_unpack(b, self.ctx.info.obs_dim) for b in blocks if b.shape[0]]
+        return Batch(*(torch.cat(columns) for columns in zip(*parts)))
+
+    def _await(self, j: int) -> tuple[int, torch.Tensor] | None:
+        lost_key = f"lost/{G.learner_rank(j, self.ctx.config)}"
+        while True:
+            try:
+                reply = self.replies[j].get(timeout=_POLL)
+                break
+            except queue.Empty:
+                if self.ctx.store.check([lost_key]) or self.ctx.stop_requested():
+                    reply = None
+                    break
+        if reply is None:
+            self.lost.add(j)
+        return reply
+
+    def close(self, wanted: dict[int, int] | None) -> None:
+        """Take the answer to a request still out, tell the peers' servers this learner
+        is done, and stay (serving the others) until every learner is done or lost:
+        a learner that left would take its part of the memory with it."""
+        if wanted is not None:
+            self.collect(wanted)
+        for j in self.peers:
+            if j not in self.lost:
+                self.requests[j].put(-1)
+        store, config = self.ctx.store, self.ctx.config
+        store.add("learners/done", 1)
+        while not self.ctx.stop_requested():
+            lost = sum(1 for j in self.peers if store.check([f"lost/{G.learner_rank(j, config)}"]))
+            if int(store.add("learners/done", 0)) + lost >= config.learners:
+                return
+            time.sleep(_POLL)
+
+
 def run_learner(ctx: Context) -> int:
     from popplay.agents import networks
     from popplay.agents.dqn import double_dqn_targets, dqn_loss
-    from popplay.agents.replay import Batch, ReplayBuffer
+    from popplay.agents.replay import ReplayBuffer
     from popplay.topologies.gorila_guards import OutlierGuard
 
     config, l = ctx.config, ctx.role.index
@@ -206,6 +361,11 @@ def run_learner(ctx: Context) -> int:
     online, target = ctx.net(), ctx.net()
     replay = ReplayBuffer(config.replay_capacity, obs_dim)
     sampler = networks.generator(ctx.stream(config.seed * 7919 + 1 + l))
+    replay_lock = threading.Lock()  # global replay: the peers' server threads sample it too
+    store_wide = _GlobalReplay(ctx, replay, replay_lock, sampler) if config.replay == "global" else None
+    # Global replay: each part holds about 1/L of the memory, so learning starts when
+    # the parts together hold about learning_starts transitions.
+    starts = -(-config.learning_starts // config.learners) if store_wide else config.learning_starts
     outliers = OutlierGuard(config.outlier_k, config.outlier_window, config.outlier_min_samples)
     inbox: queue.Queue = queue.Queue()
     my_actors = G.actors_of_learner(l, config)
@@ -252,23 +412,25 @@ def run_learner(ctx: Context) -> int:
 
     def save() -> None:
         G.save_npz(path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
-                   outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32))
+                   outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32),
+                   remote_rows=np.int64(store_wide.remote_rows if store_wide else 0))
 
     def take(item: tuple[int, torch.Tensor]) -> None:
         nonlocal received, credit
         a, block = item
         n = block.shape[0]
         received_from[a] += n
-        replay.add(Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
-                         block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2]))
+        with replay_lock:
+            replay.add(_unpack(block, obs_dim))
         received += n
-        if len(replay) >= config.learning_starts:
-            # Global replay copies each transition to every learner: each owes 1/L of
-            # the updates, so all layouts learn as much per transition played.
-            credit += config.update_ratio * n / (config.learners if config.replay == "global" else 1)
+        # Each transition is stored once, by the learner it reached, which owes its share
+        # of updates: every layout learns as much per transition played.
+        if len(replay) >= starts:
+            credit += config.update_ratio * n
 
     last_save = time.monotonic()
     waiting_since: float | None = None  # every actor finished; the last chunks are due
+    pending: dict[int, int] | None = None  # global replay: the next minibatch's request
     while not ctx.stop_requested():
         while True:
             try:
@@ -283,7 +445,11 @@ def run_learner(ctx: Context) -> int:
                 if target_version < 0 or server - target_version >= config.target_every:
                     networks.load_flat_parameters(target, flat)
                     target_version = server
-            batch = replay.sample(config.batch_size, sampler)
+            if store_wide is None:
+                batch = replay.sample(config.batch_size, sampler)
+            else:  # this minibatch was asked for one update ago; ask for the next now
+                batch = store_wide.collect(pending if pending is not None else store_wide.request(config.batch_size))
+                pending = store_wide.request(config.batch_size)
             targets = double_dqn_targets(batch, online, target, config.gamma)
             loss = dqn_loss(batch, online, targets)
             online.zero_grad(set_to_none=True)
@@ -325,6 +491,9 @@ def run_learner(ctx: Context) -> int:
             save()
             last_save = time.monotonic()
     save()
+    if store_wide is not None:
+        store_wide.close(pending)
+        save()
     return 0
 
 
@@ -392,15 +561,16 @@ def run_actor(ctx: Context) -> int:
             for i in range(0, block.shape[0], config.chunk):
                 part = block[i:i + config.chunk].contiguous()
                 header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
-                for learner in list(learners):
+                while True:
                     try:
-                        dist.send(header, dst=learner, tag=TAG_TRANS_HDR)
-                        dist.send(part, dst=learner, tag=TAG_TRANS)
-                        sent[learner] += part.shape[0]
+                        dist.send(header, dst=learners[0], tag=TAG_TRANS_HDR)
+                        dist.send(part, dst=learners[0], tag=TAG_TRANS)
+                        sent[learners[0]] += part.shape[0]
+                        break
                     except RuntimeError:
-                        # Global replay: the other learners' copies still take it; with
-                        # local replay this was the only one and the actor stops.
-                        learners.remove(learner)
+                        # Global replay: the next learner's part of the memory takes it;
+                        # with local replay this was the only one and the actor stops.
+                        learners.pop(0)
                         if not learners:
                             raise
             save()
