@@ -1,4 +1,4 @@
-"""EXARL's multi-process workflows for A2C through real ranks on gloo (tiny budgets).
+"""EXARL's multi-process workflows through real ranks on gloo (tiny budgets).
 
 The three jobs run side by side (one launch each, started together) to keep the
 wall time down; each rank's every wait is bounded by --timeout."""
@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--json"]
 
 
-def _start(args: list[str]) -> subprocess.Popen:
+def _start(args: list[str], agent: str = "a2c") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "popplay", "train", "a2c", *args, *TINY], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "popplay", "train", agent, *args, *TINY], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -111,8 +111,40 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
     assert central["topology_bytes"] >= steps * ((2 * 4 + 5) * 4 + 8)
 
 
+def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
+    """TD3 (multi-learner, range selection) and DDPG with prioritised replay
+    (master-learner): every episode played is stored exactly once, the learners run
+    the updates owed for all of them, and their networks stay identical (each
+    optimiser step on the gradient averaged over the learners)."""
+    small = ["--env", "Pendulum-v1", "--batch-size", "16", "--learning-starts", "200"]
+    jobs = {
+        "td3": _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "1200",
+                       *small, "--out", str(tmp_path / "td3.h5")], agent="td3"),
+        "ddpg": _start(["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "800",
+                        "--per", *small, "--out", str(tmp_path / "ddpg.h5")], agent="ddpg"),
+    }
+    summaries = {name: _finish(process) for name, process in jobs.items()}
+    for name, ranks, steps in (("td3", 5, 1200), ("ddpg", 3, 800)):
+        run = summaries[name]
+        assert run["ranks"] == ranks and run["env_steps"] == steps and run["episodes"] == steps // 200
+        assert run["topology_produced"] == run["topology_reads"] == run["episodes"]
+        assert run["topology_produced_checksum"] == run["topology_reads_checksum"]
+        assert run["topology_learners_identical"] == 1
+        reads = [int(v) for v in run["topology_reads_by_learner"].split(",")]
+        assert len(reads) == 2 and min(reads) > 0  # both learners stored and trained
+        # One update per env-step once 200 were stored, the round that crossed that
+        # included (its first episode is 200 steps): every step was paid for.
+        assert run["updates"] == steps
+    counters = read_run(tmp_path / "ddpg.h5").state_counters
+    assert counters["received"] == 800 and counters["updates"] == summaries["ddpg"]["updates"]
+    from popplay.cli import main
+
+    assert main(["evaluate", str(tmp_path / "td3.h5"), "--episodes", "1", "--json"]) == 0
+
+
 @pytest.mark.parametrize("args,message", [
-    (["train", "td3", "--workflow", "multi-learner", "--env-steps", "10"], "--workflow must be one of sequential"),
+    (["train", "td3", "--workflow", "central-inference", "--env-steps", "10"],
+     "--workflow must be one of sequential, multi-learner, master-learner"),
     (["train", "a2c", "--workflow", "multi-learner", "--actors", "0", "--episodes", "2"], "--actors"),
 ])
 def test_workflow_usage_errors_are_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:

@@ -140,8 +140,16 @@ class A2C:
         self.last_loss = float("nan")
         self.last_mean_rho = float("nan")
 
+    #: Learns from the trajectory it is given, once (no replay): the multi-process
+    #: workflows all-reduce its gradient within the round.
+    on_policy = True
+
     def _modules(self) -> nn.ModuleList:
         return nn.ModuleList([self.policy, self.value])
+
+    def networks(self) -> nn.Module:
+        """Every learned network (for checksums of the learners' copies)."""
+        return self._modules()
 
     def gradients(self, traj: Trajectory) -> tuple[torch.Tensor, A2CLoss]:
         """The flat gradient (policy then value parameters) of the loss on ``traj``."""

@@ -177,6 +177,19 @@ class ContinuousLearner(UpdateCredit):
         self.update_credit = 0.0
         self.last_loss = float("nan")
 
+    #: Stores what it is given and learns from replay: the multi-process workflows
+    #: average its gradients over the learners at every optimiser step.
+    on_policy = False
+
+    @property
+    def policy(self) -> nn.Module:
+        """The network actors act with (its weights are what workflows ship to them)."""
+        return self.actor  # type: ignore[attr-defined]
+
+    def networks(self) -> nn.Module:
+        """Every network, targets included (for checksums of the learners' copies)."""
+        return nn.ModuleList(list(self.modules().values()))
+
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
 

@@ -1,4 +1,4 @@
-"""``popplay train a2c|td3|ddpg``: EXARL's agents (issue 16), sequential workflow."""
+"""``popplay train a2c|td3|ddpg``: EXARL's agents (issue 16) and their workflows."""
 from __future__ import annotations
 
 from enum import Enum
@@ -24,10 +24,19 @@ class Selection(str, Enum):
     random = "random"
 
 
-WORKFLOW_HELP = ("sequential: the actor plays, then the learner trains, in one process. a2c only: "
-                 "multi-learner (actors' queues read by data-parallel learners), master-learner (actors send "
-                 "to learner 0, which hands batches out), central-inference (one rank holds the model and "
-                 "acts for every actor).")
+WORKFLOW_HELP = ("sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
+                 "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
+                 "batches out; a2c only: central-inference (one rank holds the model and acts for every actor).")
+
+# The multi-process workflows' layout, the same for every agent.
+LearnersOption = Annotated[int, typer.Option(min=1, help="multi-learner, master-learner: learner ranks.")]
+ActorsOption = Annotated[int, typer.Option(min=1, help="Multi-process workflows: actor ranks.")]
+SelectionOption = Annotated[Selection, typer.Option(
+    help="multi-learner: range (each learner pops its own block of actors' queues) or random "
+         "(any actor's newest trajectory, read without removing it).")]
+QueueCapacityOption = Annotated[int, typer.Option(
+    min=1, help="multi-learner, range: trajectories an actor keeps unread at most.")]
+TimeoutOption = Annotated[float, typer.Option(help="Seconds any wait for another rank may take.")]
 
 
 def _widths(hidden: str) -> tuple[int, ...]:
@@ -76,14 +85,11 @@ def train_a2c(
     entropy_coef: Annotated[float, typer.Option(help="Weight of the entropy bonus.")] = 0.01,
     max_grad_norm: Annotated[float, typer.Option(help="Gradient norm clip.")] = 0.5,
     eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 20,
-    learners: Annotated[int, typer.Option(min=1, help="multi-learner, master-learner: learner ranks.")] = 2,
-    actors: Annotated[int, typer.Option(min=1, help="Multi-process workflows: actor ranks.")] = 2,
-    selection: Annotated[Selection, typer.Option(
-        help="multi-learner: range (each learner pops its own block of actors' queues) or random "
-             "(any actor's newest trajectory, read without removing it).")] = Selection.range,
-    queue_capacity: Annotated[int, typer.Option(
-        min=1, help="multi-learner, range: trajectories an actor keeps unread at most.")] = 4,
-    timeout: Annotated[float, typer.Option(help="Seconds any wait for another rank may take.")] = 60.0,
+    learners: LearnersOption = 2,
+    actors: ActorsOption = 2,
+    selection: SelectionOption = Selection.range,
+    queue_capacity: QueueCapacityOption = 4,
+    timeout: TimeoutOption = 60.0,
     seed: SeedOption = 0,
     device: DeviceOption = DeviceName.auto,
     out: OutOption = None,
@@ -117,6 +123,10 @@ def _continuous_command(domain: str, doc: str) -> Any:
                        ] = "Pendulum-v1",
         workflow: Annotated[Workflow, typer.Option(help=WORKFLOW_HELP)] = Workflow.sequential,
         per: Annotated[bool, typer.Option("--per/--no-per", help="Prioritised experience replay (sum-tree).")] = False,
+        per_alpha: Annotated[float, typer.Option(help="--per: priority exponent α.")] = 0.6,
+        per_beta0: Annotated[float, typer.Option(help="--per: importance-weight exponent β at the start.")] = 0.4,
+        per_beta_updates: Annotated[int, typer.Option(
+            min=1, help="--per: updates over which β rises to 1.")] = 20_000,
         clipped_double_q: Annotated[bool, typer.Option(
             "--clipped-double-q/--no-clipped-double-q", help="td3: target from the smaller of two critics.")] = True,
         policy_delay: Annotated[int, typer.Option(min=1, help="td3: critic steps per actor step.")] = 2,
@@ -139,6 +149,11 @@ def _continuous_command(domain: str, doc: str) -> Any:
         update_ratio: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
         exploration_noise: Annotated[float, typer.Option(help="Acting noise, in action half-ranges.")] = 0.1,
         eval_episodes: Annotated[int, typer.Option(min=0, help=EVAL_HELP)] = 10,
+        learners: LearnersOption = 2,
+        actors: ActorsOption = 2,
+        selection: SelectionOption = Selection.range,
+        queue_capacity: QueueCapacityOption = 4,
+        timeout: TimeoutOption = 60.0,
         seed: SeedOption = 0,
         device: DeviceOption = DeviceName.auto,
         out: OutOption = None,
@@ -154,7 +169,9 @@ def _continuous_command(domain: str, doc: str) -> Any:
                           env_steps=env_steps, seed=seed, hidden=_widths(hidden), actor_lr=actor_lr,
                           critic_lr=critic_lr, gamma=gamma, tau=tau, batch_size=batch_size, replay_capacity=replay,
                           learning_starts=learning_starts, update_ratio=update_ratio,
-                          exploration_noise=exploration_noise, per=per, eval_episodes=eval_episodes)
+                          exploration_noise=exploration_noise, per=per, per_alpha=per_alpha, per_beta0=per_beta0,
+                          per_beta_updates=per_beta_updates, eval_episodes=eval_episodes, learners=learners,
+                          actors=actors, selection=selection.value, queue_capacity=queue_capacity, timeout=timeout)
             if td3:
                 return TD3Params(clipped_double_q=clipped_double_q, policy_delay=policy_delay,
                                  target_smoothing=target_smoothing, target_noise=target_noise, noise_clip=noise_clip,

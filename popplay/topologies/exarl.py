@@ -2,9 +2,9 @@
 
 The ``sequential`` workflow lives here: one actor and the learner take turns in
 one process, like seed 003's Algorithm 1 (:mod:`popplay.topologies.dqn`). A2C's
-multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``)
-are :mod:`popplay.topologies.exarl_ranks`; rank 0's side runs through
-:class:`A2CExperiment`.
+multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``;
+TD3 and DDPG the first two) are :mod:`popplay.topologies.exarl_ranks`; rank 0's side
+runs through the experiments here (:meth:`_Experiment._workflow_phase`).
 
 - **TD3, DDPG**: one phase plays ``sync_every`` episodes with the explorer (uniform
   actions until the learner's first update, then ``mu(s)`` plus Gaussian noise),
@@ -39,12 +39,53 @@ def _check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None
         raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
 
 
+#: The workflows TD3 and DDPG run (central inference samples discrete actions).
+CONTINUOUS_WORKFLOWS = ("sequential", "multi-learner", "master-learner")
+
+
 @dataclass(frozen=True)
-class DDPGParams(DeepParams):
+class WorkflowParams(DeepParams):
+    """The multi-process workflows' layout (:mod:`popplay.topologies.exarl_ranks`),
+    shared by every EXARL agent's parameters."""
+
+    workflow: str = "sequential"
+    learners: int = 2  # multi-learner, master-learner
+    actors: int = 2
+    selection: str = "range"  # multi-learner: range (each learner its block of actors) or random
+    queue_capacity: int = 4  # multi-learner, range: trajectories an actor keeps unread at most
+    timeout: float = 60.0  # seconds any wait for another rank may take
+
+    def _validate_layout(self, workflows: tuple[str, ...] = WORKFLOWS) -> None:
+        _check_workflow(self.workflow, workflows)
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        check_at_least_one(sync_every=self.sync_every, learners=self.learners, actors=self.actors,  # type: ignore[attr-defined]
+                           queue_capacity=self.queue_capacity)
+
+    @property
+    def topology(self) -> str:
+        return self.workflow
+
+    @property
+    def ranks(self) -> int:
+        if self.workflow == "sequential":
+            return 1
+        if self.workflow == "central-inference":
+            return 1 + self.actors
+        return self.learners + self.actors
+
+    def new_learner(self, info: Any) -> Any:
+        """The learner of this run (same seed, same initial networks on every rank)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DDPGParams(WorkflowParams):
     """Everything a DDPG run depends on (stored in the run file's config)."""
 
     env: str = "Pendulum-v1"
-    workflow: str = "sequential"
     sync_every: int = 1  # episodes per phase
     episodes: int = 0
     env_steps: int = 0
@@ -74,20 +115,15 @@ class DDPGParams(DeepParams):
         return config_from(self, self._config_type())
 
     def validate(self) -> None:
-        # The multi-process workflows (popplay.topologies.exarl_ranks) are A2C's.
-        _check_workflow(self.workflow, ("sequential",))
-        check_at_least_one(sync_every=self.sync_every)
+        self._validate_layout(CONTINUOUS_WORKFLOWS)
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
 
-    @property
-    def topology(self) -> str:
-        return self.workflow
+    def new_learner(self, info: Any) -> Any:
+        from popplay.agents.ddpg import DDPG
 
-    @property
-    def ranks(self) -> int:
-        return 1
+        return DDPG(self.agent_config(), info.obs_dim, info.action_low, info.action_high, self.seed)
 
 
 @dataclass(frozen=True)
@@ -103,11 +139,15 @@ class TD3Params(DDPGParams):
 
         return TD3Config
 
+    def new_learner(self, info: Any) -> Any:
+        from popplay.agents.td3 import TD3
+
+        return TD3(self.agent_config(), info.obs_dim, info.action_low, info.action_high, self.seed)
+
 
 @dataclass(frozen=True)
-class A2CParams(DeepParams):
+class A2CParams(WorkflowParams):
     env: str = "CartPole-v1"
-    workflow: str = "sequential"
     copies: int = 8  # environment copies, one episode each per phase
     n_steps: int = 16  # rows of a learning segment
     sync_every: int = 1  # phases between refreshes of the actor's copy of the policy
@@ -124,12 +164,6 @@ class A2CParams(DeepParams):
     rho_bar: float = 1.0
     c_bar: float = 1.0
     eval_episodes: int = 20
-    # multi-process workflows (popplay.topologies.exarl_ranks)
-    learners: int = 2  # multi-learner, master-learner
-    actors: int = 2
-    selection: str = "range"  # multi-learner: range (each learner its block of actors) or random
-    queue_capacity: int = 4  # multi-learner, range: trajectories an actor keeps unread at most
-    timeout: float = 60.0  # seconds any wait for another rank may take
 
     def agent_config(self) -> Any:
         from popplay.agents.a2c import A2CConfig
@@ -137,28 +171,16 @@ class A2CParams(DeepParams):
         return config_from(self, A2CConfig)
 
     def validate(self) -> None:
-        _check_workflow(self.workflow)
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive (got {self.timeout})")
-        check_at_least_one(copies=self.copies, n_steps=self.n_steps, sync_every=self.sync_every,
-                           learners=self.learners, actors=self.actors, queue_capacity=self.queue_capacity)
+        self._validate_layout()
+        check_at_least_one(copies=self.copies, n_steps=self.n_steps)
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
 
-    @property
-    def topology(self) -> str:
-        return self.workflow
+    def new_learner(self, info: Any) -> Any:
+        from popplay.agents.a2c import A2C
 
-    @property
-    def ranks(self) -> int:
-        if self.workflow == "sequential":
-            return 1
-        if self.workflow == "central-inference":
-            return 1 + self.actors
-        return self.learners + self.actors
+        return A2C(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
 
 
 @dataclass
@@ -183,6 +205,63 @@ class _Experiment(DeepExperiment):
     def __init__(self, params: Any, backend: Any) -> None:
         self._open(params, backend, getattr(params, "copies", 1))
         self._check_env()
+        self._flow: Any = None  # rank 0's side of a multi-process workflow
+        self._no_ranks: Any = None
+        if params.workflow != "sequential":
+            from popplay.distributed.group import current
+            from popplay.runner import UsageProblem
+            from popplay.topologies import exarl_ranks
+
+            dist = current()
+            if not dist.distributed:
+                # One process may still read the run file (evaluate); training needs the ranks.
+                self._no_ranks = UsageProblem(f"--workflow {params.workflow} runs on {params.ranks} ranks "
+                                              "(launched by popplay)")
+                return
+            if params.workflow == "central-inference":
+                self._flow = exarl_ranks.CentralServer(dist, params, self.info.obs_dim)
+            else:
+                group = exarl_ranks.learner_group(dist, params)
+                self._flow = exarl_ranks.Learners(dist, params, group, self.info.obs_dim)
+
+    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
+        if self._flow is not None:
+            return self._flow.done
+        return super().finished(state, time_mode=time_mode)
+
+    def close(self, state: ExarlState) -> None:
+        """Stop the other ranks if the run ended early (Ctrl-C, a time limit)."""
+        flow = self._flow
+        if flow is None:
+            return
+        if not flow.done:
+            if self.params.workflow != "central-inference":
+                flow.round(state.agent, stop=True)
+            flow.finish(state.agent, stopped=True)
+        from popplay.topologies.exarl_ranks import last_barrier
+
+        last_barrier(flow.dist)
+
+    def _workflow_phase(self, state: ExarlState) -> ExarlState | None:
+        """One learner round (or a few inference steps) of a multi-process workflow;
+        None in a sequential run (the caller plays its phase)."""
+        flow = self._flow
+        if flow is None:
+            if self._no_ranks is not None:
+                raise self._no_ranks
+            return None
+        if self.params.workflow == "central-inference":
+            r = flow.steps(state.agent, state.explore, 32)
+        else:
+            r = flow.round(state.agent)
+        state.episodes += len(r.returns)
+        state.env_steps += r.steps
+        state.returns.extend(r.returns)
+        state.lengths.extend(r.lengths)
+        if r.all_finished or r.stop:
+            state.extra.update(flow.finish(state.agent, stopped=r.stop) or {})
+        state.phases += 1
+        return state
 
     def _check_env(self) -> None:
         raise NotImplementedError
@@ -221,7 +300,8 @@ class _Experiment(DeepExperiment):
         return state
 
     def summary_extras(self, state: ExarlState) -> dict[str, Any]:
-        return {"return": recent_mean(state.returns), "updates": state.agent.updates}
+        return {"return": recent_mean(state.returns), "updates": state.agent.updates,
+                **{f"topology_{k}": v for k, v in state.extra.items()}}
 
     def _greedy(self, state: ExarlState) -> Any:
         raise NotImplementedError
@@ -251,13 +331,11 @@ class _ContinuousExperiment(_Experiment):
             raise EnvError(f"--env {self.params.env}: {self.agent_name} needs continuous actions "
                            "(this environment's are discrete)")
 
-    def _learner(self) -> Any:
-        raise NotImplementedError
-
     def initial_state(self) -> ExarlState:
         from popplay.agents import networks
 
-        return ExarlState(agent=self._learner(), explore=networks.generator(self.params.seed * 7919 + 3))
+        return ExarlState(agent=self.params.new_learner(self.info),
+                          explore=networks.generator(self.params.seed * 7919 + 3))
 
     def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
         import torch
@@ -266,6 +344,9 @@ class _ContinuousExperiment(_Experiment):
         from popplay.agents.replay import Batch
         from popplay.envs.rollout import episode_seed, play_episodes
 
+        ran = self._workflow_phase(state)
+        if ran is not None:
+            return ran
         agent = state.agent
         explorer = GaussianExplorer(agent.actor, self.config.exploration_noise, state.explore)
         for _ in range(self.params.sync_every):
@@ -292,20 +373,10 @@ class DDPGExperiment(_ContinuousExperiment):
     domain = "ddpg"
     agent_name = "ddpg"
 
-    def _learner(self) -> Any:
-        from popplay.agents.ddpg import DDPG
-
-        return DDPG(self.config, self.info.obs_dim, self.info.action_low, self.info.action_high, self.params.seed)
-
 
 class TD3Experiment(_ContinuousExperiment):
     domain = "td3"
     agent_name = "td3"
-
-    def _learner(self) -> Any:
-        from popplay.agents.td3 import TD3
-
-        return TD3(self.config, self.info.obs_dim, self.info.action_low, self.info.action_high, self.params.seed)
 
 
 class A2CExperiment(_Experiment):
@@ -314,59 +385,6 @@ class A2CExperiment(_Experiment):
     per phase)."""
 
     domain = "a2c"
-
-    def __init__(self, params: Any, backend: Any) -> None:
-        super().__init__(params, backend)
-        self._flow: Any = None
-        if params.workflow != "sequential":
-            from popplay.distributed.group import current
-            from popplay.runner import UsageProblem
-            from popplay.topologies import exarl_ranks
-
-            dist = current()
-            if not dist.distributed:
-                # One process may still read the run file (evaluate); training needs the ranks.
-                self._no_ranks = UsageProblem(f"--workflow {params.workflow} runs on {params.ranks} ranks "
-                                              "(launched by popplay)")
-                return
-            if params.workflow == "central-inference":
-                self._flow = exarl_ranks.CentralServer(dist, params, self.info.obs_dim)
-            else:
-                group = exarl_ranks.learner_group(dist, params)
-                self._flow = exarl_ranks.Learners(dist, params, group, self.info.obs_dim)
-
-    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
-        if self._flow is not None:
-            return self._flow.done
-        return super().finished(state, time_mode=time_mode)
-
-    def close(self, state: ExarlState) -> None:
-        """Stop the other ranks if the run ended early (Ctrl-C, a time limit)."""
-        flow = self._flow
-        if flow is None:
-            return
-        if not flow.done:
-            if self.params.workflow != "central-inference":
-                flow.round(state.agent, stop=True)
-            flow.finish(state.agent, stopped=True)
-        from popplay.topologies.exarl_ranks import last_barrier
-
-        last_barrier(flow.dist)
-
-    def _workflow_phase(self, state: ExarlState) -> ExarlState:
-        flow = self._flow
-        if self.params.workflow == "central-inference":
-            r = flow.steps(state.agent, state.explore, 32)
-        else:
-            r = flow.round(state.agent)
-        state.episodes += len(r.returns)
-        state.env_steps += r.steps
-        state.returns.extend(r.returns)
-        state.lengths.extend(r.lengths)
-        if r.all_finished or r.stop:
-            state.extra.update(flow.finish(state.agent, stopped=r.stop) or {})
-        state.phases += 1
-        return state
 
     def _check_env(self) -> None:
         from popplay import envs
@@ -377,9 +395,8 @@ class A2CExperiment(_Experiment):
         import copy
 
         from popplay.agents import networks
-        from popplay.agents.a2c import A2C
 
-        agent = A2C(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed)
+        agent = self.params.new_learner(self.info)
         return ExarlState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 4),
                           actor=copy.deepcopy(agent.policy))
 
@@ -388,10 +405,9 @@ class A2CExperiment(_Experiment):
         from popplay.envs.rollout import episode_seed, play_episodes
 
         p = self.params
-        if self._flow is not None:
-            return self._workflow_phase(state)
-        if getattr(self, "_no_ranks", None) is not None:
-            raise self._no_ranks
+        ran = self._workflow_phase(state)
+        if ran is not None:
+            return ran
         if state.phases % p.sync_every == 0:
             state.actor.load_state_dict(state.agent.policy.state_dict())
         seeds = [episode_seed(p.seed, copy, state.phases) for copy in range(p.copies)]
@@ -407,8 +423,7 @@ class A2CExperiment(_Experiment):
 
     def summary_extras(self, state: ExarlState) -> dict[str, Any]:
         rho = state.agent.last_mean_rho  # mean pi/mu of the last segment learned from (1: on policy)
-        return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho,
-                **{f"topology_{k}": v for k, v in state.extra.items()}}
+        return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho}
 
     def _greedy(self, state: ExarlState) -> Any:
         from popplay.agents.a2c import greedy_policy

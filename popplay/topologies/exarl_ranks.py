@@ -1,4 +1,5 @@
-"""EXARL's multi-process workflows for A2C (issue 16), over c10d point-to-point on gloo.
+"""EXARL's multi-process workflows (issue 16), over c10d point-to-point on gloo: A2C in all
+three; TD3 and DDPG in ``multi-learner`` and ``master-learner``.
 
 Ranks: ``multi-learner`` and ``master-learner`` put the learners on ranks ``0..L-1``
 and the actors on ``L..L+A-1``; ``central-inference`` puts the one model on rank 0
@@ -90,6 +91,37 @@ def owned(learner: int, learners: int, actors: int) -> range:
 def row_width(obs_dim: int) -> int:
     """obs, action, reward, next_obs, terminated, truncated, behaviour log-prob."""
     return 2 * obs_dim + 5
+
+
+def transition_width(obs_dim: int, action_dim: int) -> int:
+    """A replay learner's rows: obs, action (``action_dim``), reward, next_obs, terminated."""
+    return 2 * obs_dim + action_dim + 2
+
+
+def width_of(agent: Any, obs_dim: int) -> int:
+    """The rows a workflow moves for ``agent``: whole trajectories for an on-policy
+    learner, transitions for a replay learner."""
+    return row_width(obs_dim) if agent.on_policy else transition_width(obs_dim, len(agent.action_low))
+
+
+def transition_rows(episodes: Any) -> np.ndarray:
+    """Played episodes as float64 rows ``[obs, action, reward, next_obs, terminated]`` (exact)."""
+    n = episodes.steps
+    return np.concatenate([episodes.obs, np.asarray(episodes.action, dtype=np.float64).reshape(n, -1),
+                           episodes.reward.reshape(n, 1), episodes.next_obs,
+                           episodes.terminated.reshape(n, 1)], axis=1, dtype=np.float64)
+
+
+def rows_batch(rows: np.ndarray, obs_dim: int) -> Any:
+    """The inverse of :func:`transition_rows`: a replay :class:`~popplay.agents.replay.Batch`."""
+    import torch
+
+    from popplay.agents.replay import Batch
+
+    t = torch.as_tensor(rows)
+    d, k = obs_dim, rows.shape[1] - 2 * obs_dim - 2
+    return Batch(t[:, :d].float(), t[:, d:d + k].float(), t[:, d + k].float(), t[:, d + k + 1:2 * d + k + 1].float(),
+                 t[:, 2 * d + k + 1].float())
 
 
 def trajectory_rows(traj: Any) -> np.ndarray:
@@ -187,7 +219,6 @@ class _Actor:
     def __init__(self, params: Any, index: int) -> None:
         from popplay import envs
         from popplay.agents import networks
-        from popplay.agents.a2c import A2C
 
         self.params = params
         self.index = index
@@ -195,7 +226,9 @@ class _Actor:
         info = envs.describe(self.env, params.env)
         self.obs_dim = info.obs_dim
         # The learners' initial policy (same seed): weight version 0.
-        self.policy = A2C(params.agent_config(), info.obs_dim, int(info.actions), params.seed).policy
+        learner = params.new_learner(info)
+        self.policy, self.on_policy = learner.policy, learner.on_policy
+        self.version = 0  # the learner updates behind the weights held
         self.generator = networks.generator(params.seed * 7919 + 101 * (index + 1))
         self.episodes = 0
         self.steps = 0
@@ -207,14 +240,27 @@ class _Actor:
                 or (self.quota_steps > 0 and self.steps >= self.quota_steps)
                 or (self.quota_episodes == 0 and self.quota_steps == 0))
 
+    def load(self, weights: Any, version: int) -> None:
+        from popplay.agents import networks
+
+        networks.load_flat_parameters(self.policy, weights.float())
+        self.version = version
+
     def play(self) -> np.ndarray:
         from popplay.agents.a2c import SampledPolicy, trajectory_from_episodes
+        from popplay.agents.ddpg import GaussianExplorer
         from popplay.envs.rollout import episode_seed, play_episodes
 
-        episodes = play_episodes(self.env, SampledPolicy(self.policy, self.generator),
-                                 [episode_seed(self.params.seed, 1 + self.index, self.episodes)])
+        if self.on_policy:
+            act: Any = SampledPolicy(self.policy, self.generator)
+        else:  # as the sequential workflow: uniform actions until the learners' first update
+            act = GaussianExplorer(self.policy, self.params.exploration_noise, self.generator)
+            act.uniform = self.version == 0
+        episodes = play_episodes(self.env, act, [episode_seed(self.params.seed, 1 + self.index, self.episodes)])
         self.episodes += 1
         self.steps += episodes.steps
+        if not self.on_policy:
+            return transition_rows(episodes)
         return trajectory_rows(trajectory_from_episodes(episodes, self.policy))
 
 
@@ -294,8 +340,8 @@ def _window_actor(dist: Any, params: Any, index: int) -> None:
             if shared["stop"]:
                 break
             if shared["version"] > version:
-                networks.load_flat_parameters(actor.policy, shared["weights"].float())
                 version = shared["version"]
+                actor.load(shared["weights"], version)
         rows = actor.play()
         tally.produce(rows)
         with cond:
@@ -336,7 +382,7 @@ def _master_actor(dist: Any, params: Any, index: int) -> None:
         _guard(dist, "receive of the weights", lambda: c10d.recv(weights, src=0, tag=TAG_WEIGHTS))
         if weights[0] == 0:  # the learners stopped early
             break
-        networks.load_flat_parameters(actor.policy, weights[1:].float())
+        actor.load(weights[1:], int(weights[0]) - 1)  # [1 + learner updates, weights]
     if actor.done():
         if actor.episodes == 0:
             # Nothing to play (a zero quota): still say so, or learner 0 waits for us.
@@ -452,6 +498,8 @@ class Learners:
         import torch
 
         self.dist, self.params, self.group, self.obs_dim = dist, params, group, obs_dim
+        self.width = 0  # of the rows moved: set by the first round from its agent
+        self._averaging: Any = None  # the replay learner whose optimisers average over the learners
         self.learners, actor_ranks = layout(params)
         self.actor_ranks = actor_ranks
         self.index = dist.rank
@@ -509,7 +557,7 @@ class Learners:
             self.pinged[a] = time.monotonic()
         if status != DATA:
             return None
-        data = torch.empty(rows, row_width(self.obs_dim), dtype=torch.float64)
+        data = torch.empty(rows, self.width, dtype=torch.float64)
         _guard(dist, f"receive of a trajectory from rank {rank}", lambda: c10d.recv(data, src=rank, tag=TAG_DATA))
         return data.numpy()
 
@@ -555,16 +603,17 @@ class Learners:
             _guard(dist, "receive of a batch header from learner 0", lambda: c10d.recv(header, src=0, tag=TAG_REPLY))
             if int(header[0]) == 0:
                 return None
-            data = torch.empty(int(header[0]), row_width(self.obs_dim), dtype=torch.float64)
+            data = torch.empty(int(header[0]), self.width, dtype=torch.float64)
             _guard(dist, "receive of a batch from learner 0", lambda: c10d.recv(data, src=0, tag=TAG_DATA))
             return data.numpy()
-        weights = torch.cat([torch.ones(1, dtype=torch.float64), networks.flat_parameters(agent.policy).double()])
+        weights = torch.cat([torch.tensor([1.0 + agent.updates], dtype=torch.float64),
+                             networks.flat_parameters(agent.policy).double()])
         while len(self.pending) < self.L and not self.seen_finished.all():
             header = torch.zeros(2, dtype=torch.int64)
             src = _guard(dist, "receive of a trajectory header", lambda: c10d.recv(header, tag=TAG_REQ))
             a = self.actor_ranks.index(src)
             if int(header[0]):
-                data = torch.empty(int(header[0]), row_width(self.obs_dim), dtype=torch.float64)
+                data = torch.empty(int(header[0]), self.width, dtype=torch.float64)
                 _guard(dist, f"receive of a trajectory from rank {src}",
                        lambda: c10d.recv(data, src=src, tag=TAG_DATA))
                 self.pending.append(data.numpy())
@@ -588,13 +637,17 @@ class Learners:
 
     # --- the round --------------------------------------------------------------
     def round(self, agent: Any, stop: bool = False) -> RoundResult:
-        """Fetch (unless stopping), then one all-reduce; every learner applies the same
-        mean gradient. ``stop`` from any learner ends the run for all."""
+        """Fetch (unless stopping), then one all-reduce. On-policy (A2C): every learner
+        applies the same mean gradient of the round's trajectories. Replay learners
+        (TD3, DDPG) store what they fetched and then all run the updates owed for the
+        round's env-steps, each optimiser step on the mean gradient over the learners
+        (:meth:`_average_gradients`). ``stop`` from any learner ends the run for all."""
         import torch
         import torch.distributed as c10d
 
         from popplay.agents import networks
 
+        self.width = width_of(agent, self.obs_dim)
         rows, self.first = None, 1
         if stop and self.params.workflow == "master-learner" and self.index == 0:
             for learner in range(1, self.L):  # they wait for a batch header first
@@ -604,37 +657,88 @@ class Learners:
         if not stop:
             self._ping_finished()
             rows = self._fetch_master(agent) if self.params.workflow == "master-learner" else self._fetch_window(agent)
-        size = networks.parameter_count(torch.nn.ModuleList([agent.policy, agent.value]))
+        size = networks.parameter_count(agent.networks()) if agent.on_policy else 0
         L, A = self.L, self.A
-        vec = torch.zeros(size + 2 + 2 * L + A + 1, dtype=torch.float64)
+        # [gradient (on-policy), has data, first-read steps, learners holding replay,
+        #  return and length per learner, finished per actor, stop]
+        at = size + 3
+        vec = torch.zeros(at + 2 * L + A + 1, dtype=torch.float64)
         if rows is not None:
             self.tally.read(rows)
-            traj = rows_trajectory(rows, self.obs_dim)
-            grad, out = agent.gradients(traj)
-            agent.last_loss, agent.last_mean_rho = float(out.loss.detach()), out.mean_rho
-            vec[:size] = grad.double()
+            if agent.on_policy:
+                traj = rows_trajectory(rows, self.obs_dim)
+                grad, out = agent.gradients(traj)
+                agent.last_loss, agent.last_mean_rho = float(out.loss.detach()), out.mean_rho
+                vec[:size] = grad.double()
+                reward = float(traj.reward.sum())
+            else:
+                batch = rows_batch(rows, self.obs_dim)
+                agent.replay.add(batch)  # duplicates too (random selection): they train
+                reward = float(batch.reward.double().sum())
             vec[size] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
             # selection) trains but is not counted again.
             if self.first:
                 vec[size + 1] = rows.shape[0]
-                vec[size + 2 + self.index] = float(traj.reward.sum())
-                vec[size + 2 + L + self.index] = rows.shape[0]
+                vec[at + self.index] = reward
+                vec[at + L + self.index] = rows.shape[0]
         elif not stop:
             time.sleep(0.005)  # nothing ready: leave the CPU to the actors
-        vec[size + 2 + 2 * L:size + 2 + 2 * L + A] = torch.as_tensor(self.seen_finished, dtype=torch.float64)
+        if not agent.on_policy:
+            vec[size + 2] = float(len(agent.replay) > 0)
+        vec[at + 2 * L:at + 2 * L + A] = torch.as_tensor(self.seen_finished, dtype=torch.float64)
         vec[-1] = float(stop)
-        _guard(self.dist, "all-reduce of the gradients",
+        _guard(self.dist, "all-reduce of the round",
                lambda: c10d.all_reduce(vec, op=c10d.ReduceOp.SUM, group=self.group))
-        contributors = float(vec[size])
-        if contributors > 0:
-            agent.apply((vec[:size] / contributors).float())
-            agent.received += int(vec[size + 1])
-        self.bitmap &= ~(vec[size + 2 + 2 * L:size + 2 + 2 * L + A].numpy() > 0)
-        returns = [float(vec[size + 2 + i]) for i in range(L) if vec[size + 2 + L + i] > 0]
-        lengths = [int(vec[size + 2 + L + i]) for i in range(L) if vec[size + 2 + L + i] > 0]
+        steps = int(vec[size + 1])
+        if agent.on_policy:
+            contributors = float(vec[size])
+            if contributors > 0:
+                agent.apply((vec[:size] / contributors).float())
+                agent.received += steps
+        elif not vec[-1] > 0:
+            # The credit follows the steps all learners stored, so every learner owes the
+            # same updates; they start once each holds some replay (a mean over fewer
+            # learners would need a count in every step's all-reduce).
+            agent.received += steps
+            if agent.received >= agent.config.learning_starts:
+                agent.update_credit += agent.config.update_ratio * steps
+            if int(vec[size + 2]) == L:
+                self._average_gradients(agent)
+                agent.train()
+        self.bitmap &= ~(vec[at + 2 * L:at + 2 * L + A].numpy() > 0)
+        returns = [float(vec[at + i]) for i in range(L) if vec[at + L + i] > 0]
+        lengths = [int(vec[at + L + i]) for i in range(L) if vec[at + L + i] > 0]
         all_finished = not self.bitmap.any()
-        return RoundResult(returns, lengths, int(vec[size + 1]), bool(vec[-1] > 0), all_finished)
+        return RoundResult(returns, lengths, steps, bool(vec[-1] > 0), all_finished)
+
+    def _average_gradients(self, agent: Any) -> None:
+        """Make every optimiser step of ``agent`` step along the mean gradient over the
+        learners (one all-reduce of its parameters' gradients before each step), as
+        data-parallel training does: the learners run the same number of steps in the
+        same order, so their networks stay identical while each samples its own replay."""
+        if self._averaging is agent:
+            return
+        import torch
+        import torch.distributed as c10d
+
+        dist, group, L = self.dist, self.group, self.L
+
+        def average(optimizer: Any, args: Any, kwargs: Any) -> None:
+            params = [q for g in optimizer.param_groups for q in g["params"]]
+            flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for q in params])
+            _guard(dist, "all-reduce of the gradients",
+                   lambda: c10d.all_reduce(flat, op=c10d.ReduceOp.SUM, group=group))
+            flat /= L
+            offset = 0
+            for q in params:
+                q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
+                offset += q.numel()
+            self.tally.bytes += _nbytes(flat)
+
+        for optimizer in agent.optimizers().values():
+            optimizer.register_step_pre_hook(average)
+        self._averaging = agent
 
     def finish(self, agent: Any, stopped: bool) -> dict[str, Any] | None:
         """Release the actors, then the final gather (rank 0 gets the totals)."""
@@ -658,7 +762,7 @@ class Learners:
                 _guard(dist, f"receive of a trajectory header from rank {rank}",
                        lambda: c10d.recv(header, src=rank, tag=TAG_REQ))
                 if int(header[0]):
-                    data = torch.empty(int(header[0]), row_width(self.obs_dim), dtype=torch.float64)
+                    data = torch.empty(int(header[0]), self.width, dtype=torch.float64)
                     _guard(dist, f"receive of a trajectory from rank {rank}",
                            lambda: c10d.recv(data, src=rank, tag=TAG_DATA))
                 _guard(dist, f"send of the stop to rank {rank}", lambda: c10d.send(stop, dst=rank, tag=TAG_WEIGHTS))
@@ -670,8 +774,7 @@ class Learners:
                 rank = self.actor_ranks[a]
                 _guard(dist, f"release of actor rank {rank}", lambda: c10d.send(release, dst=rank, tag=TAG_REPLY))
         self.done = True
-        modules = torch.nn.ModuleList([agent.policy, agent.value])
-        return _final_report(dist, self.tally, _params_checksum(modules), agent.updates, True)
+        return _final_report(dist, self.tally, _params_checksum(agent.networks()), agent.updates, True)
 
 
 class CentralServer:
@@ -750,8 +853,7 @@ class CentralServer:
             stop = [torch.full((1,), -1, dtype=torch.int64) for _ in range(self.dist.world_size)]
             _guard(self.dist, "scatter of the stop", lambda: c10d.scatter(out, scatter_list=stop, src=0))
         self.done = True
-        modules = torch.nn.ModuleList([agent.policy, agent.value])
-        return _final_report(self.dist, self.tally, _params_checksum(modules), agent.updates, True)
+        return _final_report(self.dist, self.tally, _params_checksum(agent.networks()), agent.updates, True)
 
 
 def last_barrier(dist: Any) -> None:
@@ -771,7 +873,6 @@ def rank_loop(dist: Any, params: Any, resume: Any) -> None:
 
 def _rank_work(dist: Any, params: Any) -> None:
     from popplay import envs
-    from popplay.agents.a2c import A2C
 
     learners, actors = layout(params)
     group = learner_group(dist, params) if params.workflow != "central-inference" else None
@@ -783,7 +884,7 @@ def _rank_work(dist: Any, params: Any) -> None:
     env = envs.make_vector(params.env, 1)
     info = envs.describe(env, params.env)
     env.close()
-    agent = A2C(params.agent_config(), info.obs_dim, int(info.actions), params.seed)
+    agent = params.new_learner(info)
     flow = Learners(dist, params, group, info.obs_dim)
     while True:
         r = flow.round(agent)

@@ -59,8 +59,12 @@ def launch(domain: str, params: Any, *, out: Path, overwrite: bool, checkpoint_e
     return launch_local(argv, params.ranks, timeout=params.timeout, threads_per_rank=1, describe_lost=where)
 
 
+#: The domains whose multi-rank runs are EXARL workflows (:mod:`exarl_ranks`).
+EXARL_DOMAINS = ("a2c", "td3", "ddpg")
+
+
 def role_of(domain: str, rank: int, params: Any = None) -> str:
-    if domain == "a2c":
+    if domain in EXARL_DOMAINS:
         from popplay.topologies.exarl_ranks import layout
 
         learners, _ = layout(params)
@@ -100,7 +104,7 @@ def _run_rank(domain: str, dist: Any, params: Any, options: Any, reporter: Any, 
     if dist.rank != 0:
         # The launcher forwards Ctrl-C to every rank; only rank 0 decides when to stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if domain == "a2c":
+        if domain in EXARL_DOMAINS:
             from popplay.topologies.exarl_ranks import rank_loop
 
             rank_loop(dist, params, resume)
