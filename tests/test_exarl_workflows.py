@@ -106,24 +106,35 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
     assert central["topology_produced"] == central["topology_reads"] == central["episodes"] == 6
     assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
     assert central["updates"] == 6  # one update per completed episode, on the one model
-    # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back one int64.
+    # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back [flag, action] float64.
     steps = central["env_steps"]
-    assert central["topology_bytes"] >= steps * ((2 * 4 + 5) * 4 + 8)
+    assert central["topology_bytes"] >= steps * ((2 * 4 + 5) * 4 + 16)
 
 
 def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
-    """TD3 (multi-learner, range selection) and DDPG with prioritised replay
-    (master-learner): every episode played is stored exactly once, the learners run
-    the updates owed for all of them, and their networks stay identical (each
-    optimiser step on the gradient averaged over the learners)."""
+    """TD3 (multi-learner, range selection; central-inference) and DDPG with
+    prioritised replay (master-learner): every episode played is stored exactly once,
+    the learners run the updates owed for all of them, and their networks stay
+    identical (each optimiser step on the gradient averaged over the learners)."""
     small = ["--env", "Pendulum-v1", "--batch-size", "16", "--learning-starts", "200"]
     jobs = {
         "td3": _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "1200",
                        *small, "--out", str(tmp_path / "td3.h5")], agent="td3"),
         "ddpg": _start(["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "800",
                         "--per", *small, "--out", str(tmp_path / "ddpg.h5")], agent="ddpg"),
+        "central": _start(["--workflow", "central-inference", "--actors", "2", "--env-steps", "800", *small,
+                           "--out", str(tmp_path / "central.h5")], agent="td3"),
     }
     summaries = {name: _finish(process) for name, process in jobs.items()}
+    central = summaries["central"]
+    assert central["ranks"] == 3 and central["env_steps"] == 800
+    assert central["topology_produced"] == central["topology_reads"] == central["episodes"] == 4
+    assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
+    # The one learner stores episodes one by one; the first already reaches
+    # --learning-starts 200, so every step is paid for with one update.
+    assert central["updates"] == 800
+    # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back [flag, action] float64.
+    assert central["topology_bytes"] >= 800 * ((2 * 3 + 5) * 4 + 16)
     for name, ranks, steps in (("td3", 5, 1200), ("ddpg", 3, 800)):
         run = summaries[name]
         assert run["ranks"] == ranks and run["env_steps"] == steps and run["episodes"] == steps // 200
@@ -143,8 +154,7 @@ def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["train", "td3", "--workflow", "central-inference", "--env-steps", "10"],
-     "--workflow must be one of sequential, multi-learner, master-learner"),
+    (["train", "td3", "--workflow", "multi-learner", "--learners", "0", "--env-steps", "10"], "--learners"),
     (["train", "a2c", "--workflow", "multi-learner", "--actors", "0", "--episodes", "2"], "--actors"),
 ])
 def test_workflow_usage_errors_are_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:

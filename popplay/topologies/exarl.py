@@ -39,8 +39,6 @@ def _check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None
         raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
 
 
-#: The workflows TD3 and DDPG run (central inference samples discrete actions).
-CONTINUOUS_WORKFLOWS = ("sequential", "multi-learner", "master-learner")
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ class DDPGParams(WorkflowParams):
         return config_from(self, self._config_type())
 
     def validate(self) -> None:
-        self._validate_layout(CONTINUOUS_WORKFLOWS)
+        self._validate_layout()
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
@@ -219,7 +217,7 @@ class _Experiment(DeepExperiment):
                                               "(launched by popplay)")
                 return
             if params.workflow == "central-inference":
-                self._flow = exarl_ranks.CentralServer(dist, params, self.info.obs_dim)
+                self._flow = exarl_ranks.CentralServer(dist, params, self.info)
             else:
                 group = exarl_ranks.learner_group(dist, params)
                 self._flow = exarl_ranks.Learners(dist, params, group, self.info.obs_dim)

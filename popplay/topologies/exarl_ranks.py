@@ -1,5 +1,5 @@
-"""EXARL's multi-process workflows (issue 16), over c10d point-to-point on gloo: A2C in all
-three; TD3 and DDPG in ``multi-learner`` and ``master-learner``.
+"""EXARL's multi-process workflows (issue 16) for A2C, TD3 and DDPG, over c10d
+point-to-point on gloo.
 
 Ranks: ``multi-learner`` and ``master-learner`` put the learners on ranks ``0..L-1``
 and the actors on ``L..L+A-1``; ``central-inference`` puts the one model on rank 0
@@ -36,9 +36,13 @@ to learner 0 and get its current weights back; learner 0 hands one trajectory to
 each other learner per round, then the same all-reduce round.
 
 **central-inference** (SEED): actors hold no model; every step rank 0 gathers
-``[active, reward, terminated, truncated, next_obs, obs]`` from all actors, samples
-a batch of actions with the only copy of the policy, scatters them back, and learns
-from each episode as it completes.
+``[active, reward, terminated, truncated, next_obs, obs]`` from all actors, acts for
+all of them in one batch with the only copy of the policy, scatters ``[ACT | NO_ACTION
+| STOP, action]`` (float64) back, and learns from each episode as it completes.
+
+Replay learners (TD3, DDPG) move transitions instead of trajectories and train from
+their replay; in the two learner workflows every optimiser step averages its gradients
+over the learners (:meth:`Learners._average_gradients`).
 
 At the end every rank reports ``[produced, produced checksum, reads, read checksum,
 parameter checksum, updates, bytes sent, is learner, reads that helped]`` (int64, one gather) and rank 0
@@ -413,7 +417,8 @@ def _central_actor(dist: Any, params: Any, index: int) -> None:
     from popplay.envs.rollout import episode_seed
 
     env = envs.make_vector(params.env, 1)
-    d = envs.describe(env, params.env).obs_dim
+    info = envs.describe(env, params.env)
+    d, k = info.obs_dim, action_width(info)
     tally = _Tally()
     counts = {"episodes": 0, "steps": 0}
     q_episodes = quota(params.episodes, params.actors, index) if params.episodes else 0
@@ -423,7 +428,7 @@ def _central_actor(dist: Any, params: Any, index: int) -> None:
         return ((q_episodes > 0 and counts["episodes"] >= q_episodes) or (q_steps > 0 and counts["steps"] >= q_steps)
                 or (q_episodes == 0 and q_steps == 0))
 
-    action = torch.zeros(1, dtype=torch.int64)
+    action = torch.zeros(1 + k, dtype=torch.float64)  # [ACT, NO_ACTION or STOP, the action]
     prev = None  # (reward, terminated, truncated, real successor)
     rows: list[np.ndarray] = []
     wants = not done()
@@ -440,14 +445,16 @@ def _central_actor(dist: Any, params: Any, index: int) -> None:
         _guard(dist, "gather of the observations", lambda: c10d.gather(message, dst=0))
         tally.bytes += _nbytes(message)
         _guard(dist, "scatter of the actions", lambda: c10d.scatter(action, src=0))
-        if int(action[0]) < 0:
+        if int(action[0]) == STOP:
             break
         prev = None
         if not wants:
             continue  # finished: stay in step with the others until rank 0 stops
-        nxt, reward, terminated, truncated, info = env.step(action.numpy().copy())
+        chosen = (action[1:].numpy().astype(np.int64) if info.discrete
+                  else action[1:].numpy().astype(np.float32).reshape(1, k))
+        nxt, reward, terminated, truncated, step_info = env.step(chosen)
         ended = bool(terminated[0] or truncated[0])
-        real = np.asarray(info["final_obs"][0], dtype=np.float32) if ended else nxt[0]
+        real = np.asarray(step_info["final_obs"][0], dtype=np.float32) if ended else nxt[0]
         prev = (float(reward[0]), float(terminated[0]), float(truncated[0]), real)
         rows.append(np.concatenate([obs[0], real]).astype(np.float64))
         counts["steps"] += 1
@@ -465,6 +472,15 @@ def _central_actor(dist: Any, params: Any, index: int) -> None:
 
 def central_width(obs_dim: int) -> int:
     return 2 * obs_dim + 5
+
+
+#: The first entry of rank 0's scatter to each actor (then the action).
+ACT, NO_ACTION, STOP = 1, 0, -1
+
+
+def action_width(info: Any) -> int:
+    """Entries of one action: 1 (an index) for discrete actions, else the box's size."""
+    return 1 if info.discrete else len(info.action_low)
 
 
 # --- learners ----------------------------------------------------------------------
@@ -781,8 +797,9 @@ class CentralServer:
     """Rank 0 of ``central-inference``: batched inference for every actor, learning
     from each episode as it completes."""
 
-    def __init__(self, dist: Any, params: Any, obs_dim: int) -> None:
-        self.dist, self.params, self.d = dist, params, obs_dim
+    def __init__(self, dist: Any, params: Any, info: Any) -> None:
+        self.dist, self.params, self.d = dist, params, info.obs_dim
+        self.k = action_width(info)
         self.A = params.actors
         self.open: list[list[np.ndarray]] = [[] for _ in range(self.A)]  # rows of each actor's episode so far
         self.last: list[tuple[np.ndarray, int, float] | None] = [None] * self.A  # obs, action, log-prob
@@ -790,11 +807,12 @@ class CentralServer:
         self.done = False
 
     def steps(self, agent: Any, generator: Any, count: int) -> RoundResult:
-        """Up to ``count`` gather/infer/scatter steps; learns from completed episodes."""
+        """Up to ``count`` gather/infer/scatter steps; learns from completed episodes
+        (A2C: one update on each; a replay learner stores it and runs the updates owed)."""
         import torch
         import torch.distributed as c10d
 
-        dist, d, A = self.dist, self.d, self.A
+        dist, d, k, A = self.dist, self.d, self.k, self.A
         returns: list[float] = []
         lengths: list[int] = []
         steps = 0
@@ -807,30 +825,31 @@ class CentralServer:
                 if msgs[a, 0] > 0:  # the outcome of the last action
                     obs, action, logp = self.last[a]
                     reward, term, trunc = (float(v) for v in msgs[a, 1:4])
-                    row = np.concatenate([obs, [action, reward], msgs[a, 4:4 + d].numpy(), [term, trunc, logp]])
+                    successor = msgs[a, 4:4 + d].numpy()
+                    if agent.on_policy:
+                        row = np.concatenate([obs, action, [reward], successor, [term, trunc, logp]])
+                    else:
+                        row = np.concatenate([obs, action, [reward], successor, [term]])
                     self.open[a].append(row.astype(np.float64))
                     steps += 1
                     if term or trunc:
-                        rows = np.asarray(self.open[a])
+                        returns.append(self._learn(agent, np.asarray(self.open[a])))
+                        lengths.append(len(self.open[a]))
                         self.open[a] = []
-                        self.tally.read(np.concatenate([rows[:, :d], rows[:, d + 2:2 * d + 2]], axis=1))
-                        agent.learn(rows_trajectory(rows, d))
-                        returns.append(float(rows[:, d + 1].sum()))
-                        lengths.append(rows.shape[0])
             wants = msgs[:, 4 + d] > 0
-            actions = torch.full((dist.world_size, 1), -1, dtype=torch.int64)
+            actions = torch.zeros(dist.world_size, 1 + k, dtype=torch.float64)
+            actions[:, 0] = STOP
             if wants.any():
-                actions[1:] = 0
+                actions[1:, 0] = NO_ACTION
                 obs = msgs[:, 5 + d:]
-                with torch.no_grad():
-                    logp = torch.log_softmax(agent.policy(obs), dim=-1)
-                    chosen = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+                chosen, logps = self._act(agent, obs, generator)
                 for a in range(A):
                     if wants[a]:
-                        actions[1 + a, 0] = chosen[a]
-                        self.last[a] = (obs[a].numpy().astype(np.float64), int(chosen[a]),
-                                        float(logp[a, chosen[a]]))
-            out = torch.zeros(1, dtype=torch.int64)
+                        actions[1 + a, 0] = ACT
+                        actions[1 + a, 1:] = torch.as_tensor(chosen[a], dtype=torch.float64)
+                        self.last[a] = (obs[a].numpy().astype(np.float64), np.asarray(chosen[a], np.float64).reshape(-1),
+                                        float(logps[a]))
+            out = torch.zeros(1 + k, dtype=torch.float64)
             scatter_list = list(actions)
             _guard(dist, "scatter of the actions", lambda: c10d.scatter(out, scatter_list=scatter_list, src=0))
             self.tally.bytes += sum(_nbytes(t) for t in scatter_list[1:])
@@ -838,6 +857,34 @@ class CentralServer:
                 self.done = True
                 break
         return RoundResult(returns, lengths, steps, False, self.done)
+
+    def _act(self, agent: Any, obs: Any, generator: Any) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of actions for every actor's observation, with their behaviour
+        log-probabilities (A2C; 0 for a replay learner's noisy deterministic actions)."""
+        import torch
+
+        if agent.on_policy:
+            with torch.no_grad():
+                logp = torch.log_softmax(agent.policy(obs), dim=-1)
+                chosen = torch.multinomial(logp.exp(), 1, generator=generator)
+            return chosen.numpy(), logp.gather(1, chosen).squeeze(1).numpy()
+        from popplay.agents.ddpg import GaussianExplorer
+
+        explorer = GaussianExplorer(agent.policy, self.params.exploration_noise, generator)
+        explorer.uniform = agent.updates == 0  # as the sequential workflow starts
+        return explorer(obs.numpy()), np.zeros(obs.shape[0])
+
+    def _learn(self, agent: Any, rows: np.ndarray) -> float:
+        """Learn from one completed episode's rows; returns its return."""
+        d, k = self.d, self.k
+        # The actor's side counted (obs, real successor) of every step: the same here.
+        self.tally.read(np.concatenate([rows[:, :d], rows[:, d + k + 1:2 * d + k + 1]], axis=1))
+        if agent.on_policy:
+            agent.learn(rows_trajectory(rows, d))
+        else:
+            agent.receive(rows_batch(rows, d))
+            agent.train()
+        return float(rows[:, d + k].sum())
 
     def finish(self, agent: Any, stopped: bool) -> dict[str, Any] | None:
         import torch
@@ -849,8 +896,8 @@ class CentralServer:
             mine = torch.zeros(central_width(self.d))
             parts = [torch.zeros(central_width(self.d)) for _ in range(self.dist.world_size)]
             _guard(self.dist, "gather of the observations", lambda: c10d.gather(mine, gather_list=parts, dst=0))
-            out = torch.zeros(1, dtype=torch.int64)
-            stop = [torch.full((1,), -1, dtype=torch.int64) for _ in range(self.dist.world_size)]
+            out = torch.zeros(1 + self.k, dtype=torch.float64)
+            stop = [torch.full((1 + self.k,), float(STOP), dtype=torch.float64) for _ in range(self.dist.world_size)]
             _guard(self.dist, "scatter of the stop", lambda: c10d.scatter(out, scatter_list=stop, src=0))
         self.done = True
         return _final_report(self.dist, self.tally, _params_checksum(agent.networks()), agent.updates, True)
