@@ -1,7 +1,7 @@
 """EXARL's multi-process A2C workflows compared (not a test): two short comparisons.
 
     python benchmarks/exarl_workflows.py [--episodes 300] [--seeds 0,1] [--actors 4]
-        [--learners 2] [--json FILE]
+        [--learners 2] [--parts selection,inference] [--json FILE]
 
 1. Window selection (seed 004, Fig. 14): ``--workflow multi-learner`` with range-based
    selection (each learner pops its own block of actors' queues) against random
@@ -49,11 +49,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--learners", type=int, default=2)
+    parser.add_argument("--parts", default="selection,inference", help="which comparisons to run")
     parser.add_argument("--json", type=Path)
     a = parser.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
+    parts = set(a.parts.split(","))
     report: dict = {"selection": [], "inference": []}
+    if "selection" in parts:
+        _selection(a, seeds, report)
+    if "inference" in parts:
+        _inference(a, seeds, report)
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=2))
+    return report
 
+
+def _selection(a: argparse.Namespace, seeds: list[int], report: dict) -> None:
     print(f"1. multi-learner, {a.learners} learners, {a.actors} actors, {a.episodes} episodes")
     print(f"{'selection':>9} {'seed':>4} {'quality':>8} {'return':>7} {'reads':>6} {'produced':>8} "
           f"{'updates':>7} {'helped':>6} {'seconds':>7}")
@@ -68,20 +79,22 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{selection:>9} {seed:>4} {row['quality']:>8.1f} {row['return']:>7.1f} {row['reads']:>6} "
                   f"{row['produced']:>8} {row['updates']:>7} {row['helped']:>6} {row['seconds']:>7.1f}")
 
-    print(f"\n2. inference placement, {a.actors} actors, {a.episodes} episodes, seed {seeds[0]}")
-    print(f"{'inference':>11} {'env-steps':>9} {'bytes':>10} {'bytes/step':>10} {'steps/s':>8} {'quality':>8}")
-    for name, args in (("central", ["--workflow", "central-inference"]),
-                       ("actor-side", ["--workflow", "master-learner", "--learners", "1"])):
-        s = run([*args, "--actors", str(a.actors), "--episodes", str(a.episodes), "--seed", str(seeds[0])])
-        row = {"inference": name, "env_steps": s["env_steps"], "bytes": s["topology_bytes"],
-               "bytes_per_step": s["topology_bytes"] / max(1, s["env_steps"]),
-               "steps_per_second": s["env_steps_per_second"], "quality": s["quality"]}
-        report["inference"].append(row)
-        print(f"{name:>11} {row['env_steps']:>9} {row['bytes']:>10} {row['bytes_per_step']:>10.1f} "
-              f"{row['steps_per_second']:>8.0f} {row['quality']:>8.1f}")
-    if a.json:
-        a.json.write_text(json.dumps(report, indent=2))
-    return report
+
+
+def _inference(a: argparse.Namespace, seeds: list[int], report: dict) -> None:
+    print(f"\n2. inference placement, {a.actors} actors, {a.episodes} episodes")
+    print(f"{'inference':>11} {'seed':>4} {'env-steps':>9} {'bytes':>10} {'bytes/step':>10} {'steps/s':>8} "
+          f"{'quality':>8}")
+    for seed in seeds:
+        for name, args in (("central", ["--workflow", "central-inference"]),
+                           ("actor-side", ["--workflow", "master-learner", "--learners", "1"])):
+            s = run([*args, "--actors", str(a.actors), "--episodes", str(a.episodes), "--seed", str(seed)])
+            row = {"inference": name, "seed": seed, "env_steps": s["env_steps"], "bytes": s["topology_bytes"],
+                   "bytes_per_step": s["topology_bytes"] / max(1, s["env_steps"]),
+                   "steps_per_second": s["env_steps_per_second"], "quality": s["quality"]}
+            report["inference"].append(row)
+            print(f"{name:>11} {seed:>4} {row['env_steps']:>9} {row['bytes']:>10} {row['bytes_per_step']:>10.1f} "
+                  f"{row['steps_per_second']:>8.0f} {row['quality']:>8.1f}")
 
 
 if __name__ == "__main__":
