@@ -7,19 +7,19 @@
    gradient and Adam step on one trajectory, per row; gloo on loopback between two
    processes: ``alpha`` (half a ping-pong of 8 bytes), ``beta`` (bytes/s of a 4 MB
    message) and a 2-rank all-reduce of the round vector.
-2. **The model.** A round of a learner: request a trajectory (with the ``P`` float64
-   weights when the actor holds older ones, which after every update it does), the
-   reply and ``T`` rows of ``w`` float64, the gradient, one all-reduce of ``n = P + 3 +
-   2L + A + 1`` float64 among the ``L`` learners (ring: ``2(L-1)·alpha + 2(L-1)/L · 8n /
-   beta``)::
+2. **The models.** On this machine every layout is CPU-bound (2 cores, 2-6 processes):
+   ``env-steps/s = (2 - b·(L + A)) / (t_step + t_learn + o / T)`` with ``o`` the CPU of
+   one trajectory's messages and bookkeeping (both sides) and ``b`` the share of a core
+   each process burns anyway (threads, polling); both fitted on two layouts, checked on
+   the others. On a cluster (one core per process) actors and learners run in parallel
+   and the slower side wins::
 
-       t_round = 2·alpha + 2·alpha + 8·(P + T·w) / beta + T·t_learn + t_allreduce(L, n)
-       env-steps/s = min(A · T / (T · t_step), L · T / t_round)   (actor- or learner-bound)
+       actors:   A · T / (T·t_step + o/2)
+       learners: L · T / (T·t_learn + o/2 + fetch + all-reduce)
+       fetch = 4·alpha + 8·(P_policy + T·w) / beta
+       all-reduce (n = P + 3 + 2L + A + 1 float64) = 2(L-1)·alpha + 2(L-1)/L · 8n/beta + g
 
-   On this machine ``L + A`` processes share 2 cores, so each computes at
-   ``min(1, 2 / (L + A))`` of a core's speed (communication is not scaled). One
-   constant, a round's overhead outside the measured pieces, is fitted on the first
-   layout and then held for the others and for the projection.
+   with ``g`` gloo's own cost per call beyond the ring formula, measured on loopback.
 3. **Measured layouts** ``LxA`` through ``popplay train a2c --workflow multi-learner``
    beside the model's prediction for them.
 4. **Projection** to 1024 processes (EXARL's largest runs) over a 10 Gb/s network
@@ -138,19 +138,40 @@ def allreduce_time(learners: int, n: float, alpha: float, beta: float) -> float:
     return 2 * (learners - 1) * alpha + 2 * (learners - 1) / learners * 8 * n / beta
 
 
-def predict(costs: dict[str, float], learners: int, actors: int, T: float, alpha: float, beta: float,
-            cores: float | None = None, overhead: float = 0.0) -> dict[str, float]:
-    """env-steps/s of a layout, and the share of a round spent communicating.
-    ``overhead``: seconds of a round's own work outside the measured pieces (the
-    round vector, the bitmap, Python), fitted on one measured layout."""
-    speed = 1.0 if cores is None else min(1.0, cores / (learners + actors))
-    t_step, t_learn = costs["t_step"] / speed, costs["t_learn"] / speed
+def predict_here(costs: dict[str, float], learners: int, actors: int, T: float, overhead: float,
+                 background: float) -> float:
+    """env-steps/s on this machine, where every layout here is CPU-bound: ``CORES`` cores,
+    less ``background`` of a core per process (its threads, polling, the scheduler),
+    spent at ``t_step + t_learn + overhead / T`` CPU seconds per env-step (``overhead``:
+    the messages and bookkeeping of one trajectory, both sides together)."""
+    free = CORES - background * (learners + actors)
+    return free / (costs["t_step"] + costs["t_learn"] + overhead / T)
+
+
+def fit_here(costs: dict[str, float], a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
+    """``(overhead, background)`` through two measured layouts (same T assumed for the pair)."""
+    pa, pb = a["learners"] + a["actors"], b["learners"] + b["actors"]
+    ratio = b["measured"] / a["measured"]
+    background = CORES * (1 - ratio) / (pb - ratio * pa)
+    per_step = (CORES - background * pa) / a["measured"]
+    return (per_step - costs["t_step"] - costs["t_learn"]) * a["mean_T"], background
+
+
+def predict_cluster(costs: dict[str, float], learners: int, actors: int, T: float, alpha: float, beta: float,
+                    overhead: float) -> dict[str, float]:
+    """One core per process: the actors' and the learners' rates, the smaller wins.
+    ``overhead`` is split evenly between an actor and a learner (an assumption); a
+    learner's round adds its fetch (request, the weights, the rows) and the all-reduce
+    (ring, plus gloo's per-call cost measured here)."""
     n = costs["P"] + 3 + 2 * learners + actors + 1
-    comm = 4 * alpha + 8 * (costs["policy_P"] + T * costs["w"]) / beta + allreduce_time(learners, n, alpha, beta)
-    t_round = comm + T * t_learn + overhead / speed
-    actor_rate, learner_rate = actors / t_step, learners * T / t_round
-    return {"env_steps_per_second": min(actor_rate, learner_rate), "bound": "actors" if actor_rate < learner_rate
-            else "learners", "round_seconds": t_round, "communication_share": comm / t_round}
+    fetch = 4 * alpha + 8 * (costs["policy_P"] + T * costs["w"]) / beta
+    reduce = allreduce_time(learners, n, alpha, beta) + (costs["gloo_call"] if learners > 1 else 0.0)
+    t_round = T * costs["t_learn"] + overhead / 2 + fetch + reduce
+    actor_rate = actors * T / (T * costs["t_step"] + overhead / 2)
+    learner_rate = learners * T / t_round
+    return {"env_steps_per_second": min(actor_rate, learner_rate),
+            "bound": "actors" if actor_rate < learner_rate else "learners",
+            "round_seconds": t_round, "communication_share": (fetch + reduce) / t_round}
 
 
 def run_layout(learners: int, actors: int, episodes: int) -> dict[str, Any]:
@@ -179,45 +200,32 @@ def main() -> None:
     formula = allreduce_time(2, costs["allreduce_n"], costs["alpha"], costs["beta"])
     print(f"2-rank all-reduce of {costs['allreduce_n']:.0f} float64: measured {costs['allreduce_2'] * 1e6:.0f} us, "
           f"ring model {formula * 1e6:.0f} us")
-    runs = [(learners, actors, run_layout(learners, actors, args.episodes)) for learners, actors in layouts]
-    # One constant, fitted on the first layout, checked against the others.
-    first_l, first_a, first = runs[0]
-    first_T = first["env_steps"] / max(1, first["episodes"])
-
-    def rate(overhead: float) -> float:
-        return predict(costs, first_l, first_a, first_T, costs["alpha"], costs["beta"], CORES,
-                       overhead)["env_steps_per_second"]
-
-    low, high = 0.0, 1.0
-    if rate(0.0) <= first["env_steps_per_second"]:
-        high = 0.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if rate(mid) > first["env_steps_per_second"] else (low, mid)
-    overhead = high
-    costs["round_overhead"] = overhead
-    print(f"round overhead fitted on {first_l}x{first_a}: {overhead * 1e3:.2f} ms (on a whole core: "
-          f"{overhead * min(1.0, CORES / (first_l + first_a)) * 1e3:.2f} ms)")
+    costs["gloo_call"] = max(0.0, costs["allreduce_2"] - formula)
     rows = []
-    print(f"\n{'layout':>7} {'env-steps':>9} {'T':>6} {'measured/s':>10} {'model/s':>8} {'bound':>8}")
-    for learners, actors, s in runs:
-        T = s["env_steps"] / max(1, s["episodes"])
-        model = predict(costs, learners, actors, T, costs["alpha"], costs["beta"], CORES, overhead)
-        row = {"learners": learners, "actors": actors, "env_steps": s["env_steps"], "mean_T": T,
-               "measured": s["env_steps_per_second"], "model": model["env_steps_per_second"],
-               "bound": model["bound"], "seconds": s["seconds"], "bytes": s["topology_bytes"]}
-        rows.append(row)
-        print(f"{learners}x{actors:<5} {row['env_steps']:>9} {T:>6.1f} {row['measured']:>10.0f} {row['model']:>8.0f} "
-              f"{row['bound']:>8}")
-    overhead_core = overhead * min(1.0, CORES / (first_l + first_a))
-    T = 200.0  # a well-trained CartPole episode (500 at the cap; 200 a mid-run mean)
+    for learners, actors in layouts:
+        s = run_layout(learners, actors, args.episodes)
+        rows.append({"learners": learners, "actors": actors, "env_steps": s["env_steps"],
+                     "mean_T": s["env_steps"] / max(1, s["episodes"]), "measured": s["env_steps_per_second"],
+                     "seconds": s["seconds"], "bytes": s["topology_bytes"]})
+    # Two constants, fitted on the first and the last layout, checked on the others.
+    overhead, background = fit_here(costs, rows[0], rows[-1])
+    costs["trajectory_overhead"], costs["background_per_process"] = overhead, background
+    print(f"fitted on {rows[0]['learners']}x{rows[0]['actors']} and {rows[-1]['learners']}x{rows[-1]['actors']}: "
+          f"{overhead * 1e3:.2f} ms of CPU per trajectory outside the measured pieces, "
+          f"{background:.3f} of a core per process")
+    print(f"\n{'layout':>7} {'env-steps':>9} {'T':>6} {'measured/s':>10} {'model/s':>8} {'error':>6}")
+    for row in rows:
+        row["model"] = predict_here(costs, row["learners"], row["actors"], row["mean_T"], overhead, background)
+        print(f"{row['learners']}x{row['actors']:<5} {row['env_steps']:>9} {row['mean_T']:>6.1f} "
+              f"{row['measured']:>10.0f} {row['model']:>8.0f} {row['model'] / row['measured'] - 1:>+6.0%}")
+    T = 200.0  # a mid-run CartPole episode (500 at the cap)
     projection = []
     print(f"\nprojection, 1024 processes, one core each, T = {T:.0f}:")
     print(f"{'network':>9} {'learners':>8} {'actors':>6} {'env-steps/s':>12} {'bound':>8} {'comm share':>10}")
     for name, net in NETWORKS.items():
-        for learners in (1, 4, 16, 64, 256):
+        for learners in (1, 4, 16, 64, 256, 512):
             actors = 1024 - learners
-            p = predict(costs, learners, actors, T, net["alpha"], net["beta"], overhead=overhead_core)
+            p = predict_cluster(costs, learners, actors, T, net["alpha"], net["beta"], overhead)
             projection.append({"network": name, "learners": learners, "actors": actors, **p})
             print(f"{name:>9} {learners:>8} {actors:>6} {p['env_steps_per_second']:>12,.0f} {p['bound']:>8} "
                   f"{p['communication_share']:>10.1%}")
