@@ -86,11 +86,13 @@ def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, t
                         "--episodes", "10", "--out", str(out), "--json", *TINY, *extra])
     seen: set[str] = set()
     if extra and extra[0] == "--slow-simulator":
+        roles = {"learner", "simulator 1", "simulator 2"}
         deadline = time.monotonic() + 30
-        while process.poll() is None and time.monotonic() < deadline and not {"learner", "simulator 2"} <= seen:
+        # Wait for all three: each rank names itself once it has started, in no set order.
+        while process.poll() is None and time.monotonic() < deadline and not roles <= seen:
             seen |= _comms()
             time.sleep(0.1)
-        assert {"learner", "simulator 1", "simulator 2"} <= seen  # roles visible to ps -e / pgrep
+        assert roles <= seen  # roles visible to ps -e / pgrep
     code, stdout, err = _finish(process)
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])

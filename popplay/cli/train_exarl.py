@@ -26,7 +26,7 @@ class Selection(str, Enum):
 
 WORKFLOW_HELP = ("sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
                  "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
-                 "batches out; a2c only: central-inference (one rank holds the model and acts for every actor).")
+                 "batches out; central-inference: one rank holds the model and acts for every actor.")
 
 # The multi-process workflows' layout, the same for every agent.
 LearnersOption = Annotated[int, typer.Option(min=1, help="multi-learner, master-learner: learner ranks.")]

@@ -2,9 +2,9 @@
 
 The ``sequential`` workflow lives here: one actor and the learner take turns in
 one process, like seed 003's Algorithm 1 (:mod:`popplay.topologies.dqn`). A2C's
-multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``;
-TD3 and DDPG the first two) are :mod:`popplay.topologies.exarl_ranks`; rank 0's side
-runs through the experiments here (:meth:`_Experiment._workflow_phase`).
+multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``,
+for all three agents) are :mod:`popplay.topologies.exarl_ranks`; rank 0's side runs
+through the experiments here (:meth:`_Experiment._workflow_phase`).
 
 - **TD3, DDPG**: one phase plays ``sync_every`` episodes with the explorer (uniform
   actions until the learner's first update, then ``mu(s)`` plus Gaussian noise),
@@ -34,9 +34,9 @@ WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference
 SELECTIONS = ("range", "random")
 
 
-def _check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None:
-    if workflow not in allowed:
-        raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
+def _check_workflow(workflow: str) -> None:
+    if workflow not in WORKFLOWS:
+        raise ValueError(f"workflow must be one of {', '.join(WORKFLOWS)} (got {workflow!r})")
 
 
 
@@ -53,8 +53,8 @@ class WorkflowParams(DeepParams):
     queue_capacity: int = 4  # multi-learner, range: trajectories an actor keeps unread at most
     timeout: float = 60.0  # seconds any wait for another rank may take
 
-    def _validate_layout(self, workflows: tuple[str, ...] = WORKFLOWS) -> None:
-        _check_workflow(self.workflow, workflows)
+    def _validate_layout(self) -> None:
+        _check_workflow(self.workflow)
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
         if not self.timeout > 0:

@@ -688,9 +688,8 @@ class Learners:
                 vec[:size] = grad.double()
                 reward = float(traj.reward.sum())
             else:
-                batch = rows_batch(rows, self.obs_dim)
-                agent.replay.add(batch)  # duplicates too (random selection): they train
-                reward = float(batch.reward.double().sum())
+                agent.replay.add(rows_batch(rows, self.obs_dim))  # duplicates too (random selection): they train
+                reward = float(rows[:, self.width - self.obs_dim - 2].sum())  # the float64 rewards, exact
             vec[size] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
             # selection) trains but is not counted again.
