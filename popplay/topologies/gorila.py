@@ -308,6 +308,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     started_at = time.time()
     next_progress = start + progress_every
     stop_sent = False
+    stop_kill_at: float | None = None
     shard_lost: str | None = None
     kill_at: float | None = None
     try:
@@ -349,6 +350,19 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                         out.flush()
             if running == 0:
                 break
+            if stop_sent and shard_lost is None:
+                # Every rank finishes what it holds on "stop"; one that is still here
+                # long after (an actor whose last send hangs, up to --timeout) is killed,
+                # clients first, so that the shards still see them finished and save.
+                now = time.monotonic()
+                if stop_kill_at is None:
+                    stop_kill_at = now + 2 * config.timeout + _GRACE_SECONDS
+                elif now > stop_kill_at:
+                    stragglers = [p for p in procs if p.exit_code is None and p.process.poll() is None]
+                    clients = [p for p in stragglers if p.role.kind != "shard"]
+                    for p in clients or stragglers:
+                        p.process.kill()
+                    stop_kill_at = now + _GRACE_SECONDS
             if shard_lost is not None:
                 # The survivors see "stop" (or a dead peer) and leave; the shards save
                 # once more on the way out. Whoever is stuck in a wait is killed.

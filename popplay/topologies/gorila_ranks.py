@@ -47,6 +47,18 @@ class _Stop(Exception):
     pass
 
 
+class _PeerLost(RuntimeError):
+    """Every learner this actor may feed is gone: a loss even while the job stops."""
+
+
+def _send_within(tensor: torch.Tensor, dst: int, tag: int, seconds: float) -> None:
+    """``dist.send`` that gives up after ``seconds``: a send to a learner killed at the
+    wrong moment was seen to wait for ever (gloo noticed nothing), holding the actor and
+    with it the end of the job. The learner's receive thread is always waiting, so a live
+    learner takes a chunk at once; a wait that times out closes the pair, as it should."""
+    dist.isend(tensor, dst=dst, tag=tag).wait(datetime.timedelta(seconds=seconds))
+
+
 class _Spaces:
     def __init__(self, obs_dim: int, actions: int) -> None:
         self.obs_dim, self.actions = int(obs_dim), int(actions)
@@ -563,16 +575,16 @@ def run_actor(ctx: Context) -> int:
                 header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
                 while True:
                     try:
-                        dist.send(header, dst=learners[0], tag=TAG_TRANS_HDR)
-                        dist.send(part, dst=learners[0], tag=TAG_TRANS)
+                        _send_within(header, learners[0], TAG_TRANS_HDR, config.timeout)
+                        _send_within(part, learners[0], TAG_TRANS, config.timeout)
                         sent[learners[0]] += part.shape[0]
                         break
-                    except RuntimeError:
+                    except RuntimeError as error:
                         # Global replay: the next learner's part of the memory takes it;
                         # with local replay this was the only one and the actor stops.
                         learners.pop(0)
                         if not learners:
-                            raise
+                            raise _PeerLost(_line(error)) from None
             save()
     except _Stop:
         pass
@@ -683,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
     try:
         code = runner(ctx)
+    except _PeerLost as error:
+        print(f"gorila {ctx.role}: stopped, its learner was lost ({error})", file=sys.stderr)
+        code = G.PEER_LOST_EXIT
     except RuntimeError as error:
         if ctx.stop_requested():
             # Stopping: a peer that left first broke a message in flight. Expected; the
