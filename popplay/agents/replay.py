@@ -7,7 +7,7 @@ buffer, in insertion order, to and from run files.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -93,3 +93,37 @@ class ReplayBuffer:
         self.position = n % self.capacity
         self.added = int(added)
 
+
+
+# --- transitions as rows: the layout topologies ship between processes ----------------
+
+def transition_width(obs_dim: int, action_dim: int = 1) -> int:
+    """Columns of a transition row: obs, action (``action_dim``; 1 for an index),
+    reward, next_obs, terminated."""
+    return 2 * obs_dim + action_dim + 2
+
+
+def episode_rows(episodes: Any) -> np.ndarray:
+    """Played episodes (:class:`popplay.envs.rollout.Episodes`) as float64 rows
+    ``[obs, action, reward, next_obs, terminated]`` (exact)."""
+    n = episodes.steps
+    return np.concatenate([episodes.obs, np.asarray(episodes.action, dtype=np.float64).reshape(n, -1),
+                           episodes.reward.reshape(n, 1), episodes.next_obs,
+                           episodes.terminated.reshape(n, 1)], axis=1, dtype=np.float64)
+
+
+def rows_batch(rows: "np.ndarray | torch.Tensor", obs_dim: int, discrete: bool = False) -> Batch:
+    """The inverse of :func:`episode_rows` and :func:`batch_rows`: a :class:`Batch`
+    (``discrete``: the action column as int64 indices)."""
+    t = torch.as_tensor(rows)
+    d, k = obs_dim, t.shape[1] - 2 * obs_dim - 2
+    action = t[:, d].long() if discrete else t[:, d:d + k].float()
+    return Batch(t[:, :d].float(), action, t[:, d + k].float(), t[:, d + k + 1:2 * d + k + 1].float(),
+                 t[:, 2 * d + k + 1].float())
+
+
+def batch_rows(batch: Batch) -> torch.Tensor:
+    """A :class:`Batch` as float32 transition rows (for sending)."""
+    action = batch.action.to(torch.float32).reshape(batch.obs.shape[0], -1)
+    return torch.cat([batch.obs, action, batch.reward.reshape(-1, 1), batch.next_obs,
+                      batch.terminated.reshape(-1, 1)], dim=1).contiguous()

@@ -97,35 +97,12 @@ def row_width(obs_dim: int) -> int:
     return 2 * obs_dim + 5
 
 
-def transition_width(obs_dim: int, action_dim: int) -> int:
-    """A replay learner's rows: obs, action (``action_dim``), reward, next_obs, terminated."""
-    return 2 * obs_dim + action_dim + 2
-
-
 def width_of(agent: Any, obs_dim: int) -> int:
     """The rows a workflow moves for ``agent``: whole trajectories for an on-policy
     learner, transitions for a replay learner."""
+    from popplay.agents.replay import transition_width
+
     return row_width(obs_dim) if agent.on_policy else transition_width(obs_dim, len(agent.action_low))
-
-
-def transition_rows(episodes: Any) -> np.ndarray:
-    """Played episodes as float64 rows ``[obs, action, reward, next_obs, terminated]`` (exact)."""
-    n = episodes.steps
-    return np.concatenate([episodes.obs, np.asarray(episodes.action, dtype=np.float64).reshape(n, -1),
-                           episodes.reward.reshape(n, 1), episodes.next_obs,
-                           episodes.terminated.reshape(n, 1)], axis=1, dtype=np.float64)
-
-
-def rows_batch(rows: np.ndarray, obs_dim: int) -> Any:
-    """The inverse of :func:`transition_rows`: a replay :class:`~popplay.agents.replay.Batch`."""
-    import torch
-
-    from popplay.agents.replay import Batch
-
-    t = torch.as_tensor(rows)
-    d, k = obs_dim, rows.shape[1] - 2 * obs_dim - 2
-    return Batch(t[:, :d].float(), t[:, d:d + k].float(), t[:, d + k].float(), t[:, d + k + 1:2 * d + k + 1].float(),
-                 t[:, 2 * d + k + 1].float())
 
 
 def trajectory_rows(traj: Any) -> np.ndarray:
@@ -253,6 +230,7 @@ class _Actor:
     def play(self) -> np.ndarray:
         from popplay.agents.a2c import SampledPolicy, trajectory_from_episodes
         from popplay.agents.ddpg import GaussianExplorer
+        from popplay.agents.replay import episode_rows
         from popplay.envs.rollout import episode_seed, play_episodes
 
         if self.on_policy:
@@ -264,7 +242,7 @@ class _Actor:
         self.episodes += 1
         self.steps += episodes.steps
         if not self.on_policy:
-            return transition_rows(episodes)
+            return episode_rows(episodes)
         return trajectory_rows(trajectory_from_episodes(episodes, self.policy))
 
 
@@ -661,7 +639,7 @@ class Learners:
         import torch
         import torch.distributed as c10d
 
-        from popplay.agents import networks
+        from popplay.agents import networks, replay
 
         self.width = width_of(agent, self.obs_dim)
         rows, self.first = None, 1
@@ -688,7 +666,7 @@ class Learners:
                 vec[:size] = grad.double()
                 reward = float(traj.reward.sum())
             else:
-                agent.replay.add(rows_batch(rows, self.obs_dim))  # duplicates too (random selection): they train
+                agent.replay.add(replay.rows_batch(rows, self.obs_dim))  # duplicates too (random selection): they train
                 reward = float(rows[:, self.width - self.obs_dim - 2].sum())  # the float64 rewards, exact
             vec[size] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
@@ -875,13 +853,15 @@ class CentralServer:
 
     def _learn(self, agent: Any, rows: np.ndarray) -> float:
         """Learn from one completed episode's rows; returns its return."""
+        from popplay.agents import replay
+
         d, k = self.d, self.k
         # The actor's side counted (obs, real successor) of every step: the same here.
         self.tally.read(np.concatenate([rows[:, :d], rows[:, d + k + 1:2 * d + k + 1]], axis=1))
         if agent.on_policy:
             agent.learn(rows_trajectory(rows, d))
         else:
-            agent.receive(rows_batch(rows, d))
+            agent.receive(replay.rows_batch(rows, d))
             agent.train()
         return float(rows[:, d + k].sum())
 

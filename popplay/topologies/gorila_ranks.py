@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from popplay.agents.adagrad_shard import shard_bounds
+from popplay.agents.replay import batch_rows, episode_rows, rows_batch, transition_width
 from popplay.topologies import gorila as G
 
 PULL, GRAD = 1, 2
@@ -204,23 +205,6 @@ def _pull(ctx: Context, flat: torch.Tensor) -> list[int]:
     return versions
 
 
-def _width(obs_dim: int) -> int:
-    return 2 * obs_dim + 3
-
-
-def _unpack(block: torch.Tensor, obs_dim: int) -> Any:
-    """A ``[n, 2·obs+3]`` block ``[obs, action, reward, next_obs, terminated]`` as a Batch."""
-    from popplay.agents.replay import Batch
-
-    return Batch(block[:, :obs_dim], block[:, obs_dim].long(), block[:, obs_dim + 1],
-                 block[:, obs_dim + 2:2 * obs_dim + 2], block[:, 2 * obs_dim + 2])
-
-
-def _pack(batch: Any) -> torch.Tensor:
-    return torch.cat([batch.obs, batch.action.to(torch.float32).reshape(-1, 1), batch.reward.reshape(-1, 1),
-                      batch.next_obs, batch.terminated.reshape(-1, 1)], dim=1).contiguous()
-
-
 class _GlobalReplay:
     """One replay memory distributed over the learners (``--replay global``).
 
@@ -245,7 +229,7 @@ class _GlobalReplay:
         self.replies: dict[int, queue.Queue] = {j: queue.Queue() for j in self.peers}
         self.lost: set[int] = set()
         self.remote_rows = 0
-        self.width = _width(ctx.info.obs_dim)
+        self.width = transition_width(ctx.info.obs_dim)
         for j in self.peers:
             serving = networks.generator(ctx.stream(config.seed * 7919 + 104_729 * (l + 1) + j))
             threading.Thread(target=self._serve, args=(j, serving), daemon=True).start()
@@ -264,7 +248,7 @@ class _GlobalReplay:
                 with self.lock:
                     size = len(self.replay)
                     rows = wanted if size else 0
-                    block = _pack(self.replay.sample(rows, serving)) if rows else None
+                    block = batch_rows(self.replay.sample(rows, serving)) if rows else None
                 dist.send(torch.tensor([rows, size, 0, 0], dtype=torch.int64), dst=peer, tag=TAG_SAMPLE_HDR)
                 if block is not None:
                     dist.send(block, dst=peer, tag=TAG_SAMPLE)
@@ -327,7 +311,7 @@ class _GlobalReplay:
             blocks.append(block)
         with self.lock:
             parts = [self.replay.sample(own, self.sampler)] if own else []
-        parts += [_unpack(b, self.ctx.info.obs_dim) for b in blocks if b.shape[0]]
+        parts += [rows_batch(b, self.ctx.info.obs_dim, discrete=True) for b in blocks if b.shape[0]]
         return Batch(*(torch.cat(columns) for columns in zip(*parts)))
 
     def _await(self, j: int) -> tuple[int, torch.Tensor] | None:
@@ -390,7 +374,7 @@ def run_learner(ctx: Context) -> int:
             try:
                 dist.recv(header, src=G.actor_rank(a, config), tag=TAG_TRANS_HDR)
                 flag.set()
-                block = torch.empty(int(header[0]), _width(obs_dim), dtype=torch.float32)
+                block = torch.empty(int(header[0]), transition_width(obs_dim), dtype=torch.float32)
                 dist.recv(block, src=G.actor_rank(a, config), tag=TAG_TRANS)
                 inbox.put((a, block))
             except RuntimeError:  # the actor vanished; the launcher reports it
@@ -433,7 +417,7 @@ def run_learner(ctx: Context) -> int:
         n = block.shape[0]
         received_from[a] += n
         with replay_lock:
-            replay.add(_unpack(block, obs_dim))
+            replay.add(rows_batch(block, obs_dim, discrete=True))
         received += n
         # Each transition is stored once, by the learner it reached, which owes its share
         # of updates: every layout learns as much per transition played.
@@ -564,9 +548,7 @@ def run_actor(ctx: Context) -> int:
         while more():
             ep = play_episodes(env, act, [episode_seed(config.seed, ctx.stream(1000 + a), episode)])
             episode += 1
-            block = torch.as_tensor(np.concatenate([
-                ep.obs, ep.action.reshape(-1, 1).astype(np.float32), ep.reward.reshape(-1, 1),
-                ep.next_obs, ep.terminated.reshape(-1, 1).astype(np.float32)], axis=1), dtype=torch.float32)
+            block = torch.as_tensor(episode_rows(ep), dtype=torch.float32)
             returns.extend(float(r) for r in ep.returns)
             lengths.extend(int(n) for n in ep.lengths)
             ended_at.append(time.time())
