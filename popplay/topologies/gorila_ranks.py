@@ -562,6 +562,10 @@ def run_actor(ctx: Context) -> int:
                         sent[learners[0]] += part.shape[0]
                         break
                     except RuntimeError as error:
+                        # A learner that left because the job is stopping is no loss; one
+                        # the launcher saw die is, even while stopping.
+                        if ctx.stop_requested() and not ctx.store.check([f"lost/{learners[0]}"]):
+                            raise _Stop() from None
                         # Global replay: the next learner's part of the memory takes it;
                         # with local replay this was the only one and the actor stops.
                         learners.pop(0)
