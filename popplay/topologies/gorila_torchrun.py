@@ -137,8 +137,18 @@ def start(config: G.GorilaConfig, out: Path, *, json_output: bool, progress_ever
         try:
             run_dir = prepare(config, out, base, k, json_output=json_output, progress_every=progress_every,
                               resume_state=resume_state, check_out=check_out)
-        except BaseException:
-            store.set("ready", "error")  # the others exit 2 too, without repeating the line
+        except BaseException as error:
+            from popplay.cli import _error
+            from popplay.cli.common import CommandError
+
+            if isinstance(error, CommandError):
+                # The line first: once another worker exits, torchrun's agent stops this
+                # one too, and the line raced with it (CI once saw none).
+                _error(str(error))
+                sys.stderr.flush()
+                store.set("ready", "error")  # the others exit 2 too, without repeating the line
+                os._exit(error.exit_code)
+            store.set("ready", "error")
             raise
         store.set("ready", str(run_dir))
     else:
