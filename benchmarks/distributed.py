@@ -39,14 +39,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "bandit": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "1", "--agent-steps",
                str(8192 * 256), "--share-every", "16"],
+    # The same population in 2 trials: 2 ranks take a trial each (no share travels).
+    "bandit-trials": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "2", "--agent-steps",
+                      str(8192 * 256), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 2000),
                  "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
     "knights": ["train", "knights", "--agents", "64", "--games-per-agent", "64", "--episodes", "3",
                 "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
 }
 QUICK = {
-    "bandit": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "4", "--agent-steps",
+    "bandit": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "1", "--agent-steps",
                str(256 * 32), "--share-every", "16"],
+    "bandit-trials": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "2", "--agent-steps",
+                      str(256 * 32), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "256", "--trials", "1", "--agent-steps", str(256 * 200),
                  "--share-every", "50", "--test-steps", "50", "--test-starts", "2"],
     "knights": ["train", "knights", "--agents", "8", "--games-per-agent", "8", "--episodes", "2",
@@ -90,7 +95,7 @@ def project(compute_1: float, phases: int, rank_bytes: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    parser.add_argument("--only", default="bandit,cartpole,knights")
+    parser.add_argument("--only", default="bandit,bandit-trials,cartpole,knights")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
     sizes = QUICK if options.quick else SIZES

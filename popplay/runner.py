@@ -224,26 +224,29 @@ def run(
     should_stop: Callable[[], bool] | None = None,
     after_phase: Callable[[Any, Curve, float], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    agree_seconds: Callable[[float], float] | None = None,
 ) -> RunResult:
     """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
 
     Learning time counts only the phases (learning and sharing); warm-up, JIT
     compilation wherever it happens, and measurements are excluded. ``state``,
     ``curve`` and ``learning_seconds`` continue an earlier run. ``after_phase`` sees
-    every new point (checkpoints hook in there).
+    every new point (checkpoints hook in there). ``agree_seconds`` makes the ranks of
+    a sharded job agree on the learning time (the slowest rank's) after every phase of
+    a ``time_budget`` run, so that all of them stop after the same phase.
     """
     uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
     announce = lambda: _status(reporter, "compiling kernels (first run only)…")  # noqa: E731
     with CompileClock(announce, numba=uses_numba) as compiling:
         return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                    on_event=on_event, compiling=compiling)
+                    on_event=on_event, compiling=compiling, agree_seconds=agree_seconds)
 
 
 def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporter | None, state: Any,
          curve: Curve | None, learning_seconds: float, should_stop: Callable[[], bool] | None,
          after_phase: Callable[[Any, Curve, float], None] | None, on_event: Callable[[str], None] | None,
-         compiling: CompileClock) -> RunResult:
+         compiling: CompileClock, agree_seconds: Callable[[float], float] | None = None) -> RunResult:
     experiment.warmup()
     if state is None:
         state = experiment.initial_state()
@@ -281,6 +284,8 @@ def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporte
         started, compiled = time.perf_counter(), compiling.seconds
         state = experiment.phase(state, time_left=time_left)
         learning_seconds += max(0.0, time.perf_counter() - started - (compiling.seconds - compiled))
+        if time_mode and agree_seconds is not None:
+            learning_seconds = agree_seconds(learning_seconds)
         phases += 1
         # Diverged agents are reset before anything measures, stores or copies them.
         check = getattr(experiment, "check_finite", None)
@@ -414,7 +419,8 @@ def curve_from_file(curves: dict[str, Any]) -> Curve:
 
 
 def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | None = None,
-          should_stop: Callable[[], bool] | None = None, resume: Any = None) -> TrainOutcome:
+          should_stop: Callable[[], bool] | None = None, resume: Any = None,
+          agree_seconds: Callable[[float], float] | None = None) -> TrainOutcome:
     """Run one experiment and write its run file; return the summary users see.
 
     ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
@@ -508,7 +514,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                                // every.amount)
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                     on_event=on_event)
+                     on_event=on_event, agree_seconds=agree_seconds)
         if out is not None:
             _status(reporter, f"saving run file {out}…")
             writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)

@@ -121,5 +121,6 @@ def test_compilation_inside_a_phase_is_not_learning_time():
     result = run(Toy(), reporter=PlainReporter(stream, interval=0))
     wall = time.perf_counter() - started
     assert "compiling kernels (first run only)" in stream.getvalue().splitlines()[0]
-    assert wall > 0.05  # the compilation did happen, in the phase
-    assert result.learning_seconds < 0.02 < wall
+    # The phases themselves take microseconds; the compilation (tens of milliseconds, less
+    # on a fast machine) is most of the wall time, so counting it would break this.
+    assert result.learning_seconds < min(0.02, wall / 4)

@@ -33,6 +33,38 @@ def test_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
         assert np.count_nonzero(data["state/q"]) > 0  # the comparison is not of empty tables
 
 
+def test_trials_split_over_ranks_equal_one_process(tmp_path: Path) -> None:
+    """Ranks that divide the trials take whole trials each (no share travels)."""
+    four_trials = [*TINY[:TINY.index("--trials")], "--trials", "4", *TINY[TINY.index("--agent-steps"):]]
+    extra = ["--differentiation", "bias"]
+    from popplay.cli import main
+
+    one = tmp_path / "one.h5"
+    assert main([*four_trials, *extra, "--out", str(one)]) == 0
+    for n in (2, 4):
+        out = tmp_path / f"n{n}.h5"
+        done = popplay(*four_trials, *extra, "--nproc", str(n), "--out", str(out), "--json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        # 4 phases (12 steps per agent, shares every 3), each gathering only this
+        # rank's trials' tables (4/n x 15 float64) and a stop flag; the agent layout
+        # sends every agent's touched arms (3,872 B in all with 2 ranks).
+        assert summary["world_size"] == n and summary["comm_bytes"] <= 4 * (4 // n * 15 * 8 + 16)
+        assert_same_run(one, out)
+    out = tmp_path / "torch.h5"
+    one = tmp_path / "one-torch.h5"
+    assert main([*four_trials, "--backend", "torch", "--out", str(one)]) == 0
+    done = popplay(*four_trials, "--backend", "torch", "--nproc", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, out)
+
+
+def test_shard_layout_prefers_whole_trials() -> None:
+    from popplay.populations.bandit import shard_layout
+
+    assert shard_layout(4, 2) == "trials" and shard_layout(3, 2) == "agents" and shard_layout(4, 1) == "agents"
+
+
 def test_torch_backend_two_ranks_equal_one_process(tmp_path: Path) -> None:
     extra = ["--backend", "torch", "--differentiation", "partition"]
     one = _single(tmp_path, "one.h5", *extra)
@@ -46,9 +78,10 @@ def test_torch_backend_two_ranks_equal_one_process(tmp_path: Path) -> None:
 def test_ranks_must_divide_the_agents(tmp_path: Path, capsys) -> None:
     from popplay.cli import main
 
-    assert main([*TINY, "--nproc", "3", "--out", str(tmp_path / "x.h5")]) == 2  # refused before any rank starts
+    # 5 divides neither the 8 agents nor the 3 trials: refused before any rank starts
+    assert main([*TINY, "--nproc", "5", "--out", str(tmp_path / "x.h5")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "cannot be split evenly over 3 ranks" in errors[0]
+    assert len(errors) == 1 and "cannot be split evenly over 5 ranks" in errors[0]
     assert not (tmp_path / "x.h5").exists()
 
 
@@ -78,3 +111,20 @@ def test_one_process_run_resumes_on_two_ranks(tmp_path: Path) -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 2
     whole = _single(tmp_path, "whole.h5", "--differentiation", "top2")
     assert_same_run(whole, out)
+
+
+def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path) -> None:
+    """The ranks agree on the learning time after each phase (the slowest rank's), so a
+    time budget stops them together: the run equals a one-process run of the steps it
+    reached."""
+    untimed = ["train", "bandit", "--arms", "6", "--agents", "8", "--trials", "4", "--share-every", "3", "--seed", "4"]
+    out = tmp_path / "timed.h5"
+    done = popplay(*untimed, "--time-budget", "0.3", "--nproc", "2", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["complete"] and summary["seconds"] >= 0.3 and summary["phases"] > 1
+    from popplay.cli import main
+
+    steps = tmp_path / "steps.h5"
+    assert main([*untimed, "--agent-steps", str(summary["agent_steps_per_trial"]), "--out", str(steps)]) == 0
+    assert_same_run(steps, out)

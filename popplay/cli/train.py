@@ -135,7 +135,9 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         from popplay.cli import ARGV
 
         try:
-            sharded.check_divisible(params, nproc)
+            from popplay.populations.registry import DOMAINS
+
+            sharded.check_divisible(params, nproc, splits_trials=DOMAINS[domain].splits_trials)
         except ValueError as error:
             raise CommandError(str(error)) from None
         if ARGV is None or not any(a == "--nproc" or a.startswith("--nproc=") for a in ARGV):
@@ -199,7 +201,7 @@ def _train_one(domain: str, params: Any, options: Any, *, json_output: bool, res
     stop_requested = False
     try:
         with sharded.rank_session(nproc, timeout, options.device) as dist:
-            sharded.check_supported(dist, domain=domain, time_budget=options.time_budget)
+            sharded.check_supported(dist, domain=domain)
             resume = sharded.restarted_resume(domain, params, options.out, resume)
             options = dataclasses.replace(options, writer=dist.is_writer)
             # Progress and status lines go to stderr: stdout carries only the results (the
@@ -207,7 +209,8 @@ def _train_one(domain: str, params: Any, options: Any, *, json_output: bool, res
             reporter = reporter_for(sys.stderr, quiet=(json_output and not sys.stderr.isatty()) or not dist.is_writer)
             with stop_on_signals() as should_stop:
                 outcome = train(domain, params, options, reporter=reporter,
-                                should_stop=sharded.agreed_stop(should_stop, dist), resume=resume)
+                                should_stop=sharded.agreed_stop(should_stop, dist), resume=resume,
+                                agree_seconds=sharded.agreed_seconds(dist))
                 stop_requested = should_stop()
     except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
         raise CommandError(str(error), getattr(error, "exit_code", 2)) from None

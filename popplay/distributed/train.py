@@ -48,12 +48,19 @@ def launch_training(argv: list[str], nproc: int, timeout: float, out: Path) -> i
     return launch_local(argv, nproc, timeout=timeout, describe_lost=lambda: describe_checkpoint(out))
 
 
-def check_divisible(params: Any, nproc: int) -> None:
-    """Refuse, before starting anything, a number of ranks that does not divide the agents."""
-    agents = getattr(params, "agents", None)
-    if nproc > 1 and isinstance(agents, int) and agents % nproc:
-        raise ValueError(f"{agents} agents cannot be split evenly over {nproc} ranks "
-                         "(the number of ranks must divide the number of agents)")
+def check_divisible(params: Any, nproc: int, *, splits_trials: bool = False) -> None:
+    """Refuse, before starting anything, a number of ranks that divides neither the
+    agents nor (where the domain can split them) the trials."""
+    agents, trials = getattr(params, "agents", None), getattr(params, "trials", None)
+    if nproc <= 1 or not isinstance(agents, int) or agents % nproc == 0:
+        return
+    if splits_trials and isinstance(trials, int):
+        if trials % nproc == 0:
+            return
+        raise ValueError(f"{agents} agents and {trials} trials cannot be split evenly over {nproc} ranks "
+                         "(the number of ranks must divide the number of trials or of agents)")
+    raise ValueError(f"{agents} agents cannot be split evenly over {nproc} ranks "
+                     "(the number of ranks must divide the number of agents)")
 
 
 def launch_command(argv: list[str], nproc: int, timeout: float) -> int:
@@ -147,19 +154,26 @@ def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], boo
     return lambda: any_flag(should_stop(), dist)
 
 
+def agreed_seconds(dist: Dist) -> Callable[[float], float] | None:
+    """The ranks' learning times made one (the slowest rank's), so that a time budget
+    ends every rank after the same phase; None in a one-process job."""
+    if not dist.distributed:
+        return None
+    from popplay.distributed.collectives import max_float
+
+    return lambda seconds: max_float(seconds, dist)
+
+
 #: Domains whose experiments shard their agents over ranks.
 SHARDED_DOMAINS = ("bandit", "cartpole", "knights")
 
 
-def check_supported(dist: Dist, *, domain: str, time_budget: float | None) -> None:
+def check_supported(dist: Dist, *, domain: str) -> None:
     """What a sharded run cannot do yet (usage errors, same on every rank)."""
     if not dist.distributed:
         return
     if domain not in SHARDED_DOMAINS:
         raise ValueError(f"{domain} does not run on several ranks yet (sharded: {', '.join(SHARDED_DOMAINS)})")
-    if time_budget is not None:
-        raise ValueError("--time-budget is not supported with several ranks yet (ranks would disagree "
-                         "on when the time is up); give a step or episode budget")
 
 
 def summary_fields(dist: Dist) -> dict[str, Any]:

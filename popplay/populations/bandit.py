@@ -27,14 +27,25 @@ class BanditExperiment:
         self.params = params
         self.backend = backend
         p = params
-        # Sharded over ranks, this process learns a contiguous block of each trial's
-        # agents; the shared tables (the state) are the same on every rank.
+        # Sharded over ranks, this process learns either a contiguous block of the
+        # trials (all their agents) or, when the ranks do not divide the trials, a
+        # contiguous block of each trial's agents. Trials never share, so the trial
+        # layout needs no communication inside a phase, only the gathering of the
+        # (small) shared tables after it; the agent layout must gather every agent's
+        # touched arms for the share. The shared tables (the state) are whole on every
+        # rank either way, and the bits are the same in both layouts.
         self.dist = current() if dist is None else dist
-        mine = collectives.shard(p.agents, self.dist)
+        self.layout = shard_layout(p.trials, self.dist.world_size)
+        if self.layout == "trials":
+            self._trial_block, mine = collectives.shard(p.trials, self.dist), slice(0, p.agents)
+        else:
+            self._trial_block, mine = slice(0, p.trials), collectives.shard(p.agents, self.dist)
         self.local_agents = mine.stop - mine.start
-        trials, agents = np.arange(p.trials), np.arange(p.agents)[mine]
+        self.local_trials = self._trial_block.stop - self._trial_block.start
+        trials, agents = np.arange(p.trials)[self._trial_block], np.arange(p.agents)[mine]
         self.means = game.arm_means(p.seed, p.trials, p.arms)
         self.best_arm = np.argmax(self.means, axis=1)
+        self._local_means = np.ascontiguousarray(self.means[self._trial_block])
         keys = game.agent_keys(p.seed, trials, agents)
         static_keys = game.agent_static_keys(p.seed, trials, agents)
         self.epsilons = game.agent_epsilons(p)
@@ -53,10 +64,10 @@ class BanditExperiment:
                 return both[0], both[1]
 
             self._torch = TorchBanditEngine(
-                means=self.means, keys=keys, static_keys=static_keys, epsilons=local["epsilons"],
+                means=self._local_means, keys=keys, static_keys=static_keys, epsilons=local["epsilons"],
                 topk=local["topk"], groups=local["groups"], n_groups=self.n_groups,
                 bias_scale=p.bias_scale, use_bias=self.use_bias, device=backend.device,
-                total_agents=p.agents, reduce_sums=reduce_sums if self.dist.distributed else None,
+                total_agents=p.agents, reduce_sums=reduce_sums if self.layout == "agents" else None,
             )
         else:
             self._keys = keys
@@ -68,7 +79,7 @@ class BanditExperiment:
             # a phase does more agent-steps per trial than there are arms. With a
             # per-agent bias the order bounds how far an agent must look.
             self._ranked = p.agents * p.share_every >= 2 * p.arms
-            shape = (p.trials, p.arms) if self._ranked else (1, 1)
+            shape = (self.local_trials, p.arms) if self._ranked else (1, 1)
             self._order = np.zeros(shape, dtype=np.int64)
             self._rank = np.zeros(shape, dtype=np.int64)
             self._tie_top = np.zeros(shape[0], dtype=np.int64)
@@ -107,12 +118,18 @@ class BanditExperiment:
         if self.backend.name == "torch":
             import torch
 
-            q, n = self._torch.phase(torch.as_tensor(state.q, device=self._torch.device),
-                                     torch.as_tensor(state.n, device=self._torch.device),
+            rows = self._trial_block
+            q, n = self._torch.phase(torch.as_tensor(state.q[rows], device=self._torch.device),
+                                     torch.as_tensor(state.n[rows], device=self._torch.device),
                                      state.step, n_steps)
             self.backend.synchronize()
-            return game.state_from_tables(q.cpu().numpy(), n.cpu().numpy(), state.step + n_steps,
-                                          state.shares + 1)
+            q, n = q.cpu().numpy(), n.cpu().numpy()
+            if self.layout == "trials":
+                from popplay.distributed import collectives
+
+                both = collectives.all_gather_axis(np.concatenate([q, n], axis=1), axis=0, dist=self.dist)
+                q, n = both[:, :self.params.arms], both[:, self.params.arms:]
+            return game.state_from_tables(q, n, state.step + n_steps, state.shares + 1)
         self._numba_phase(state, n_steps)
         return state._replace(step=state.step + n_steps, shares=state.shares + 1)
 
@@ -166,20 +183,41 @@ class BanditExperiment:
         capacity = min(p.arms, n_steps)
         out_arm, out_pulls, out_rewards, out_used = self._touched_buffers(capacity)
         counters = kernels._mixed_counters(state.step, n_steps, game.WORDS_PER_STEP)
+        # Rows of C-contiguous arrays: views the kernels update in place.
+        rows = self._trial_block
+        q, n, top_arm, top_value, second_value = (
+            state.q[rows], state.n[rows], state.top_arm[rows], state.top_value[rows], state.second_value[rows])
         if self._ranked:
-            kernels._rank_arms(state.q, self._order, self._rank, self._tie_top, self.backend.chunks(p.trials))
+            kernels._rank_arms(q, self._order, self._rank, self._tie_top, self.backend.chunks(self.local_trials))
         kernels._learn_phase(
-            state.q, state.n, state.top_arm, state.top_value, state.second_value, self.means, self._keys,
+            q, n, top_arm, top_value, second_value, self._local_means, self._keys,
             self._static_keys, self._local["epsilons"], self._local["topk"], self._local["groups"],
             self.n_groups, p.bias_scale, self.use_bias, state.step * game.WORDS_PER_STEP, counters, n_steps,
-            self.backend.chunks(p.trials * self.local_agents), out_arm, out_pulls, out_rewards, out_used,
+            self.backend.chunks(self.local_trials * self.local_agents), out_arm, out_pulls, out_rewards, out_used,
             self._ranked, self._order, self._rank, self._tie_top, p.agents,
         )
-        if self.dist.distributed:
+        if self.layout == "agents" and self.dist.distributed:
             out_arm, out_pulls, out_rewards, out_used = self._gather_touched(
                 out_arm, out_pulls, out_rewards, out_used, capacity)
-        kernels._share(state.q, state.n, state.top_arm, state.top_value, state.second_value,
-                       self.backend.chunks(p.trials), out_arm, out_pulls, out_rewards, out_used)
+        kernels._share(q, n, top_arm, top_value, second_value,
+                       self.backend.chunks(self.local_trials), out_arm, out_pulls, out_rewards, out_used)
+        if self.layout == "trials":
+            self._gather_tables(state)
+
+    def _gather_tables(self, state: BanditState) -> None:
+        """Every rank's block of trials into ``state`` on every rank (one collective:
+        the greedy cache's arm index travels as the bits of a float64, unchanged)."""
+        from popplay.distributed import collectives
+
+        rows, arms = self._trial_block, self.params.arms
+        packed = np.concatenate([state.q[rows], state.n[rows], state.top_value[rows, None],
+                                 state.second_value[rows, None], state.top_arm[rows, None].view(np.float64)], axis=1)
+        whole = collectives.all_gather_axis(packed, axis=0, dist=self.dist)
+        state.q[:] = whole[:, :arms]
+        state.n[:] = whole[:, arms:2 * arms]
+        state.top_value[:] = whole[:, 2 * arms]
+        state.second_value[:] = whole[:, 2 * arms + 1]
+        state.top_arm[:] = np.ascontiguousarray(whole[:, 2 * arms + 2]).view(np.int64)
 
     def _gather_touched(self, out_arm: np.ndarray, out_pulls: np.ndarray, out_rewards: np.ndarray,
                         out_used: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
@@ -196,7 +234,7 @@ class BanditExperiment:
 
     def _touched_buffers(self, capacity: int) -> tuple[np.ndarray, ...]:
         if capacity not in self._scratch:
-            shape = (self.params.trials, self.local_agents, capacity)
+            shape = (self.local_trials, self.local_agents, capacity)
             self._scratch = {capacity: (
                 np.empty(shape, dtype=np.int64), np.empty(shape, dtype=np.int64),
                 np.empty(shape, dtype=np.int64),
@@ -228,3 +266,10 @@ class BanditExperiment:
             "population/topk": self.topk,
             "population/explore_group": self.groups,
         }
+
+
+def shard_layout(trials: int, world_size: int) -> str:
+    """How a bandit population splits over ``world_size`` ranks: ``"trials"`` when the
+    ranks divide the trials (independent: no communication inside a phase), else
+    ``"agents"`` (a block of every trial's agents, gathered for each share)."""
+    return "trials" if world_size > 1 and trials % world_size == 0 else "agents"

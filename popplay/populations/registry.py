@@ -13,6 +13,9 @@ class DomainSpec:
     name: str
     params_path: str  # "module:Class" of the frozen parameter dataclass
     experiment_path: str  # "module:Class" of the experiment
+    # Whether ranks may split the trials instead of the agents (the experiment picks
+    # the trial layout whenever the ranks divide the trials).
+    splits_trials: bool = False
 
     def params_type(self) -> type:
         return _load(self.params_path)
@@ -23,7 +26,7 @@ class DomainSpec:
 
 DOMAINS: dict[str, DomainSpec] = {
     "bandit": DomainSpec("bandit", "popplay.games.bandit:BanditParams",
-                         "popplay.populations.bandit:BanditExperiment"),
+                         "popplay.populations.bandit:BanditExperiment", splits_trials=True),
     "cartpole": DomainSpec("cartpole", "popplay.games.cartpole:CartPolePopulationParams",
                            "popplay.populations.cartpole:CartPoleExperiment"),
     "knights": DomainSpec("knights", "popplay.games.knights:KnightsParams",
