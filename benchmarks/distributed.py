@@ -97,6 +97,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--only", default="bandit,bandit-trials,cartpole,knights")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--check-model", action="store_true",
+                        help="also run 4 ranks (oversubscribed: bytes only) and compare the bytes a rank "
+                             "sends per phase with the model's 2 x block(2) / 4")
     options = parser.parse_args()
     sizes = QUICK if options.quick else SIZES
     report: dict = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}, "domains": {}}
@@ -121,6 +124,13 @@ def main() -> None:
                 "bytes_per_phase": rank_bytes, "comm_ms_per_phase": sharded["comm_seconds"] / phases * 1e3,
                 "projection": project(one, phases, rank_bytes),
             }
+            if options.check_model:
+                four = run(sizes[domain], 4, 1, Path(tmp) / f"{domain}-4-1.h5")
+                measured = four["comm_bytes"] / four["phases"]
+                entry["model_check_4_ranks"] = {"predicted_bytes_per_phase": rank_bytes / 2,
+                                                "measured_bytes_per_phase": measured}
+                print(f"{domain:9s} 4 ranks: {measured / 1e6:.4f} MB per phase sent by rank 0, model "
+                      f"{rank_bytes / 2e6:.4f} MB", flush=True)
             report["domains"][domain] = entry
             print(f"{domain:9s} parallel efficiency: 2 ranks {entry['efficiency_2_ranks']:.2f}, "
                   f"2 threads {entry['efficiency_2_threads']:.2f}")
