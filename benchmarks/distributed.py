@@ -22,6 +22,12 @@ rings move the same bytes) with an assumed bandwidth and latency per network, an
 communication overtakes compute, and the share interval k (phases of k x the
 current ``share_every``) that keeps communication under compute there.
 
+The machine's ceiling: the same 1-rank x 1-thread job twice at once, independent
+processes sharing nothing but the machine. T(alone) / T(two at once) bounds the
+efficiency any 2-way split (ranks or threads) can reach on it: two "cores" that slow
+each other down (shared caches, memory bandwidth, or hardware threads of one physical
+core in a virtual machine) cap it below 1 whatever the code does.
+
 Numbers depend on the machine's load: on a shared 2-core machine they are indicative.
 """
 from __future__ import annotations
@@ -63,14 +69,26 @@ NETWORKS = {"10 Gb/s": (10e9 / 8, 50e-6), "100 Gb/s": (100e9 / 8, 10e-6)}
 
 
 def run(args: list[str], nproc: int, threads: int, out: Path) -> dict:
-    env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "popplay", *args, "--out", str(out), "--overwrite", "--json",
-               "--nproc", str(nproc)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_together([(args, nproc, threads, out)])[0]
+
+
+def run_together(jobs: list[tuple[list[str], int, int, Path]]) -> list[dict]:
+    """Start every job at once and wait for all: their ``--json`` summaries."""
+    started = []
+    for args, nproc, threads, out in jobs:
+        env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        command = [sys.executable, "-m", "popplay", *args, "--out", str(out), "--overwrite", "--json",
+                   "--nproc", str(nproc)]
+        started.append((command, subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True)))
+    summaries = []
+    for command, process in started:
+        out, err = process.communicate(timeout=1800)
+        if process.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed: {err.strip()[-500:]}")
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return summaries
 
 
 def project(compute_1: float, phases: int, rank_bytes: float) -> dict:
@@ -113,6 +131,11 @@ def main() -> None:
                       f"{summary['phases']} phases" + (f", {summary['comm_bytes'] / summary['phases'] / 1e6:.3f} MB "
                                                       f"and {summary['comm_seconds'] / summary['phases'] * 1e3:.2f} ms "
                                                       "in collectives per phase" if nproc > 1 else ""), flush=True)
+            # The machine's own ceiling: two independent one-thread jobs at once, nothing
+            # shared between them. Their slowdown bounds what any 2-way split can reach.
+            pair = run_together([(sizes[domain], 1, 1, Path(tmp) / f"{domain}-alone-{k}.h5") for k in (0, 1)])
+            together = max(summary["seconds"] for summary in pair)
+            print(f"{domain:9s} {'2 jobs at once':20s} {together:8.3f} s learning (the slower of the two)", flush=True)
             one, two, threads2 = (rows[label]["seconds"] for label, _, _ in WAYS)
             sharded = rows[WAYS[1][0]]
             phases = sharded["phases"]
@@ -121,6 +144,7 @@ def main() -> None:
                 "runs": {k: {f: v[f] for f in ("seconds", "phases", "world_size", "comm_bytes", "comm_seconds",
                                                 "comm_calls") if f in v} for k, v in rows.items()},
                 "efficiency_2_ranks": one / (2 * two), "efficiency_2_threads": one / (2 * threads2),
+                "two_jobs_at_once_seconds": together, "ceiling_2_ways": one / together,
                 "bytes_per_phase": rank_bytes, "comm_ms_per_phase": sharded["comm_seconds"] / phases * 1e3,
                 "projection": project(one, phases, rank_bytes),
             }
@@ -133,7 +157,8 @@ def main() -> None:
                       f"{rank_bytes / 2e6:.4f} MB", flush=True)
             report["domains"][domain] = entry
             print(f"{domain:9s} parallel efficiency: 2 ranks {entry['efficiency_2_ranks']:.2f}, "
-                  f"2 threads {entry['efficiency_2_threads']:.2f}")
+                  f"2 threads {entry['efficiency_2_threads']:.2f}; ceiling of this machine "
+                  f"(1 job alone / 2 jobs at once) {entry['ceiling_2_ways']:.2f}")
             for name, row in entry["projection"]["rows"].items():
                 print(f"{domain:9s}   {name:20s} compute {row['compute_ms']:9.3f} ms  comm {row['comm_ms']:9.3f} ms"
                       f"  -> share every {row['share_every_factor']}x")
