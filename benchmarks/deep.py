@@ -7,9 +7,13 @@ seed 003 topologies' wall time against ``sequential``.
     python benchmarks/deep.py --preset tuned --sb3                   # the tuned CartPole settings, both
 
 ``--preset tuned`` (docs/deep.md, "Double DQN on CartPole-v1"): 256-256, Adam 2.3e-3 falling
-linearly to 0 over the run, 0.5 updates per step, target every 128 updates (256 steps),
-ε 1 -> 0.04 over 4000 updates (8000 steps), replay 100k; SB3 gets the same through its own
-knobs (lr schedule, train_freq 256 with 128 gradient steps, target_update_interval 256).
+linearly to 0 over the run, 128 updates every 256 env-steps (``--train-every 256
+--update-ratio 0.5``, SB3's schedule), target every 512 updates (1024 steps, refreshed
+between the blocks as SB3's is), ε 1 -> 0.04 over 4000 updates (about 9000 steps), replay
+100k; SB3 gets the same through its own knobs (lr schedule, train_freq 256 with 128
+gradient steps, target_update_interval 1024, ε over 8000 steps). The SB3 zoo's CartPole
+settings differ in three knobs: a constant rate, the target refreshed every 10 env-steps
+(once per 128-update block with train_freq 256) and ε falling over 16% of the steps.
 
 Same network (128-128 ReLU), learning rate, replay, batch, discount, update rate (one
 update per 4 environment steps), target refresh (every 250 updates = 1000 steps),
@@ -35,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-TUNED = {"hidden": (256, 256), "lr": 2.3e-3, "lr_end": 0.0, "update_ratio": 0.5, "target_every": 128,
-         "epsilon_end": 0.04, "epsilon_updates": 4_000, "replay_capacity": 100_000}
+TUNED = {"hidden": (256, 256), "lr": 2.3e-3, "lr_end": 0.0, "update_ratio": 0.5, "train_every": 256,
+         "target_every": 512, "epsilon_end": 0.04, "epsilon_updates": 4_000, "replay_capacity": 100_000}
 
 
 def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequential", simulators: int = 1,
@@ -66,8 +70,10 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tu
     if tuned:
         lr0 = TUNED["lr"]
         knobs: dict[str, Any] = dict(
-            learning_rate=lambda remaining: lr0 * remaining, buffer_size=TUNED["replay_capacity"], train_freq=256,
-            gradient_steps=128, target_update_interval=256, exploration_fraction=min(1.0, 8_000 / env_steps),
+            learning_rate=lambda remaining: lr0 * remaining, buffer_size=TUNED["replay_capacity"],
+            train_freq=TUNED["train_every"], gradient_steps=int(TUNED["train_every"] * TUNED["update_ratio"]),
+            target_update_interval=int(TUNED["target_every"] / TUNED["update_ratio"]),
+            exploration_fraction=min(1.0, 8_000 / env_steps),
             exploration_final_eps=TUNED["epsilon_end"], policy_kwargs={"net_arch": list(TUNED["hidden"])})
     else:
         knobs = dict(learning_rate=1e-3, buffer_size=50_000, train_freq=4, gradient_steps=1, target_update_interval=1_000,
@@ -125,13 +131,24 @@ def main() -> None:
         tuned = args.preset == "tuned"
         report["preset"] = args.preset
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            row = {"seed": seed, "popplay": popplay_dqn(args.env, args.env_steps, seed, tuned=tuned)}
+            row = {"seed": seed, "popplay": _timed(popplay_dqn, args.env, args.env_steps, seed, tuned=tuned)}
             if args.sb3:
-                row["sb3"] = sb3_dqn(args.env, args.env_steps, seed, tuned=tuned)
+                row["sb3"] = _timed(sb3_dqn, args.env, args.env_steps, seed, tuned=tuned)
             print(f"seed {seed}: {json.dumps(row)}", file=sys.stderr, flush=True)
             runs.append(row)
         report["runs"] = runs
     print(json.dumps(report, default=str))
+
+
+def _timed(run: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run``'s result with the CPU seconds of the whole call (training and evaluation)
+    and the load average before it: on a shared machine wall seconds alone mislead."""
+    import os
+
+    load = os.getloadavg()[0]
+    started = time.process_time()
+    result = run(*args, **kwargs)
+    return {**result, "cpu_seconds": time.process_time() - started, "load_before": load}
 
 
 def _launched(env_id: str, topology: str, simulators: int, episodes: int, seed: int = 0) -> dict[str, Any]:

@@ -39,9 +39,10 @@ def test_train_dqn_sequential_then_evaluate(tmp_path: Path) -> None:
     assert evaluated["episodes"] == 6 and evaluated["env_steps"] == summary["env_steps"]
 
 
-def test_dqn_resume_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("schedule", [[], ["--train-every", "7"]], ids=["after-episodes", "every-7-steps"])
+def test_dqn_resume_is_exact(tmp_path: Path, schedule: list[str]) -> None:
     straight, split = tmp_path / "straight.h5", tmp_path / "split.h5"
-    common = ["--eval-episodes", "0", "--json", *TINY]
+    common = ["--eval-episodes", "0", "--json", *TINY, *schedule]
     _run(["train", "dqn", "--episodes", "8", "--out", str(straight), *common])
     _run(["train", "dqn", "--episodes", "4", "--out", str(split), *common])
     resumed = _run(["train", "dqn", "--resume", str(split), "--episodes", "8", "--json"])
@@ -50,6 +51,38 @@ def test_dqn_resume_is_exact(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     for name in a:
         assert np.array_equal(a[name], b[name]), name
+
+
+def test_dqn_trains_every_k_env_steps_mid_episode_too() -> None:
+    """--train-every K: the owed updates run whenever the run's env-step count reaches a
+    multiple of K (SB3's train_freq), not at episode ends."""
+    from popplay.topologies.dqn import DQNExperiment, DQNParams
+
+    params = DQNParams(env_steps=200, hidden=(8,), learning_starts=0, update_ratio=0.5, train_every=8, batch_size=4,
+                       eval_episodes=0)
+    experiment = DQNExperiment(params, backend=None)
+    state = experiment.initial_state()
+    trained_at: list[tuple[int, int]] = []  # (env-steps, updates) after each training
+    train = state.agent.train
+    state.agent.train = lambda: trained_at.append((state.env_steps, state.agent.updates + train()))
+    while not experiment.finished(state, time_mode=False):
+        experiment.phase(state, time_left=None)
+    steps = state.env_steps
+    assert steps >= 200 and state.episodes > 1
+    assert [s for s, _ in trained_at] == list(range(8, steps + 1, 8))
+    assert [u for _, u in trained_at] == [s // 2 for s in range(8, steps + 1, 8)]  # 4 updates per 8 steps
+    assert state.agent.updates == 4 * (steps // 8) and state.agent.replay.added == steps
+    assert any(s not in np.cumsum(state.lengths) for s, _ in trained_at)  # mid-episode
+    assert int(np.sum(state.lengths)) == steps and len(state.returns) == state.episodes
+
+
+def test_train_every_is_for_the_sequential_topology_only() -> None:
+    from popplay.topologies.dqn import DQNParams
+
+    with pytest.raises(ValueError, match="train_every"):
+        DQNParams(env_steps=100, topology="collective", simulators=2, train_every=4).validate()
+    with pytest.raises(ValueError, match="train_every"):
+        DQNParams(env_steps=100, train_every=-1).validate()
 
 
 def test_reinforce_local_reports_running_reward(tmp_path: Path) -> None:

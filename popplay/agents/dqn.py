@@ -122,9 +122,9 @@ class DoubleDQN(UpdateCredit):
         self.online = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self.target = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self.target.load_state_dict(self.online.state_dict())
-        # foreach: one kernel per step for all parameters instead of one per parameter
-        # (about 2x faster updates for these small networks on the CPU).
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr, foreach=True)
+        # fused: one kernel per parameter for the whole Adam step (on the CPU, foreach
+        # falls back to one kernel per operation and parameter).
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr, fused=True)
         self.replay = ReplayBuffer(self.config.replay_capacity, self.obs_dim)
         self.sampler = networks.generator(self.seed * 7919 + 1)
 
@@ -133,15 +133,14 @@ class DoubleDQN(UpdateCredit):
         return epsilon(self.updates, self.config)
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """:func:`dqn_loss` against :func:`double_dqn_targets`, with one online pass over
-        s and s' together (the s' half only picks actions, without gradient)."""
-        n = batch.obs.shape[0]
-        q_both = self.online(torch.cat([batch.obs, batch.next_obs]))
+        """:func:`dqn_loss` against :func:`double_dqn_targets`: the online network's pass
+        over s' only picks actions, so it runs without gradient (fusing it with the pass
+        over s would make the backward pass twice as wide)."""
         with torch.no_grad():
-            best = q_both[n:].argmax(dim=1, keepdim=True)
+            best = self.online(batch.next_obs).argmax(dim=1, keepdim=True)
             value = self.target(batch.next_obs).gather(1, best).squeeze(1)
             targets = batch.reward + self.config.gamma * (1.0 - batch.terminated) * value
-        q = q_both[:n].gather(1, batch.action.view(-1, 1)).squeeze(1)
+        q = self.online(batch.obs).gather(1, batch.action.view(-1, 1)).squeeze(1)
         return F.smooth_l1_loss(q, targets)
 
     def update(self) -> float:

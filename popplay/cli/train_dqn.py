@@ -50,6 +50,10 @@ def train_dqn(
     replay: Annotated[int, typer.Option(min=1, help="Replay capacity in transitions.")] = 50_000,
     learning_starts: Annotated[int, typer.Option(min=0, help="Transitions stored before the first update.")] = 1_000,
     update_ratio: Annotated[float, typer.Option(help="Gradient updates per environment step received.")] = 0.25,
+    train_every: Annotated[int, typer.Option(
+        min=0, help="Sequential: train every this many env-steps of the run (mid-episode too), running the "
+                    "updates owed, --update-ratio per step (SB3's train_freq K with gradient_steps G is "
+                    "--train-every K --update-ratio G/K); 0: after each episode (seed 003 Algorithm 1).")] = 0,
     target_every: Annotated[int, typer.Option(min=1, help="Updates between target-network refreshes.")] = 250,
     epsilon_start: Annotated[float, typer.Option(min=0.0, max=1.0, help="ε before any update.")] = 1.0,
     epsilon_end: Annotated[float, typer.Option(min=0.0, max=1.0, help="ε after --epsilon-updates.")] = 0.05,
@@ -81,7 +85,7 @@ def train_dqn(
         env_steps=env_steps, seed=seed, hidden=parse_hidden(hidden, "128,128"), lr=lr, lr_end=lr_end,
         lr_updates=lr_updates, gamma=gamma, batch_size=batch_size,
         replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
-        target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
+        train_every=train_every, target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
         epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout,
         slow_simulator=slow_simulator, slow_learner=slow_learner)
     run_deep("dqn", params, out=out, overwrite=overwrite, json_output=json_output, device=device,

@@ -37,15 +37,29 @@ def episode_seed(seed: int, stream: int, episode: int) -> int:
 
 
 def play_episodes(env: Any, act: Callable[[np.ndarray], np.ndarray], seeds: list[int],
-                  max_steps: int = 1_000_000) -> Episodes:
+                  max_steps: int = 1_000_000, *, hand_over: Callable[[Episodes], None] | None = None,
+                  first: int = 0, every: int = 0) -> Episodes:
     """One episode on each copy of ``env`` (``len(seeds) == env.num_envs``), acting
-    with ``act(obs batch) -> action batch``."""
+    with ``act(obs batch) -> action batch``.
+
+    With ``hand_over`` (one copy only), the transitions are handed over while the
+    episode runs: to ``hand_over`` after step ``first`` and then after every ``every``
+    steps more, as pieces that hold no finished episode (``returns`` and ``lengths``
+    empty). A learner that trains there follows a step-based schedule and ``act`` sees
+    the result at the next step. The returned :class:`Episodes` then holds only the
+    transitions not handed over, with the episode's whole return and length.
+    """
     n = env.num_envs
     if len(seeds) != n:
         raise ValueError(f"need one seed per copy ({n}), got {len(seeds)}")
+    if hand_over is not None and (n != 1 or first < 1 or every < 1):
+        raise ValueError(f"hand_over needs one copy and positive first, every (got {n}, {first}, {every})")
     obs, _ = env.reset(seed=list(seeds) if n > 1 else int(seeds[0]))
+    obs_dim = int(np.prod(obs.shape[1:]))
     active = np.ones(n, dtype=bool)
     per_copy: list[list[tuple]] = [[] for _ in range(n)]
+    handed = 0  # rows of copy 0 already handed over
+    due = first
     steps = 0
     while active.any() and steps < max_steps:
         action = np.asarray(act(obs))
@@ -62,16 +76,25 @@ def play_episodes(env: Any, act: Callable[[np.ndarray], np.ndarray], seeds: list
         active &= ~done
         obs = nxt
         steps += 1
-    rows = [row for copy in per_copy for row in copy]
+        if hand_over is not None and steps == due:
+            hand_over(_episodes(per_copy[0][handed:], obs_dim, np.zeros(0), np.zeros(0, dtype=np.int64)))
+            handed = steps
+            due += every
     lengths = np.array([len(c) for c in per_copy], dtype=np.int64)
     returns = np.array([float(sum(r[2] for r in c)) for c in per_copy], dtype=np.float64)
+    rows = per_copy[0][handed:] if handed else [row for copy in per_copy for row in copy]
+    return _episodes(rows, obs_dim, returns, lengths)
+
+
+def _episodes(rows: list[tuple], obs_dim: int, returns: np.ndarray, lengths: np.ndarray) -> Episodes:
+    """Transition rows ``(obs, action, reward, next_obs, terminated)`` as arrays."""
     return Episodes(
-        obs=np.array([r[0] for r in rows], dtype=np.float32).reshape(len(rows), -1),
+        obs=np.array([r[0] for r in rows], dtype=np.float32).reshape(len(rows), obs_dim),
         action=np.array([r[1] for r in rows]),
         reward=np.array([r[2] for r in rows], dtype=np.float32),
-        next_obs=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), -1),
+        next_obs=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), obs_dim),
         terminated=np.array([r[4] for r in rows], dtype=bool),
-        returns=returns, lengths=lengths,
+        returns=np.asarray(returns, dtype=np.float64), lengths=np.asarray(lengths, dtype=np.int64),
     )
 
 

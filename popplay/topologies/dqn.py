@@ -1,6 +1,8 @@
 """Double DQN over simulators and a learner (seed 003).
 
-``sequential`` is Algorithm 1: play an episode, store it, train, repeat. The other
+``sequential`` is Algorithm 1: play an episode, store it, train, repeat; with
+``train_every`` K it trains every K environment steps instead, mid-episode too (the
+schedule of stable-baselines3's ``train_freq``). The other
 topologies (``pipelined``, ``collective``, ``async``) run the learner on rank 0 and the
 simulators on ranks 1..N (:mod:`popplay.topologies.dqn_ranks`). In every topology the
 learner owes ``update_ratio`` gradient updates per transition it receives (seed 003
@@ -39,6 +41,7 @@ class DQNParams(DeepParams):
     replay_capacity: int = 50_000
     learning_starts: int = 1_000
     update_ratio: float = 0.25
+    train_every: int = 0  # sequential: env steps between trainings (0: after each episode)
     target_every: int = 250
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05
@@ -63,6 +66,11 @@ class DQNParams(DeepParams):
         if self.topology in ("sequential", "pipelined") and self.simulators != 1:
             raise ValueError(f"simulators: the {self.topology} topology has exactly one simulator")
         check_at_least_one(sync_every=self.sync_every)
+        if self.train_every < 0:
+            raise ValueError(f"train_every must be non-negative (got {self.train_every})")
+        if self.train_every and self.topology != "sequential":
+            raise ValueError(f"train_every: only the sequential topology trains on a step schedule "
+                             f"(got {self.topology!r})")
         check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
@@ -122,19 +130,33 @@ class DQNExperiment(DeepExperiment):
         return self._sequential_round(state)
 
     def _sequential_round(self, state: DQNState) -> DQNState:
-        """Seed 003 Algorithm 1, ``sync_every`` times: an episode, then training."""
+        """Seed 003 Algorithm 1, ``sync_every`` times: an episode, then training; with
+        ``train_every`` K, training whenever the run's env-step count reaches a
+        multiple of K, mid-episode too (the actor acts on the trained network at once)."""
         from popplay.agents.dqn import EpsilonGreedy
-        from popplay.envs.rollout import episode_seed, play_episodes
+        from popplay.envs.rollout import Episodes, episode_seed, play_episodes
 
         agent = state.agent
         actor = EpsilonGreedy(agent.online, agent.actions, state.explore)
+        every = self.params.train_every
+
+        def train_on(piece: Episodes) -> None:
+            self.learn(state, piece)
+            agent.train()
+            actor.epsilon = agent.epsilon
+
         for _ in range(self.params.sync_every):
             if self.finished(state, time_mode=False):
                 break
             actor.epsilon = agent.epsilon
-            episodes = play_episodes(self._env, actor, [episode_seed(self.params.seed, 0, state.episodes)])
-            self.learn(state, episodes)
-            agent.train()
+            seeds = [episode_seed(self.params.seed, 0, state.episodes)]
+            if every:
+                # Only phase ends are stored, so the schedule depends on counters alone.
+                rest = play_episodes(self._env, actor, seeds, hand_over=train_on,
+                                     first=every - state.env_steps % every, every=every)
+                self.learn(state, rest)  # trained on at the next multiple of K
+            else:
+                train_on(play_episodes(self._env, actor, seeds))
         return state
 
     def learn_rows(self, state: DQNState, rows: np.ndarray, returns: np.ndarray, lengths: np.ndarray) -> None:
