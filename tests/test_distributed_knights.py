@@ -24,6 +24,21 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert_same_run(one, out)
 
 
+def test_learning_opponents_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
+    """Both sides learn: a network's change sums games played on several ranks, which
+    continue one running sum in game order (collectives.chain)."""
+    from popplay.cli import main
+
+    args = [*TINY, "--opponents-learn"]
+    one = tmp_path / "one.h5"
+    assert main([*args, "--out", str(one)]) == 0
+    for n in (2, 4):
+        out = tmp_path / f"n{n}.h5"
+        done = popplay(*args, "--nproc", str(n), "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        assert_same_run(one, out)
+
+
 def test_tournament_three_ranks_equal_one_process(tmp_path: Path) -> None:
     """10 pairs over 3 ranks: uneven blocks, the counts still land in pair order."""
     import json

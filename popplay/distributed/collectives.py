@@ -183,6 +183,35 @@ def sum_int_array(array: Any, dist: Dist | None = None) -> Any:
     return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
 
 
+def chain(step: Any, start: Any, dist: Dist | None = None) -> Any:
+    """``step`` applied rank after rank, in rank order, each to the previous rank's
+    result (rank 0 to ``start``); the last result on every rank.
+
+    For a sequential reduction whose operands stay on their ranks (a running float sum
+    in agent or game order): rank r continues exactly where rank r − 1 stopped, so the
+    bits are those of one process doing every step in order. ``step`` must return an
+    array of ``start``'s shape and dtype. N − 1 point-to-point messages and one
+    broadcast, each bounded by the timeout.
+    """
+    dist = dist or current()
+    if not dist.distributed:
+        return step(start)
+    import torch.distributed as c10d
+
+    tensor, numpy_in, dtype = _to_tensor(start, dist)
+    carried = tensor.contiguous().clone()
+    size = carried.numel() * carried.element_size()
+    if dist.rank > 0:
+        _run(dist, "recv", 0, lambda: c10d.recv(carried, src=dist.rank - 1))
+    mine, _, _ = _to_tensor(step(_from_tensor(carried, numpy_in, dtype, like=start if not numpy_in else None)), dist)
+    carried = mine.contiguous().clone()
+    if dist.rank < dist.world_size - 1:
+        _run(dist, "send", size, lambda: c10d.send(carried, dst=dist.rank + 1))
+    _run(dist, "broadcast", size if dist.rank == dist.world_size - 1 else 0,
+         lambda: c10d.broadcast(carried, src=dist.world_size - 1))
+    return _from_tensor(carried, numpy_in, dtype, like=start if not numpy_in else None)
+
+
 def barrier(dist: Dist | None = None) -> None:
     """Wait for every rank (bounded by the timeout)."""
     dist = dist or current()

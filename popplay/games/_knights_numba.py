@@ -352,13 +352,14 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
 
 
 @numba.njit(cache=True, parallel=True)
-def sum_segments(delta_rows, order, starts, out):
-    """out[a] = Σ delta_rows[order[starts[a]:starts[a+1]]] in that order (deterministic)."""
+def sum_segments(delta_rows, order, starts, initial, out):
+    """out[a] = initial[a] + Σ delta_rows[order[starts[a]:starts[a+1]]], added one row
+    at a time in that order (deterministic)."""
     agents = out.shape[0]
     size = out.shape[1]
     for a in prange(agents):
         for i in range(size):
-            out[a, i] = 0.0
+            out[a, i] = initial[a, i]
         for r in range(starts[a], starts[a + 1]):
             row = order[r]
             for i in range(size):
@@ -389,8 +390,11 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
     return result, plies, (delta if learning else None)
 
 
-def sum_by_network(delta, net, learn, networks):
-    """Σ of the learning sides' rows per network, in (game, side) order: (networks, P)."""
+def sum_by_network(delta, net, learn, networks, initial=None):
+    """Σ of the learning sides' rows per network, in (game, side) order: (networks, P).
+
+    ``initial`` (networks, P) continues a running sum (the rows of earlier games, summed
+    elsewhere) instead of starting from 0: the same additions in the same order."""
     rows = delta.reshape(-1, delta.shape[-1])
     flat_learn = np.asarray(learn, dtype=bool).reshape(-1)
     flat_net = np.asarray(net, dtype=np.int64).reshape(-1)
@@ -398,5 +402,6 @@ def sum_by_network(delta, net, learn, networks):
     order = index[np.argsort(flat_net[index], kind="stable")]
     starts = np.searchsorted(flat_net[order], np.arange(networks + 1)).astype(np.int64)
     out = np.empty((networks, rows.shape[1]))
-    sum_segments(rows, order.astype(np.int64), starts, out)
+    start = np.zeros_like(out) if initial is None else np.ascontiguousarray(initial, dtype=np.float64)
+    sum_segments(rows, order.astype(np.int64), starts, start, out)
     return out

@@ -589,17 +589,20 @@ class Played(NamedTuple):
 
 
 def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: KnightsParams, base: int,
-              backend: Any = None) -> Played:
+              backend: Any = None, summed: bool = True) -> Played:
     """Play a :class:`GameBatch` to the end on ``backend`` (numba CPU by default).
 
     ``base`` is the first counter word of every game's stream (e.g. episode × words
     per game). Weights stay fixed for the whole batch; the returned ``delta`` holds
-    each network's summed TD(λ) change, to be scaled by its α.
+    each network's summed TD(λ) change, to be scaled by its α. With ``summed=False``
+    (numba only) it holds every (game, side)'s own change, shaped (games, 2, P), with
+    rows only for learning sides (:func:`learning_sides`), for a caller that continues
+    a running sum (sharded populations).
     """
     geo = params.geometry
     _check_networks(nets, params)
-    batch = batch._replace(learn=np.asarray(batch.learn, dtype=bool) & (np.asarray(batch.kind) == KIND_NET))
-    if backend is not None and backend.name == "torch" and not bool((batch.kind == KIND_SEARCH).any()):
+    batch = batch._replace(learn=learning_sides(batch))
+    if summed and backend is not None and backend.name == "torch" and not bool((batch.kind == KIND_SEARCH).any()):
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                            batch.keys, base=base)
@@ -610,9 +613,14 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                              batch.keys, base=base, jumps=geo.table, pieces=params.pieces,
                                              max_turns=params.max_turns, n_chunks=chunks)
-    if delta is not None:
+    if delta is not None and summed:
         delta = kernels.sum_by_network(delta, batch.net, batch.learn, nets.count)
     return Played(result, plies, delta)
+
+
+def learning_sides(batch: GameBatch) -> np.ndarray:
+    """(games, 2): the sides whose TD(λ) changes count (network players asked to learn)."""
+    return np.asarray(batch.learn, dtype=bool) & (np.asarray(batch.kind) == KIND_NET)
 
 
 def _check_networks(nets: Networks, params: KnightsParams) -> None:

@@ -67,9 +67,6 @@ class KnightsExperiment:
         # order, so the update, selection and evaluation run as in one process.
         self.dist = current() if dist is None else dist
         self._mine = collectives.shard(p.agents, self.dist)
-        if self.dist.distributed and p.opponents_learn:
-            raise ValueError("--opponents-learn does not run on several ranks yet (an opponent's changes "
-                             "would have to be summed across ranks in game order)")
         if self.dist.distributed and backend.name == "torch":
             # The torch engine adds ∇V with index_add_, whose order of duplicate rows
             # depends on the batch: a rank's share of the games would differ in the last bits.
@@ -144,20 +141,36 @@ class KnightsExperiment:
 
     def _play_sharded(self, state: KnightsState, batch: GameBatch) -> Any:
         """This rank's games (its home agents' slots), then everything gathered in
-        agent order. Only a game's home side learns, so a network's change is the sum
-        over its own games, in their order, on the rank that played them: the same
-        bits as one process."""
+        agent order, with the same bits as one process. When only a game's home side
+        learns, a network's change is the sum over its own games, all on the rank that
+        played them: the per-network sums are gathered. With ``opponents_learn`` a
+        network also learns from games on other ranks; one process adds its changes
+        game after game, so the ranks continue one running sum in rank (= game) order
+        (:func:`popplay.distributed.collectives.chain`)."""
         from popplay.distributed import collectives
+        from popplay.games import _knights_numba as kernels
 
         p = self.params
         games = slice(self._mine.start * p.games_per_agent, self._mine.stop * p.games_per_agent)
         local = GameBatch(*(np.ascontiguousarray(np.asarray(field)[games]) for field in batch))
         played = game.run_batch(state.networks, state.lam, local, params=p,
-                                base=state.episode * self.words_per_game, backend=self.backend)
+                                base=state.episode * self.words_per_game, backend=self.backend,
+                                summed=not p.opponents_learn)
         result = collectives.all_gather_axis(np.asarray(played.result).astype(np.int64), 0, dist=self.dist)
         plies = collectives.all_gather_axis(np.asarray(played.plies).astype(np.int64), 0, dist=self.dist)
         delta = None
-        if played.delta is not None:
+        if p.opponents_learn:
+            rows, learning = played.delta, game.learning_sides(local)
+            size = game.parameter_count(p.inputs, p.hidden)
+            if rows is None:  # no side of this rank's games learns: pass the sum on unchanged
+                rows, learning = np.zeros((1, 2, size)), np.zeros((1, 2), dtype=bool)
+                local_net = np.zeros((1, 2), dtype=np.int64)
+            else:
+                local_net = local.net
+            delta = collectives.chain(
+                lambda partial: kernels.sum_by_network(rows, local_net, learning, p.agents, initial=partial),
+                np.zeros((p.agents, size)), dist=self.dist)
+        elif played.delta is not None:
             mine = np.ascontiguousarray(np.asarray(played.delta)[self._mine])
             delta = collectives.all_gather_axis(mine, 0, dist=self.dist)
         return type(played)(result.astype(np.asarray(played.result).dtype), plies, delta)
