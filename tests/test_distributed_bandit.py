@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests._dist_helpers import assert_same_run, popplay
 
@@ -100,16 +101,19 @@ def test_cuda_nccl_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert_same_run(one, out)
 
 
-def test_one_process_run_resumes_on_two_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trials", ["3", "4"], ids=["agent-layout", "trial-layout"])
+def test_one_process_run_resumes_on_two_ranks(tmp_path: Path, trials: str) -> None:
     from popplay.cli import main
 
-    half = [*TINY[:TINY.index("--agent-steps")], "--agent-steps", "48", *TINY[TINY.index("--share-every"):]]
+    tiny = [*TINY[:TINY.index("--trials")], "--trials", trials, *TINY[TINY.index("--agent-steps"):]]
+    half = [*tiny[:tiny.index("--agent-steps")], "--agent-steps", "48", *tiny[tiny.index("--share-every"):]]
     out = tmp_path / "run.h5"
     assert main([*half, "--differentiation", "top2", "--out", str(out), "--json"]) == 0
     done = popplay("train", "bandit", "--resume", str(out), "--agent-steps", "96", "--nproc", "2", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 2
-    whole = _single(tmp_path, "whole.h5", "--differentiation", "top2")
+    whole = tmp_path / "whole.h5"
+    assert main([*tiny, "--differentiation", "top2", "--out", str(whole), "--json"]) == 0
     assert_same_run(whole, out)
 
 
