@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "bandit": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "1", "--agent-steps",
                str(8192 * 256), "--share-every", "16"],
-    # The same population in 2 trials: 2 ranks take a trial each (no share travels).
-    "bandit-trials": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "2", "--agent-steps",
+    # The same population in 4 trials: 2 (or 4) ranks take whole trials (no share travels).
+    "bandit-trials": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "4", "--agent-steps",
                       str(8192 * 256), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 2000),
                  "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
@@ -56,7 +56,7 @@ SIZES = {
 QUICK = {
     "bandit": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "1", "--agent-steps",
                str(256 * 32), "--share-every", "16"],
-    "bandit-trials": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "2", "--agent-steps",
+    "bandit-trials": ["train", "bandit", "--agents", "256", "--arms", "100", "--trials", "4", "--agent-steps",
                       str(256 * 32), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "256", "--trials", "1", "--agent-steps", str(256 * 200),
                  "--share-every", "50", "--test-steps", "50", "--test-starts", "2"],
@@ -83,11 +83,17 @@ def run_together(jobs: list[tuple[list[str], int, int, Path]]) -> list[dict]:
         started.append((command, subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                                   stderr=subprocess.PIPE, text=True)))
     summaries = []
-    for command, process in started:
-        out, err = process.communicate(timeout=1800)
-        if process.returncode != 0:
-            raise SystemExit(f"{' '.join(command)} failed: {err.strip()[-500:]}")
-        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for command, process in started:
+            out, err = process.communicate(timeout=1800)
+            if process.returncode != 0:
+                raise SystemExit(f"{' '.join(command)} failed: {err.strip()[-500:]}")
+            summaries.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # a failed or hung job must not leave the others running
+        for _, process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return summaries
 
 

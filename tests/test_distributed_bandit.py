@@ -76,7 +76,7 @@ def test_torch_backend_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert_same_run(one, out)
 
 
-def test_ranks_must_divide_the_agents(tmp_path: Path, capsys) -> None:
+def test_ranks_must_divide_the_agents_or_the_trials(tmp_path: Path, capsys) -> None:
     from popplay.cli import main
 
     # 5 divides neither the 8 agents nor the 3 trials: refused before any rank starts
@@ -117,11 +117,13 @@ def test_one_process_run_resumes_on_two_ranks(tmp_path: Path, trials: str) -> No
     assert_same_run(whole, out)
 
 
-def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trials", ["3", "4"], ids=["agent-layout", "trial-layout"])
+def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path, trials: str) -> None:
     """The ranks agree on the learning time after each phase (the slowest rank's), so a
     time budget stops them together: the run equals a one-process run of the steps it
     reached."""
-    untimed = ["train", "bandit", "--arms", "6", "--agents", "8", "--trials", "4", "--share-every", "3", "--seed", "4"]
+    untimed = ["train", "bandit", "--arms", "6", "--agents", "8", "--trials", trials, "--share-every", "3",
+               "--seed", "4"]
     out = tmp_path / "timed.h5"
     done = popplay(*untimed, "--time-budget", "0.3", "--nproc", "2", "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr

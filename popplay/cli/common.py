@@ -59,8 +59,9 @@ LogDirOption = Annotated[Optional[Path], typer.Option(
          "event files (tensorboard --logdir DIR).", file_okay=False, metavar="DIR")]
 ResumeOption = Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")]
 NprocOption = Annotated[int, typer.Option(
-    min=1, help="Local processes (ranks) to shard the agents over (loopback only); the number must divide "
-                "the agents. Under torchrun the world size comes from torchrun instead.")]
+    min=1, help="Local processes (ranks) to shard the population over (loopback only); the number must divide "
+                "the agents (bandit: the agents or the trials). Under torchrun the world size comes from "
+                "torchrun instead.")]
 DistTimeoutOption = Annotated[float, typer.Option(
     "--timeout", min=1.0, max=3600.0,
     help="Seconds a rank may go silent before the job stops (with several ranks).")]

@@ -9,7 +9,7 @@ operation. Nothing here pickles: only tensors cross the wire.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -183,7 +183,7 @@ def sum_int_array(array: Any, dist: Dist | None = None) -> Any:
     return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
 
 
-def chain(step: Any, start: Any, dist: Dist | None = None) -> Any:
+def chain(step: Callable[[Any], Any], start: Any, dist: Dist | None = None) -> Any:
     """``step`` applied rank after rank, in rank order, each to the previous rank's
     result (rank 0 to ``start``); the last result on every rank.
 

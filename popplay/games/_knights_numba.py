@@ -390,7 +390,8 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
     return result, plies, (delta if learning else None)
 
 
-def sum_by_network(delta, net, learn, networks, initial=None):
+def sum_by_network(delta: np.ndarray, net: np.ndarray, learn: np.ndarray, networks: int,
+                   initial: np.ndarray | None = None) -> np.ndarray:
     """Σ of the learning sides' rows per network, in (game, side) order: (networks, P).
 
     ``initial`` (networks, P) continues a running sum (the rows of earlier games, summed
@@ -403,5 +404,7 @@ def sum_by_network(delta, net, learn, networks, initial=None):
     starts = np.searchsorted(flat_net[order], np.arange(networks + 1)).astype(np.int64)
     out = np.empty((networks, rows.shape[1]))
     start = np.zeros_like(out) if initial is None else np.ascontiguousarray(initial, dtype=np.float64)
+    if start.shape != out.shape:  # the kernel does not check bounds
+        raise ValueError(f"initial has shape {start.shape}, expected {out.shape}")
     sum_segments(rows, order.astype(np.int64), starts, start, out)
     return out

@@ -160,16 +160,11 @@ class KnightsExperiment:
         plies = collectives.all_gather_axis(np.asarray(played.plies).astype(np.int64), 0, dist=self.dist)
         delta = None
         if p.opponents_learn:
+            # Every game's home side learns, so every rank has rows to add.
             rows, learning = played.delta, game.learning_sides(local)
-            size = game.parameter_count(p.inputs, p.hidden)
-            if rows is None:  # no side of this rank's games learns: pass the sum on unchanged
-                rows, learning = np.zeros((1, 2, size)), np.zeros((1, 2), dtype=bool)
-                local_net = np.zeros((1, 2), dtype=np.int64)
-            else:
-                local_net = local.net
             delta = collectives.chain(
-                lambda partial: kernels.sum_by_network(rows, local_net, learning, p.agents, initial=partial),
-                np.zeros((p.agents, size)), dist=self.dist)
+                lambda partial: kernels.sum_by_network(rows, local.net, learning, p.agents, initial=partial),
+                np.zeros((p.agents, game.parameter_count(p.inputs, p.hidden))), dist=self.dist)
         elif played.delta is not None:
             mine = np.ascontiguousarray(np.asarray(played.delta)[self._mine])
             delta = collectives.all_gather_axis(mine, 0, dist=self.dist)
