@@ -45,8 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "bandit": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "1", "--agent-steps",
                str(8192 * 256), "--share-every", "16"],
-    # The same population in 4 trials: 2 (or 4) ranks take whole trials (no share travels).
-    "bandit-trials": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "4", "--agent-steps",
+    # The same population in 16 trials (Bell's runs have 1024): 2 or 4 ranks take whole
+    # trials (no share travels). With 4 trials the ranks' sync per phase weighs more
+    # (docs/distributed.md).
+    "bandit-trials": ["train", "bandit", "--agents", "8192", "--arms", "100", "--trials", "16", "--agent-steps",
                       str(8192 * 256), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 2000),
                  "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],

@@ -225,6 +225,7 @@ def run(
     after_phase: Callable[[Any, Curve, float], None] | None = None,
     on_event: Callable[[str], None] | None = None,
     agree_seconds: Callable[[float], float] | None = None,
+    start_together: Callable[[], None] | None = None,
 ) -> RunResult:
     """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
 
@@ -233,21 +234,27 @@ def run(
     ``curve`` and ``learning_seconds`` continue an earlier run. ``after_phase`` sees
     every new point (checkpoints hook in there). ``agree_seconds`` makes the ranks of
     a sharded job agree on the learning time (the slowest rank's) after every phase of
-    a ``time_budget`` run, so that all of them stop after the same phase.
+    a ``time_budget`` run, so that all of them stop after the same phase;
+    ``start_together`` (a barrier) makes them start learning at the same moment, after
+    every rank's warm-up, so that no rank's first phase counts another's compilation.
     """
     uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
     announce = lambda: _status(reporter, "compiling kernels (first run only)…")  # noqa: E731
     with CompileClock(announce, numba=uses_numba) as compiling:
         return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                    on_event=on_event, compiling=compiling, agree_seconds=agree_seconds)
+                    on_event=on_event, compiling=compiling, agree_seconds=agree_seconds,
+                    start_together=start_together)
 
 
 def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporter | None, state: Any,
          curve: Curve | None, learning_seconds: float, should_stop: Callable[[], bool] | None,
          after_phase: Callable[[Any, Curve, float], None] | None, on_event: Callable[[str], None] | None,
-         compiling: CompileClock, agree_seconds: Callable[[float], float] | None = None) -> RunResult:
+         compiling: CompileClock, agree_seconds: Callable[[float], float] | None = None,
+         start_together: Callable[[], None] | None = None) -> RunResult:
     experiment.warmup()
+    if start_together is not None:
+        start_together()
     if state is None:
         state = experiment.initial_state()
     curve = curve if curve is not None else Curve()
@@ -420,7 +427,8 @@ def curve_from_file(curves: dict[str, Any]) -> Curve:
 
 def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | None = None,
           should_stop: Callable[[], bool] | None = None, resume: Any = None,
-          agree_seconds: Callable[[float], float] | None = None) -> TrainOutcome:
+          agree_seconds: Callable[[float], float] | None = None,
+          start_together: Callable[[], None] | None = None) -> TrainOutcome:
     """Run one experiment and write its run file; return the summary users see.
 
     ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
@@ -514,7 +522,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                                // every.amount)
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                     on_event=on_event, agree_seconds=agree_seconds)
+                     on_event=on_event, agree_seconds=agree_seconds, start_together=start_together)
         if out is not None:
             _status(reporter, f"saving run file {out}…")
             writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)

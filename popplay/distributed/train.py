@@ -164,6 +164,15 @@ def agreed_seconds(dist: Dist) -> Callable[[float], float] | None:
     return lambda seconds: max_float(seconds, dist)
 
 
+def start_together(dist: Dist) -> Callable[[], None] | None:
+    """A barrier for the ranks to start learning together (None in a one-process job)."""
+    if not dist.distributed:
+        return None
+    from popplay.distributed.collectives import barrier
+
+    return lambda: barrier(dist)
+
+
 #: Domains whose experiments shard their agents over ranks.
 SHARDED_DOMAINS = ("bandit", "cartpole", "knights")
 
