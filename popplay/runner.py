@@ -143,6 +143,17 @@ class Progress:
         return self.learning_seconds * (1.0 - self.fraction) / self.fraction
 
 
+class RankSync(Protocol):
+    """How the ranks of a sharded job keep in step (:func:`popplay.distributed.train.rank_sync`)."""
+
+    def start(self) -> None:
+        """Wait until every rank has warmed up, so that all start learning together."""
+
+    def seconds(self, learning_seconds: float) -> float:
+        """The learning time every rank counts (the slowest rank's), so that a time
+        budget ends all of them after the same phase."""
+
+
 class Reporter(Protocol):
     def update(self, progress: Progress) -> None: ...
 
@@ -224,37 +235,33 @@ def run(
     should_stop: Callable[[], bool] | None = None,
     after_phase: Callable[[Any, Curve, float], None] | None = None,
     on_event: Callable[[str], None] | None = None,
-    agree_seconds: Callable[[float], float] | None = None,
-    start_together: Callable[[], None] | None = None,
+    ranks: RankSync | None = None,
 ) -> RunResult:
     """Learn until the step budget (or ``time_budget`` seconds of learning) is spent.
 
     Learning time counts only the phases (learning and sharing); warm-up, JIT
     compilation wherever it happens, and measurements are excluded. ``state``,
     ``curve`` and ``learning_seconds`` continue an earlier run. ``after_phase`` sees
-    every new point (checkpoints hook in there). ``agree_seconds`` makes the ranks of
-    a sharded job agree on the learning time (the slowest rank's) after every phase of
-    a ``time_budget`` run, so that all of them stop after the same phase;
-    ``start_together`` (a barrier) makes them start learning at the same moment, after
-    every rank's warm-up, so that no rank's first phase counts another's compilation.
+    every new point (checkpoints hook in there). ``ranks`` keeps the ranks of a
+    sharded job in step: they start learning together after every rank's warm-up (no
+    rank's first phase counts another's compilation) and, in a ``time_budget`` run,
+    count the same learning time after every phase (so all stop after the same one).
     """
     uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
     announce = lambda: _status(reporter, "compiling kernels (first run only)…")  # noqa: E731
     with CompileClock(announce, numba=uses_numba) as compiling:
         return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                    on_event=on_event, compiling=compiling, agree_seconds=agree_seconds,
-                    start_together=start_together)
+                    on_event=on_event, compiling=compiling, ranks=ranks)
 
 
 def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporter | None, state: Any,
          curve: Curve | None, learning_seconds: float, should_stop: Callable[[], bool] | None,
          after_phase: Callable[[Any, Curve, float], None] | None, on_event: Callable[[str], None] | None,
-         compiling: CompileClock, agree_seconds: Callable[[float], float] | None = None,
-         start_together: Callable[[], None] | None = None) -> RunResult:
+         compiling: CompileClock, ranks: RankSync | None = None) -> RunResult:
     experiment.warmup()
-    if start_together is not None:
-        start_together()
+    if ranks is not None:
+        ranks.start()
     if state is None:
         state = experiment.initial_state()
     curve = curve if curve is not None else Curve()
@@ -291,8 +298,8 @@ def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporte
         started, compiled = time.perf_counter(), compiling.seconds
         state = experiment.phase(state, time_left=time_left)
         learning_seconds += max(0.0, time.perf_counter() - started - (compiling.seconds - compiled))
-        if time_mode and agree_seconds is not None:
-            learning_seconds = agree_seconds(learning_seconds)
+        if time_mode and ranks is not None:
+            learning_seconds = ranks.seconds(learning_seconds)
         phases += 1
         # Diverged agents are reset before anything measures, stores or copies them.
         check = getattr(experiment, "check_finite", None)
@@ -427,8 +434,7 @@ def curve_from_file(curves: dict[str, Any]) -> Curve:
 
 def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | None = None,
           should_stop: Callable[[], bool] | None = None, resume: Any = None,
-          agree_seconds: Callable[[float], float] | None = None,
-          start_together: Callable[[], None] | None = None) -> TrainOutcome:
+          ranks: RankSync | None = None) -> TrainOutcome:
     """Run one experiment and write its run file; return the summary users see.
 
     ``resume`` is a :class:`popplay.checkpoints.runfile.RunFile` to continue (its
@@ -522,7 +528,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                                // every.amount)
         result = run(experiment, time_budget=options.time_budget, reporter=reporter, state=state, curve=curve,
                      learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
-                     on_event=on_event, agree_seconds=agree_seconds, start_together=start_together)
+                     on_event=on_event, ranks=ranks)
         if out is not None:
             _status(reporter, f"saving run file {out}…")
             writer.write(result.state, result.curve, result.learning_seconds, complete=not result.stopped)

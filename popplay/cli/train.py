@@ -210,8 +210,7 @@ def _train_one(domain: str, params: Any, options: Any, *, json_output: bool, res
             with stop_on_signals() as should_stop:
                 outcome = train(domain, params, options, reporter=reporter,
                                 should_stop=sharded.agreed_stop(should_stop, dist), resume=resume,
-                                agree_seconds=sharded.agreed_seconds(dist),
-                                start_together=sharded.start_together(dist))
+                                ranks=sharded.rank_sync(dist))
                 stop_requested = should_stop()
     except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
         raise CommandError(str(error), getattr(error, "exit_code", 2)) from None

@@ -154,23 +154,27 @@ def agreed_stop(should_stop: Callable[[], bool], dist: Dist) -> Callable[[], boo
     return lambda: any_flag(should_stop(), dist)
 
 
-def agreed_seconds(dist: Dist) -> Callable[[float], float] | None:
-    """The ranks' learning times made one (the slowest rank's), so that a time budget
-    ends every rank after the same phase; None in a one-process job."""
-    if not dist.distributed:
-        return None
-    from popplay.distributed.collectives import max_float
+class _RankSync:
+    """:class:`popplay.runner.RankSync` over a process group: a barrier to start, the
+    slowest rank's learning time (all_reduce MAX) to count."""
 
-    return lambda seconds: max_float(seconds, dist)
+    def __init__(self, dist: Dist) -> None:
+        self.dist = dist
+
+    def start(self) -> None:
+        from popplay.distributed.collectives import barrier
+
+        barrier(self.dist)
+
+    def seconds(self, learning_seconds: float) -> float:
+        from popplay.distributed.collectives import max_float
+
+        return max_float(learning_seconds, self.dist)
 
 
-def start_together(dist: Dist) -> Callable[[], None] | None:
-    """A barrier for the ranks to start learning together (None in a one-process job)."""
-    if not dist.distributed:
-        return None
-    from popplay.distributed.collectives import barrier
-
-    return lambda: barrier(dist)
+def rank_sync(dist: Dist) -> _RankSync | None:
+    """How the ranks keep in step in the runner (None in a one-process job)."""
+    return _RankSync(dist) if dist.distributed else None
 
 
 #: Domains whose experiments shard their agents over ranks.
