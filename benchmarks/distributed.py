@@ -3,6 +3,7 @@
     python benchmarks/distributed.py                 # the issue's sizes, short budgets
     python benchmarks/distributed.py --quick         # tiny sizes (a smoke test)
     python benchmarks/distributed.py --json out.json
+    python benchmarks/distributed.py --memory        # cart-pole memory per rank, projected to Bell's size
 
 For each domain the same job runs three ways through the real CLI (``popplay train
 ... --json``, a process per rank): 1 rank x 1 numba thread, 2 ranks x 1 thread each
@@ -28,6 +29,13 @@ efficiency any 2-way split (ranks or threads) can reach on it: two "cores" that 
 each other down (shared caches, memory bandwidth, or hardware threads of one physical
 core in a virtual machine) cap it below 1 whatever the code does.
 
+Memory (``--memory``): the peak RSS of the largest process of cart-pole jobs of 8192
+agents in the trial layout, run to the end (the save included), at 16 and 32 trials
+per rank and 32 and 64 trials in all. A rank's peak is modelled as
+a + b x (agent-trials it holds) + c x (agent-trials of the whole population: the
+bookkeeping every rank keeps), fitted to those three points and projected to Bell's
+8192 agents x 1024 trials on 16, 32 and 64 ranks (one per machine).
+
 Numbers depend on the machine's load: on a shared 2-core machine they are indicative.
 """
 from __future__ import annotations
@@ -52,6 +60,10 @@ SIZES = {
                       str(8192 * 256), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "4096", "--trials", "1", "--agent-steps", str(4096 * 2000),
                  "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
+    # Cart-pole's population in 16 trials: the ranks take whole trials, only the shared
+    # tables travel (3.6 MB per phase gathered in the agent layout above).
+    "cartpole-trials": ["train", "cartpole", "--agents", "4096", "--trials", "16", "--agent-steps",
+                        str(4096 * 400), "--share-every", "50", "--test-steps", "100", "--test-starts", "2"],
     "knights": ["train", "knights", "--agents", "64", "--games-per-agent", "64", "--episodes", "3",
                 "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
 }
@@ -62,6 +74,8 @@ QUICK = {
                       str(256 * 32), "--share-every", "16"],
     "cartpole": ["train", "cartpole", "--agents", "256", "--trials", "1", "--agent-steps", str(256 * 200),
                  "--share-every", "50", "--test-steps", "50", "--test-starts", "2"],
+    "cartpole-trials": ["train", "cartpole", "--agents", "256", "--trials", "4", "--agent-steps", str(256 * 100),
+                        "--share-every", "50", "--test-steps", "50", "--test-starts", "2"],
     "knights": ["train", "knights", "--agents", "8", "--games-per-agent", "8", "--episodes", "2",
                 "--eval-every", "1000", "--eval-games", "2", "--backend", "numba"],
 }
@@ -99,6 +113,66 @@ def run_together(jobs: list[tuple[list[str], int, int, Path]]) -> list[dict]:
     return summaries
 
 
+MEMORY_AGENTS = 8192
+# (ranks, trials in all): 16 per rank twice (the whole population doubling), then 32 per rank.
+MEMORY_RUNS = ((2, 32), (4, 64), (2, 64))
+
+
+def peak_rss(args: list[str], nproc: int, out: Path) -> tuple[float, dict]:
+    """(peak RSS in bytes of the largest process, summary) of one job, in a fresh
+    process whose waited-for descendants (the launcher's ranks) are all it counts."""
+    code = ("import json, resource, subprocess, sys\n"
+            "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+            "if done.returncode: sys.exit(done.stderr[-500:])\n"
+            "print(json.dumps([resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, "
+            "json.loads(done.stdout.strip().splitlines()[-1])]))\n")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-c", code, sys.executable, "-m", "popplay", *args, "--out", str(out), "--overwrite",
+               "--json", "--nproc", str(nproc)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(args)} --nproc {nproc} failed: {done.stderr.strip()[-500:]}")
+    peak, summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(peak), summary
+
+
+def memory(tmp: Path, quick: bool) -> dict:
+    """Cart-pole's peak memory per rank in the trial layout, fitted and projected."""
+    sys.path.insert(0, str(ROOT))
+    from popplay.games.cartpole import CartPolePopulationParams
+    from popplay.limits import format_bytes, run_bytes
+
+    agents = 256 if quick else MEMORY_AGENTS
+    points = []
+    for ranks, trials in MEMORY_RUNS:
+        args = ["train", "cartpole", "--agents", str(agents), "--trials", str(trials), "--agent-steps",
+                str(agents * 100), "--share-every", "50", "--test-steps", "50", "--test-starts", "2"]
+        peak, summary = peak_rss(args, ranks, tmp / f"memory-{ranks}-{trials}.h5")
+        held, whole = trials // ranks * agents, trials * agents
+        points.append({"ranks": ranks, "trials": trials, "agent_trials_per_rank": held, "peak_rss_bytes": peak,
+                       "learning_seconds": summary["seconds"], "quality": summary["quality"]})
+        print(f"memory    {agents} agents x {trials} trials on {ranks} ranks ({trials // ranks} trials each): "
+              f"peak {format_bytes(peak)} in the largest process", flush=True)
+    (p1, p2, p3) = (point["peak_rss_bytes"] for point in points)
+    per_whole = (p2 - p1) / (agents * (MEMORY_RUNS[1][1] - MEMORY_RUNS[0][1]))
+    per_held = (p3 - p1 - per_whole * agents * (MEMORY_RUNS[2][1] - MEMORY_RUNS[0][1])) / (
+        agents * (MEMORY_RUNS[2][1] // MEMORY_RUNS[2][0] - MEMORY_RUNS[0][1] // MEMORY_RUNS[0][0]))
+    base = p1 - per_held * agents * (MEMORY_RUNS[0][1] // MEMORY_RUNS[0][0]) - per_whole * agents * MEMORY_RUNS[0][1]
+    print(f"memory    model: {format_bytes(base)} + {per_held:.0f} B per agent-trial held + {per_whole:.0f} B per "
+          "agent-trial of the population", flush=True)
+    bell = CartPolePopulationParams(agents=8192, trials=1024)
+    projection = {}
+    for ranks in (16, 32, 64):
+        peak = base + per_held * 8192 * (1024 // ranks) + per_whole * 8192 * 1024
+        projection[ranks] = {"projected_peak_bytes": peak, "estimate_bytes": run_bytes("cartpole", bell, ranks, 1)}
+        print(f"memory    Bell's 8192 x 1024 on {ranks} ranks: {format_bytes(peak)} per rank projected "
+              f"(popplay's own estimate {format_bytes(projection[ranks]['estimate_bytes'])}; "
+              f"one process would need {format_bytes(run_bytes('cartpole', bell))})", flush=True)
+    return {"points": points, "bytes_fixed": base, "bytes_per_agent_trial_held": per_held,
+            "bytes_per_agent_trial_of_population": per_whole, "bell_projection": projection}
+
+
 def project(compute_1: float, phases: int, rank_bytes: float) -> dict:
     """Seconds per phase at 8, 64, 512 ranks on each network (see the module docstring).
 
@@ -121,16 +195,20 @@ def project(compute_1: float, phases: int, rank_bytes: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    parser.add_argument("--only", default="bandit,bandit-trials,cartpole,knights")
+    parser.add_argument("--only", default="bandit,bandit-trials,cartpole,cartpole-trials,knights")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--check-model", action="store_true",
                         help="also run 4 ranks (oversubscribed: bytes only) and compare the bytes a rank "
                              "sends per phase with the model's 2 x block(2) / 4")
+    parser.add_argument("--memory", action="store_true",
+                        help="only the cart-pole memory per rank (trial layout), projected to Bell's size")
     options = parser.parse_args()
     sizes = QUICK if options.quick else SIZES
     report: dict = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}, "domains": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for domain in options.only.split(","):
+        if options.memory:
+            report["memory"] = memory(Path(tmp), options.quick)
+        for domain in options.only.split(",") if not options.memory else ():
             rows = {}
             for label, nproc, threads in WAYS:
                 summary = run(sizes[domain], nproc, threads, Path(tmp) / f"{domain}-{nproc}-{threads}.h5")

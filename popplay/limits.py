@@ -93,13 +93,25 @@ def bandit_bytes(p: Any) -> int:
     return trials * per_trial + trials * agents * per_agent
 
 
-def cartpole_bytes(p: Any) -> int:
+def cartpole_bytes(p: Any, world: int = 1, local: int = 1) -> int:
+    """One machine's need: ``local`` of the job's ``world`` ranks run on it. A rank of
+    the trial layout holds its trials' tables and the whole population's small
+    bookkeeping (α, λ, ε, ids, fitness, the lineage's founders); a rank of the agent
+    layout holds everything."""
     from popplay.games.cartpole import STATE_ACTIONS
+    from popplay.populations.base import shard_layout
 
-    population = int(p.trials) * int(p.agents)
+    trials, agents = int(p.trials), int(p.agents)
     # q, trace, weight and three recycled buffers of the same size, plus positions and counters
     per_agent = 7 * STATE_ACTIONS * _F8 + 12 * _F8  # measured within 15% (100 x 1000 agents)
-    return population * per_agent + int(p.trials) * STATE_ACTIONS * _F8 * 2
+    whole = trials * agents * per_agent + trials * STATE_ACTIONS * _F8 * 2
+    if shard_layout(trials, world) != "trials":
+        return local * whole
+    # ids, α, λ, ε, fitness, the lineage's founders and, on the writer, the save's
+    # compact copies of every rank's trials: measured 553 B per agent-trial
+    # (benchmarks/distributed.py --memory)
+    bookkeeping = trials * agents * 75 * _F8 + trials * STATE_ACTIONS * _F8 * 2
+    return local * ((trials // world) * agents * (7 * STATE_ACTIONS * _F8 + 7 * _F8) + bookkeeping)
 
 
 def knights_bytes(p: Any) -> int:
@@ -126,12 +138,31 @@ def knights_games_bytes(games: int) -> int:
 ESTIMATES = {"bandit": bandit_bytes, "cartpole": cartpole_bytes, "knights": knights_bytes}
 
 
-def run_bytes(domain: str, params: Any) -> int:
-    """The memory a run of ``domain`` with ``params`` needs (0 for an unknown domain)."""
+def run_bytes(domain: str, params: Any, world: int = 1, local: int = 1) -> int:
+    """The memory a run of ``domain`` with ``params`` needs on one machine, where
+    ``local`` of the job's ``world`` ranks run (0 for an unknown domain). Domains
+    without a per-rank estimate count the whole run once per machine."""
     estimate = ESTIMATES.get(domain)
-    return int(estimate(params)) if estimate is not None else 0
+    if estimate is None:
+        return 0
+    return int(estimate(params, world, local)) if domain == "cartpole" else int(estimate(params))
+
+
+def ranks_here() -> tuple[int, int]:
+    """(ranks in the job, ranks on this machine) inside a rank (the launchers' variables),
+    else (1, 1)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    except ValueError:
+        return 1, 1
+    return (world, local) if world >= 1 and 1 <= local <= world else (1, 1)
 
 
 def check_run_fits(domain: str, params: Any, what: str | None = None) -> None:
-    """Refuse (:class:`MemoryLimitError`) a run that cannot fit in memory."""
-    check_fits(run_bytes(domain, params), what or f"a {domain} run with these settings")
+    """Refuse (:class:`MemoryLimitError`) a run that cannot fit in this machine's memory
+    (inside a rank: this machine's ranks together)."""
+    world, local = ranks_here() if "RANK" in os.environ else (1, 1)
+    needed = run_bytes(domain, params, world, local)
+    where = f" ({local} of its {world} ranks here)" if world > 1 else ""
+    check_fits(needed, (what or f"a {domain} run with these settings") + where)

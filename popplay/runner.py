@@ -149,6 +149,9 @@ class RankSync(Protocol):
     def start(self) -> None:
         """Wait until every rank has warmed up, so that all start learning together."""
 
+    def agree(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any (a decision all must share)."""
+
     def seconds(self, learning_seconds: float) -> float:
         """The learning time every rank counts (the slowest rank's), so that a time
         budget ends all of them after the same phase."""
@@ -404,16 +407,21 @@ class RunWriter:
     def write(self, state: Any, curve: Curve, learning_seconds: float, *, complete: bool) -> None:
         from popplay.checkpoints import runfile
 
+        # A sharded state that only rank 0 may write but every rank must assemble
+        # (the cart-pole trial layout): every rank takes part up to here.
+        if not self.enabled and not getattr(self.experiment, "collective_save", False):
+            return
+        arrays, results = self.experiment.state_arrays(state), self.experiment.results(state)
         if not self.enabled:
             return
 
         metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
         contents = dict(
             domain=self.domain, config=self.config,
-            state=self.experiment.state_arrays(state), state_counters=self.experiment.state_counters(state),
+            state=arrays, state_counters=self.experiment.state_counters(state),
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
-            results=self.experiment.results(state), result_attrs={**metrics, "events_json": self.events},
+            results=results, result_attrs={**metrics, "events_json": self.events},
             attrs={"learning_seconds": learning_seconds, "phases": len(curve), **self.provenance},
             complete=complete,
         )
@@ -514,6 +522,8 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 return
             if every.unit == "seconds":
                 due = _time.monotonic() - last["wall"] >= every.amount
+                if ranks is not None:  # clocks differ: a save that gathers needs every rank
+                    due = ranks.agree(due)
             else:
                 mark = int(experiment.progress(state) // every.amount)
                 due = last["mark"] is not None and mark > last["mark"]

@@ -61,7 +61,7 @@ def test_trials_split_over_ranks_equal_one_process(tmp_path: Path) -> None:
 
 
 def test_shard_layout_prefers_whole_trials() -> None:
-    from popplay.populations.bandit import shard_layout
+    from popplay.populations.base import shard_layout
 
     assert shard_layout(4, 2) == "trials" and shard_layout(3, 2) == "agents" and shard_layout(4, 1) == "agents"
 

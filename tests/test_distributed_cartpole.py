@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests._dist_helpers import assert_same_run, popplay
 
 TINY = ["train", "cartpole", "--agents", "8", "--trials", "2", "--agent-steps", "800", "--share-every", "20",
@@ -27,3 +29,87 @@ def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
 
     events = set(data["state/lineage_event"].tolist())
     assert {EVENTS["copy"], EVENTS["mutation"]} <= events
+
+
+def test_two_ranks_take_whole_trials_and_equal_one_process(tmp_path: Path) -> None:
+    """2 ranks divide the 2 trials: the trial layout (a rank holds its trials' tables
+    only), with replication across the ranks' selections, bit for bit."""
+    from popplay.cli import main
+
+    one = tmp_path / "one.h5"
+    assert main([*TINY, "--out", str(one), "--json"]) == 0
+    out = tmp_path / "n2.h5"
+    done = popplay(*TINY, "--nproc", "2", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2
+    assert_same_run(one, out)
+    # Only shared tables, failure counts and the save travel: far less than the
+    # agent layout's gathered tables (4 ranks of the same job, checked above).
+    four = popplay(*TINY, "--nproc", "4", "--out", str(tmp_path / "n4.h5"), "--json", "--overwrite")
+    assert four.returncode == 0, four.stderr
+    assert summary["comm_bytes"] * 4 < json.loads(four.stdout.strip().splitlines()[-1])["comm_bytes"]
+
+
+def test_resume_moves_between_the_trial_and_the_agent_layout(tmp_path: Path) -> None:
+    """Half the run on 2 ranks (whole trials), the rest on 4 (blocks of agents), and
+    the other way round: both equal one process."""
+    from popplay.cli import main
+
+    one = tmp_path / "one.h5"
+    assert main([*TINY, "--out", str(one), "--json"]) == 0
+    half = [a if a != "800" else "320" for a in TINY]
+    for first, second in (("2", "4"), ("4", "2")):
+        out = tmp_path / f"{first}{second}.h5"
+        done = popplay(*half, "--nproc", first, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        done = popplay("train", "cartpole", "--resume", str(out), "--agent-steps", "800", "--nproc", second)
+        assert done.returncode == 0, done.stderr
+        assert_same_run(one, out)
+
+
+def test_diverged_agents_and_trials_in_the_trial_layout_match_one_process(tmp_path: Path) -> None:
+    """Quarantine in a selection phase and in a plain one, and a trial reset, with the
+    trials spread over 2 and 4 ranks: the same state, lineage and events."""
+    import numpy as np
+
+    from popplay.populations.base import Backend
+    from popplay.populations.cartpole import CartPoleExperiment
+    from tests._dist_worker import CARTPOLE_FAULTS, run_cartpole_with_faults
+    from tests.test_distributed_core import _finish, _launcher
+
+    experiment = CartPoleExperiment(CARTPOLE_FAULTS, Backend("numba", "cpu"))
+    state, events = run_cartpole_with_faults(experiment)
+    expected = experiment.state_arrays(state)
+    assert any("agent" in e and "left out of the share" in e for e in events)
+    assert any("its agents were reset" in e for e in events)
+    for nproc in (2, 4):
+        outdir = tmp_path / str(nproc)
+        outdir.mkdir()
+        code, _, err = _finish(_launcher("cartpole_faults", outdir, nproc=nproc, timeout=60))
+        assert code == 0, err
+        got = json.loads((outdir / "events.json").read_text())
+        assert got["layout"] == "trials" and got["events"] == events
+        with np.load(outdir / "state.npz") as arrays:
+            assert sorted(arrays.files) == sorted(expected)
+            different = [name for name in expected if np.asarray(expected[name]).tobytes() != arrays[name].tobytes()]
+        assert not different, different
+
+
+def test_memory_estimate_counts_a_rank_of_the_trial_layout_by_its_trials(monkeypatch) -> None:
+    from popplay.games.cartpole import CartPolePopulationParams
+    from popplay.limits import MemoryLimitError, check_run_fits, run_bytes
+
+    bell = CartPolePopulationParams(agents=8192, trials=1024)
+    whole = run_bytes("cartpole", bell)
+    assert run_bytes("cartpole", bell, 64, 1) < whole / 4  # 16 trials' tables and the bookkeeping
+    assert run_bytes("cartpole", bell, 64, 8) == 8 * run_bytes("cartpole", bell, 64, 1)
+    odd = CartPolePopulationParams(agents=8192, trials=1023)  # agent layout: every rank holds everything
+    assert run_bytes("cartpole", odd, 2, 2) == 2 * run_bytes("cartpole", odd)
+    monkeypatch.setenv("POPPLAY_MAX_MEMORY", "10G")
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "64"), ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    check_run_fits("cartpole", bell)  # a 64-machine job: ~5 GB here
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(MemoryLimitError, match="4 of its 64 ranks here"):
+        check_run_fits("cartpole", bell)

@@ -97,6 +97,10 @@ def test_collectives_ps_roles_and_ctrl_c(tmp_path: Path) -> None:
     # Bit for bit the one-process tree, though each rank summed its own 6 agents.
     assert np.load(tmp_path / "total.npy").tobytes() == single.tobytes()
     assert tree_sum(values, axis=1).tobytes() == single.tobytes()
+    np.testing.assert_array_equal(np.load(tmp_path / "ragged.npy"), [0, 1, 2])
+    rows = np.load(tmp_path / "rows.npy")
+    assert rows.dtype == np.uint16 and rows.shape == (3, 2, 3)
+    np.testing.assert_array_equal(rows[:, 0, 0], [1, 2, 2])
     keys = np.arange(12, dtype=np.uint64) * np.uint64(2**63 + 1)
     assert np.load(tmp_path / "keys.npy").dtype == np.uint64
     np.testing.assert_array_equal(np.load(tmp_path / "keys.npy"), keys)

@@ -60,7 +60,7 @@ LogDirOption = Annotated[Optional[Path], typer.Option(
 ResumeOption = Annotated[Optional[Path], typer.Option(help=RESUME_HELP, dir_okay=False, metavar="RUN.h5")]
 NprocOption = Annotated[int, typer.Option(
     min=1, help="Local processes (ranks) to shard the population over (loopback only); the number must divide "
-                "the agents (bandit: the agents or the trials). Under torchrun the world size comes from "
+                "the agents (bandit and cart-pole: the agents or the trials). Under torchrun the world size comes from "
                 "torchrun instead.")]
 DistTimeoutOption = Annotated[float, typer.Option(
     "--timeout", min=1.0, max=3600.0,

@@ -83,7 +83,13 @@ def train_gorila(
                overwrite=overwrite, json_output=json_output, resume=resume)
     except CommandError as error:
         if torchrun and gorila_torchrun.rank() != 0:
-            # Every worker finds the same problem; rank 0 alone says it (one line).
+            # Every worker finds the same problem; rank 0 alone says it (one line). Its
+            # line must come first: once any worker exits, torchrun stops the others,
+            # and a quiet rank that exits at once can stop rank 0 before it prints (CI
+            # saw no line). Rank 0 exits within a second or two; torchrun then ends this one.
+            import time
+
+            time.sleep(10)
             raise typer.Exit(error.exit_code) from None
         raise
 

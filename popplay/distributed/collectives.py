@@ -112,6 +112,63 @@ def all_gather_axis(local: Any, axis: int, dist: Dist | None = None) -> Any:
     return _from_tensor(whole, numpy_in, dtype, like=local if not numpy_in else None)
 
 
+def all_gather_ragged(local: np.ndarray, dist: Dist | None = None) -> np.ndarray:
+    """Every rank's 1-D NumPy ``local`` concatenated in rank order, the lengths free to
+    differ between ranks (two collectives: the lengths, then the padded values)."""
+    dist = dist or current()
+    if not dist.distributed:
+        return np.asarray(local)
+    local = np.ascontiguousarray(local)
+    if local.ndim != 1:
+        raise ValueError("all_gather_ragged takes 1-D arrays")
+    lengths = all_gather_axis(np.array([local.size], dtype=np.int64), axis=0, dist=dist)
+    padded = np.zeros(int(lengths.max()), dtype=local.dtype)
+    padded[:local.size] = local
+    whole = all_gather_axis(padded, axis=0, dist=dist).reshape(dist.world_size, -1)
+    return np.concatenate([whole[r, :int(n)] for r, n in enumerate(lengths)])
+
+
+def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None = None) -> np.ndarray | None:
+    """Every rank's rows of a NumPy array (axis 0; rank r holds ``counts[r]`` of them,
+    the other axes alike everywhere) concatenated in rank order on ``root``; None on
+    the others. Point-to-point, as raw bytes (any dtype travels exactly), so only
+    ``root`` ever holds the whole array: for saves of sharded state far larger than
+    one rank's share."""
+    dist = dist or current()
+    if not dist.distributed:
+        return np.asarray(local)
+    import torch
+    import torch.distributed as c10d
+
+    local = np.ascontiguousarray(local)
+    counts = [int(c) for c in counts]
+    if local.shape[0] != counts[dist.rank]:
+        raise ValueError(f"rank {dist.rank} holds {local.shape[0]} rows, counts say {counts[dist.rank]}")
+    row_bytes = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
+
+    def wire(array: np.ndarray) -> Any:
+        tensor = torch.from_numpy(array.reshape(-1).view(np.uint8))
+        return tensor.to(dist.device) if dist.backend == "nccl" else tensor
+
+    if dist.rank != root:
+        if local.size:
+            payload = wire(local)
+            _run(dist, "send", payload.numel(), lambda: c10d.send(payload, dst=root))
+        return None
+    out = np.empty((sum(counts),) + local.shape[1:], dtype=local.dtype)
+    start = 0
+    for rank, count in enumerate(counts):
+        block = out[start:start + count]
+        start += count
+        if rank == root:
+            block[...] = local
+        elif count:
+            received = torch.empty(count * row_bytes, dtype=torch.uint8, device=dist.device)
+            _run(dist, "recv", 0, lambda: c10d.recv(received, src=rank))
+            block.reshape(-1).view(np.uint8)[:] = received.cpu().numpy()
+    return out
+
+
 def broadcast(array: Any, src: int = 0, dist: Dist | None = None) -> Any:
     """``src``'s array on every rank (same shape and dtype everywhere)."""
     dist = dist or current()

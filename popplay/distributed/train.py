@@ -166,6 +166,11 @@ class _RankSync:
 
         barrier(self.dist)
 
+    def agree(self, flag: bool) -> bool:
+        from popplay.distributed.collectives import any_flag
+
+        return any_flag(flag, self.dist)
+
     def seconds(self, learning_seconds: float) -> float:
         from popplay.distributed.collectives import max_float
 

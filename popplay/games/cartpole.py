@@ -514,7 +514,11 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
     """Q = 0, no traces, initial weights, the run's α, λ, ε for every agent, and every
     agent at a random start (the words of step 0) with its first ε-greedy action
     already chosen (NumPy arrays). Agents get ids 0, 1, … (row-major over trials and
-    agents), each recorded as a founder in a new lineage log."""
+    agents), each recorded as a founder in a new lineage log.
+
+    ``keys`` may be the learning keys of a block of trials (a rank of the trial
+    layout): the tables, traces, weights, carts, actions and failure counts are then
+    that block's, everything else the whole population's."""
     from popplay.evolution import Lineage, initial_ids
     from popplay.xp import npx
 
@@ -527,7 +531,8 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
     x, xd, th_, thd = r.start_state(word[1], word[2], p.start_range)
     zeros = np.zeros(keys.shape, dtype=np.float64)
     action = r.choose(word[0], zeros, zeros, p.epsilon)
-    shape = (p.trials, p.agents, STATE_ACTIONS)
+    block = k.shape
+    shape = block + (STATE_ACTIONS,)
     population = (p.trials, p.agents)
     ids = initial_ids(population)
     lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
@@ -538,5 +543,5 @@ def initial_state(params: CartPolePopulationParams, keys: np.ndarray | None = No
         shared=np.zeros((p.trials, STATE_ACTIONS)), max_bias=float(p.bias), step=0, shares=0,
         alpha=np.full(population, float(p.alpha)), lam=np.full(population, float(p.lam)),
         epsilon=np.full(population, float(p.epsilon)), agent_id=ids, fitness=np.full(population, np.nan),
-        failures=np.zeros(population, dtype=np.int64), lineage=lineage,
+        failures=np.zeros(block, dtype=np.int64), lineage=lineage,
     )

@@ -7,7 +7,7 @@ import numpy as np
 
 from popplay.games import bandit as game
 from popplay.games.bandit import BanditParams, BanditState
-from popplay.populations.base import Backend, PhasePlan
+from popplay.populations.base import Backend, PhasePlan, shard_layout
 
 
 class BanditExperiment:
@@ -267,9 +267,3 @@ class BanditExperiment:
             "population/explore_group": self.groups,
         }
 
-
-def shard_layout(trials: int, world_size: int) -> str:
-    """How a bandit population splits over ``world_size`` ranks: ``"trials"`` when the
-    ranks divide the trials (independent: no communication inside a phase), else
-    ``"agents"`` (a block of every trial's agents, gathered for each share)."""
-    return "trials" if world_size > 1 and trials % world_size == 0 else "agents"

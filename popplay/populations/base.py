@@ -83,3 +83,10 @@ class PhasePlan:
         if unbounded:
             return self.share_every
         return max(0, min(self.share_every, self.steps_per_agent - done))
+
+
+def shard_layout(trials: int, world_size: int) -> str:
+    """How a population splits over ``world_size`` ranks: ``"trials"`` when the ranks
+    divide the trials (trials never share, so nothing travels inside a phase), else
+    ``"agents"`` (a block of every trial's agents, gathered for each share)."""
+    return "trials" if world_size > 1 and trials % world_size == 0 else "agents"

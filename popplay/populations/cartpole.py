@@ -33,12 +33,16 @@ from popplay import operators, stats
 from popplay.games import cartpole as game
 from popplay.games.cartpole import (LINEAGE_PARAMETERS, STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams,
                                     CartPoleState)
-from popplay.populations.base import Backend, PhasePlan
+from popplay.populations.base import Backend, PhasePlan, shard_layout
 
 _STATE_ARRAYS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")
 _BOOKKEEPING = ("agent_id", "fitness", "failures")  # NumPy on every backend
 _VARIED = ("alpha", "lam", "epsilon")
 _LINEAGE_PREFIX = "lineage_"
+# What a rank of the trial layout holds for its own trials only (everything else in
+# the state is small and whole on every rank: shared tables, α, λ, ε, ids, fitness,
+# lineage).
+_TRIAL_BLOCK = ("q", "trace", "weight", "cart", "action", "failures")
 
 
 class CartPoleExperiment:
@@ -64,17 +68,29 @@ class CartPoleExperiment:
         self.params = params
         self.backend = backend
         p = params
-        # Sharded over ranks, this process runs the learning (nearly all the work) of
-        # a contiguous block of every trial's agents; the outputs are then gathered in
-        # agent order, and selection, sharing and differentiation run on the whole
-        # population on every rank exactly as in one process.
+        # Sharded over ranks, a process holds and learns either a contiguous block of
+        # the trials (the trial layout, when the ranks divide the trials) or a
+        # contiguous block of every trial's agents. Trials never share, so in the
+        # trial layout a phase runs from learning to differentiation on the rank's
+        # own tables, and only the shared tables travel after it (plus, for a
+        # selection, every agent's failure count); its tables stay sharded, so a
+        # rank's memory is its share of the population. In the agent layout the
+        # learned blocks are gathered in agent order, and selection, sharing and
+        # differentiation run on the whole population on every rank. Either way the
+        # bits are those of one process.
         self.dist = current() if dist is None else dist
-        self._mine = collectives.shard(p.agents, self.dist)
-        trials, agents = np.arange(p.trials), np.arange(p.agents)
+        self.layout = shard_layout(p.trials, self.dist.world_size)
+        if self.layout == "trials":
+            self._rows, self._mine = collectives.shard(p.trials, self.dist), slice(0, p.agents)
+        else:
+            self._rows, self._mine = slice(0, p.trials), collectives.shard(p.agents, self.dist)
+        trials, agents = np.arange(p.trials)[self._rows], np.arange(p.agents)
         self._keys = game.learn_keys(p.seed, trials, agents)
         self._local_keys = np.ascontiguousarray(self._keys[:, self._mine])
         self._bias_keys = game.bias_keys(p.seed, trials, agents)
         self._test_keys = game.test_keys(p.seed, trials, np.arange(p.test_starts))
+        # Saving the trial layout's state gathers the tables: every rank takes part.
+        self.collective_save = self.layout == "trials"
         self._phys = p.physics().vector()
         self._bounds = p.bounds()
         # numba kernels take the constants as tuples: array arguments of the (not
@@ -94,7 +110,7 @@ class CartPoleExperiment:
             )
             self._bias_keys_device = self._torch.tensor(self._bias_keys)
         else:
-            population = (p.trials, self._mine.stop - self._mine.start)
+            population = (self._rows.stop - self._rows.start, self._mine.stop - self._mine.start)
             self._buffers = _Recycler(lambda: (
                 np.empty(population + (STATE_ACTIONS,)), np.empty(population + (STATE_ACTIONS,)),
                 np.empty(population + (STATE_ACTIONS,)), np.empty(population + (4,)),
@@ -129,9 +145,15 @@ class CartPoleExperiment:
         p = self.params
         n_steps = self.plan.next_length(state.step, unbounded=time_left is not None)
         generation = state.shares + 1  # the share this phase ends with
-        learner = state if not self.dist.distributed else state._replace(**{
-            name: _contiguous(getattr(state, name)[:, self._mine])
-            for name in ("q", "trace", "weight", "cart", "action", "alpha", "lam", "epsilon")})
+        rows, trial_layout = self._rows, self.layout == "trials"
+        if trial_layout:
+            learner = state._replace(**{name: getattr(state, name)[rows] for name in _VARIED})
+        elif self.dist.distributed:
+            learner = state._replace(**{
+                name: _contiguous(getattr(state, name)[:, self._mine])
+                for name in ("q", "trace", "weight", "cart", "action", "alpha", "lam", "epsilon")})
+        else:
+            learner = state
         if self._torch is not None:
             q, e, w, cart, action, failed = self._torch.phase(learner.q, learner.trace, learner.weight, learner.cart,
                                                               learner.action, learner.alpha, learner.lam,
@@ -140,31 +162,82 @@ class CartPoleExperiment:
         else:
             q, e, w, cart, action, failed = self._numba_phase(learner, n_steps)
             keys = self._bias_keys
-        if self.dist.distributed:
+        if self.dist.distributed and not trial_layout:
             q, e, w, cart, action, failed = self._gather_learned(q, e, w, cart, action, failed)
-        self._pending_events, bad = self._quarantine(state, q, e, w, cart)
-        lineage = state.lineage
-        if bad is not None:
-            bad_np = _numpy(bad)
-            trials, slots = np.nonzero(bad_np)
-            lineage.record(generation, "quarantine", state.agent_id[bad_np], groups=trials, slots=slots)
+        bad = self._quarantine(state, q, e, w, cart)
         failures = state.failures + _numpy(failed)
+        replicating = bool(p.replicate_every) and generation % p.replicate_every == 0
+        whole_failures = failures
+        if trial_layout and replicating:  # selection ranks every agent of every trial
+            whole_failures, bad_whole = self._gather_failures(failures, bad)
+        elif trial_layout:
+            bad_whole = None  # known after the share (its count travels with the shared tables)
+        else:
+            bad_whole = bad
+        lineage = state.lineage
+        if not trial_layout or replicating:
+            self._pending_events = self._record_quarantine(state, generation, bad_whole)
         selection = state._replace(q=q, trace=e, weight=w, cart=cart, action=action, failures=failures)
-        if p.replicate_every and generation % p.replicate_every == 0:
-            eligible = np.ones(failures.shape, dtype=bool) if bad is None else ~_numpy(bad)
-            selection = self.replicate(selection, generation, eligible, state.q)
+        if replicating:
+            eligible = np.ones(whole_failures.shape, dtype=bool) if bad_whole is None else ~bad_whole
+            selection = self.replicate(selection._replace(failures=whole_failures), generation, eligible, state.q)
+            selection = selection._replace(failures=np.zeros_like(failures))
         q, w = selection.q, selection.weight
         # The phase's outputs are this experiment's own arrays: share and bias in place.
         q, w = operators.share_weighted(q, w, p.initial_weight, out=(q, w))
-        lineage.record(generation, "share", np.full(p.trials, -1), groups=np.arange(p.trials))
         shared = q[:, 0, :].clone() if self._torch is not None else q[:, 0, :].copy()
         max_bias = state.max_bias
         if max_bias > 0.0 and p.agents > 1:  # differentiation is between agents
             q, max_bias = operators.differentiate(q, max_bias, keys, state.shares * STATE_ACTIONS, p.bias_decay,
                                                   out=q)
+        if trial_layout:
+            shared, bad_whole = self._gather_shared(shared, bad, gather_masks=not replicating)
+            if not replicating:
+                self._pending_events = self._record_quarantine(state, generation, bad_whole)
+        lineage.record(generation, "share", np.full(p.trials, -1), groups=np.arange(p.trials))
         self.backend.synchronize()
         return selection._replace(q=q, weight=w, shared=shared, max_bias=max_bias, step=state.step + n_steps,
                                   shares=generation)
+
+    def _gather_failures(self, failures: np.ndarray, bad: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """Trial layout, before a selection: every agent's failure count and
+        quarantine mark, whole on every rank (one collective; the counts travel as the
+        bits of float64)."""
+        from popplay.distributed import collectives
+
+        marks = np.zeros(failures.shape) if bad is None else _numpy(bad).astype(np.float64)
+        packed = np.stack([np.ascontiguousarray(failures, dtype=np.int64).view(np.float64), marks], axis=-1)
+        whole = collectives.all_gather_axis(packed, axis=0, dist=self.dist)
+        failures = np.ascontiguousarray(whole[..., 0]).view(np.int64)
+        bad_whole = whole[..., 1] != 0.0
+        return failures, (bad_whole if bad_whole.any() else None)
+
+    def _gather_shared(self, shared: Any, bad: Any, *, gather_masks: bool) -> tuple[Any, np.ndarray | None]:
+        """Trial layout, after the share: every trial's shared table on every rank, with
+        each trial's count of quarantined agents; their marks (rare) only when some
+        rank has any and ``gather_masks``."""
+        from popplay.distributed import collectives
+
+        xp = _namespace(shared)
+        counts = np.zeros(shared.shape[0]) if bad is None else _numpy(bad).sum(axis=1).astype(np.float64)
+        column = _like(shared, counts[:, None])
+        packed = xp.concatenate([shared, column], axis=1) if xp is np else xp.cat([shared, column], dim=1)
+        whole = collectives.all_gather_axis(packed, axis=0, dist=self.dist)
+        shared = _contiguous(whole[:, :STATE_ACTIONS])
+        if not gather_masks or not bool((_numpy(whole[:, STATE_ACTIONS]) > 0).any()):
+            return shared, None
+        local = np.zeros(self._keys.shape, dtype=np.int64) if bad is None else _numpy(bad).astype(np.int64)
+        return shared, collectives.all_gather_axis(local, axis=0, dist=self.dist) != 0
+
+    def _record_quarantine(self, before: CartPoleState, generation: int, bad: np.ndarray | None) -> list[str]:
+        """Record the agents (a whole-population mask) that :meth:`_quarantine` reset;
+        return the events."""
+        if bad is None:
+            return []
+        trials, slots = np.nonzero(bad)
+        before.lineage.record(generation, "quarantine", before.agent_id[bad], groups=trials, slots=slots)
+        return [f"step {before.step}: trial {t} agent {a} had non-finite values; it was reset to the last "
+                "shared table and left out of the share" for t, a in zip(trials.tolist(), slots.tolist())]
 
     def _gather_learned(self, q: Any, e: Any, w: Any, cart: Any, action: Any, failed: Any) -> tuple[Any, ...]:
         """Every rank's learned block, in agent order, on every rank (two collectives:
@@ -205,13 +278,21 @@ class CartPoleExperiment:
         ``q[child] + (start[parent] − start[child])``: the parent's starting table plus
         the child's own learned change. Acts in place on ``state.q`` (the phase's own
         output); returns a new state with new α, λ, ε, ids and fitness, and the failure
-        counts restarted. Weights, traces, carts and actions stay the child's own."""
+        counts restarted. Weights, traces, carts and actions stay the child's own.
+
+        In the trial layout ``state.q`` and ``start`` are this rank's trials, while the
+        failure counts, ``eligible``, α, λ, ε, ids and lineage are whole: every rank
+        selects for every trial (the same ids, in the same order, as one process) and
+        changes its own tables."""
         p = self.params
         fitness = self.fitness(state.failures, eligible)
         parents, children = evo.select_replacements(fitness, p.replicate_fraction, eligible)
         # A trial with no agent that may be a parent copies nothing (parents == children).
         copies = parents != children
         lead = (np.arange(p.trials)[:, None],)
+        rows = self._rows
+        own_parents, own_children, own_copies = parents[rows], children[rows], copies[rows]
+        own_lead = (np.arange(own_parents.shape[0])[:, None],)
         alpha, lam, epsilon = (_numpy(getattr(state, name)) for name in _VARIED)
         ids, child_ids = state.lineage.replace(
             generation, state.agent_id, parents, children,
@@ -219,14 +300,14 @@ class CartPoleExperiment:
         # Rows without copies (parents == children) inherit a difference of exactly 0.
         # A quarantined child has no learned change left (its table is the last shared
         # one) and may have started from non-finite values: it takes the parent's start.
-        own_start = start[_index_like(start, lead + (children,))]
-        mine = state.q[_index_like(start, lead + (children,))]
-        quarantined = ~eligible[lead + (children,)]
+        own_start = start[_index_like(start, own_lead + (own_children,))]
+        mine = state.q[_index_like(start, own_lead + (own_children,))]
+        quarantined = ~eligible[rows][own_lead + (own_children,)]
         if quarantined.any():
             mask = _like(start, quarantined)[..., None]
             own_start = _namespace(start).where(mask, mine, own_start)
-        inherited = start[_index_like(start, lead + (parents,))] - own_start
-        q = evo.add_at(state.q, children, inherited, out=state.q)
+        inherited = start[_index_like(start, own_lead + (own_parents,))] - own_start
+        q = evo.add_at(state.q, own_children, inherited, out=state.q)
         alpha, lam, epsilon = (evo.replicate(getattr(state, name), parents, children) for name in _VARIED)
         if p.mutate_params > 1.0 or p.mutate_q > 0.0:
             factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
@@ -236,8 +317,8 @@ class CartPoleExperiment:
                 evo.multiply_at(values, children, np.where(copies, factors[name], 1.0), low=0.0, high=1.0,
                                 out=values)
                 for name, values in zip(_VARIED, (alpha, lam, epsilon)))
-            noise = evo.gaussian_noise(p.seed, generation, child_ids, STATE_ACTIONS, p.mutate_q)
-            q = evo.add_at(q, children, np.where(copies[..., None], noise, 0.0), out=q)
+            noise = evo.gaussian_noise(p.seed, generation, child_ids[rows], STATE_ACTIONS, p.mutate_q)
+            q = evo.add_at(q, own_children, np.where(own_copies[..., None], noise, 0.0), out=q)
             state.lineage.record(
                 generation, "mutation", child_ids[copies], parents=state.agent_id[lead + (parents,)][copies],
                 groups=np.nonzero(copies)[0], slots=children[copies],
@@ -271,8 +352,12 @@ class CartPoleExperiment:
 
         p = self.params
         out = np.empty(self._test_keys.shape, dtype=np.int64)
-        kernels._greedy_test(np.ascontiguousarray(_numpy(state.shared), dtype=np.float64), self._test_keys,
-                             self._phys_tuple, self._bounds_tuple, p.test_steps, p.start_range, out)
+        kernels._greedy_test(np.ascontiguousarray(_numpy(state.shared[self._rows]), dtype=np.float64),
+                             self._test_keys, self._phys_tuple, self._bounds_tuple, p.test_steps, p.start_range, out)
+        if self.layout == "trials":  # each rank tests its own trials
+            from popplay.distributed import collectives
+
+            out = collectives.all_gather_axis(out, axis=0, dist=self.dist)
         self._measured = (state.shared, out)
         return out
 
@@ -294,44 +379,50 @@ class CartPoleExperiment:
         """Agent-time steps per trial (the unit of --checkpoint-every and the budget)."""
         return self.agent_steps(state)
 
-    def _quarantine(self, before: CartPoleState, q: Any, e: Any, w: Any, cart: Any) -> tuple[list[str], Any]:
+    def _quarantine(self, before: CartPoleState, q: Any, e: Any, w: Any, cart: Any) -> np.ndarray | None:
         """Agents whose learning produced a non-finite value are reset before the share
         and kept out of it (sharing weight 0), so no NaN is ever merged (nor copied:
-        selection never picks them as parents). Returns the events and the
-        (trials, agents) mask of those agents (None when there are none). One pass over
-        the tables when all is well."""
+        selection never picks them as parents). Returns the (trials, agents) mask of
+        those agents in this rank's tables (None when there are none; see
+        :meth:`_record_quarantine`). One pass over the tables when all is well."""
         xp = _namespace(q)
         if bool(xp.isfinite(q).all()) and bool(xp.isfinite(w).all()) and bool(xp.isfinite(e).all()) \
                 and bool(xp.isfinite(cart).all()):
-            return [], None
+            return None
         bad = ~(xp.isfinite(q).all(-1) & xp.isfinite(w).all(-1) & xp.isfinite(e).all(-1)
                 & xp.isfinite(cart).all(-1))
-        trials, agents = (_numpy(index) for index in xp.nonzero(bad)) if xp is np else \
-            (_numpy(index) for index in bad.nonzero(as_tuple=True))
-        q[bad] = before.shared[trials] if xp is np else before.shared[bad.nonzero(as_tuple=True)[0]]
+        shared = before.shared[self._rows]
+        q[bad] = shared[_numpy(xp.nonzero(bad)[0])] if xp is np else shared[bad.nonzero(as_tuple=True)[0]]
         e[bad] = 0.0
         w[bad] = 0.0
         cart[bad] = 0.0
-        return [f"step {before.step}: trial {t} agent {a} had non-finite values; it was reset to the last "
-                "shared table and left out of the share" for t, a in zip(trials.tolist(), agents.tolist())], bad
+        return _numpy(bad)
 
     def check_finite(self, state: CartPoleState, *, phase: int) -> list[str]:
         """A trial whose tables, traces or carts hold a non-finite value starts again:
         Q, traces and the shared table 0, initial weights, carts at rest, the run's
         α, λ, ε, and new ids (recorded as resets: founders sharing nothing learned
         with the agents they replace), in place. The trial is the unit: its share has
-        already mixed every agent's values."""
+        already mixed every agent's values. In the trial layout each rank checks its
+        own trials and all learn which trials start again."""
         xp = _namespace(state.q)
-        bad = ~(xp.isfinite(state.q).all(-1).all(-1) & xp.isfinite(state.trace).all(-1).all(-1)
+        own = ~(xp.isfinite(state.q).all(-1).all(-1) & xp.isfinite(state.trace).all(-1).all(-1)
                 & xp.isfinite(state.weight).all(-1).all(-1) & xp.isfinite(state.cart).all(-1).all(-1)
-                & xp.isfinite(state.shared).all(-1))
+                & xp.isfinite(state.shared[self._rows]).all(-1))
+        bad = _numpy(own)
+        if self.layout == "trials":
+            from popplay.distributed import collectives
+
+            bad = collectives.all_gather_axis(bad.astype(np.int64), axis=0, dist=self.dist) != 0
         events, self._pending_events = getattr(self, "_pending_events", []), []
         if not bool(bad.any()):
             return events
-        state.q[bad] = 0.0
-        state.trace[bad] = 0.0
-        state.weight[bad] = self.params.initial_weight
-        state.cart[bad] = 0.0
+        state.q[own] = 0.0
+        state.trace[own] = 0.0
+        state.weight[own] = self.params.initial_weight
+        state.cart[own] = 0.0
+        state.failures[_numpy(own)] = 0
+        bad = _like(state.shared, bad)
         state.shared[bad] = 0.0
         p = self.params
         state.alpha[bad], state.lam[bad], state.epsilon[bad] = p.alpha, p.lam, p.epsilon
@@ -340,7 +431,6 @@ class CartPoleExperiment:
         old = state.agent_id[trials].copy()
         new = state.lineage.new_ids(old.size).reshape(old.shape)
         state.agent_id[trials] = new
-        state.failures[trials] = 0
         state.lineage.record(state.shares, "reset", new, replaced=old, groups=trials[:, None],
                              slots=np.arange(p.agents), values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
         return events + [f"phase {phase}: trial {t} had non-finite values; its agents were reset" for t in trials]
@@ -390,7 +480,12 @@ class CartPoleExperiment:
           into them per entry (mostly 0: dead traces), which compresses ~5× better.
 
         :meth:`restore` rebuilds the exact arrays (and still reads the full tables of
-        files written before this layout)."""
+        files written before this layout).
+
+        In the trial layout every rank must call this: the same arrays are assembled
+        on rank 0 (the writer; other ranks get ``{}``) from every rank's trials."""
+        if self.layout == "trials":
+            return self._gathered_state_arrays(state)
         arrays = {name: _numpy(getattr(state, name)) for name in (*_STATE_ARRAYS, *_BOOKKEEPING)}
         for name, values in state.lineage.to_arrays().items():
             arrays[_LINEAGE_PREFIX + name] = values
@@ -404,6 +499,39 @@ class CartPoleExperiment:
             arrays["weight"] = weight
         arrays.update(_encode_values(np.asarray(arrays.pop("trace")), "trace"))
         return arrays
+
+    def _gathered_state_arrays(self, state: CartPoleState) -> dict[str, Any]:
+        """:meth:`state_arrays` of a trial-layout state, assembled on rank 0 trial block
+        by trial block (point to point), so that no rank but the writer ever holds
+        more than its own tables, and the writer only the compact forms."""
+        from popplay.distributed import collectives
+
+        dist, rows = self.dist, self._rows
+        counts = [rows.stop - rows.start] * dist.world_size
+        root = dist.rank == 0
+        arrays: dict[str, Any] = {name: _numpy(getattr(state, name))
+                                  for name in ("shared", *_VARIED, "agent_id", "fitness")}
+        for name, values in state.lineage.to_arrays().items():
+            arrays[_LINEAGE_PREFIX + name] = values
+        q = _numpy(state.q)
+        predicted = self._predicted_q(np.asarray(arrays["shared"][rows], dtype=np.float64), state.shares)
+        differs = ~(_same_bits(q, predicted).reshape(q.shape[0], -1).all(axis=1))
+        del predicted
+        everywhere = collectives.all_gather_axis(differs.astype(np.int64), axis=0, dist=dist).reshape(
+            dist.world_size, -1)
+        arrays["q_trials"] = np.flatnonzero(everywhere.reshape(-1)).astype(np.int64)
+        arrays["q_rows"] = collectives.gather_rows(np.ascontiguousarray(q[differs]), everywhere.sum(axis=1),
+                                                   dist=dist)
+        weight = _numpy(state.weight)
+        if collectives.any_flag(not (weight == self.params.initial_weight).all(), dist):
+            arrays["weight"] = collectives.gather_rows(weight, counts, dist=dist)
+        trace_bits = np.ascontiguousarray(_numpy(state.trace), dtype=np.float64).view(np.int64)
+        distinct = np.unique(collectives.all_gather_ragged(np.unique(trace_bits[trace_bits != 0]), dist))
+        for name, values in _encode_values(trace_bits.view(np.float64), "trace", distinct).items():
+            arrays[name] = collectives.gather_rows(values, counts, dist=dist) if values.ndim > 1 else values
+        for name in ("cart", "action", "failures"):
+            arrays[name] = collectives.gather_rows(_numpy(getattr(state, name)), counts, dist=dist)
+        return arrays if root else {}
 
     def _predicted_q(self, shared: np.ndarray, shares: int) -> np.ndarray:
         """Every agent's Q right after share number ``shares``: the shared table plus
@@ -430,16 +558,19 @@ class CartPoleExperiment:
         every agent a founder."""
         p = self.params
         population = (p.trials, p.agents)
+        own = (self._rows.stop - self._rows.start, p.agents)  # the whole population but in the trial layout
+        if self.layout == "trials":
+            arrays = self._own_trials(arrays)
         arrays = self._unpacked(arrays, int(counters["shares"]))
-        shapes = {"q": population + (STATE_ACTIONS,), "trace": population + (STATE_ACTIONS,),
-                  "weight": population + (STATE_ACTIONS,), "cart": population + (4,), "action": population,
+        shapes = {"q": own + (STATE_ACTIONS,), "trace": own + (STATE_ACTIONS,),
+                  "weight": own + (STATE_ACTIONS,), "cart": own + (4,), "action": own,
                   "shared": (p.trials, STATE_ACTIONS)}
         optional = {"alpha": np.full(population, float(p.alpha)), "lam": np.full(population, float(p.lam)),
                     "epsilon": np.full(population, float(p.epsilon)), "agent_id": evo.initial_ids(population),
-                    "fitness": np.full(population, np.nan), "failures": np.zeros(population, dtype=np.int64)}
+                    "fitness": np.full(population, np.nan), "failures": np.zeros(own, dtype=np.int64)}
         integer = ("action", "agent_id", "failures")
         loaded = {}
-        for name, shape in {**shapes, **{name: population for name in optional}}.items():
+        for name, shape in {**shapes, **{name: np.shape(value) for name, value in optional.items()}}.items():
             if name not in arrays and name not in optional:
                 raise ValueError(f"state array {name!r} is missing")
             dtype = np.int64 if name in integer else np.float64
@@ -474,12 +605,34 @@ class CartPoleExperiment:
                               **{name: loaded[name] for name in optional}, lineage=lineage)
         return self._to_backend(state)
 
+    def _own_trials(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """A run file's state arrays cut down to this rank's trials (trial layout): the
+        per-agent tables, carts, actions and failure counts (full or compact)."""
+        p, rows = self.params, self._rows
+        arrays = dict(arrays)
+        for name in (*_TRIAL_BLOCK, "trace_codes"):
+            if name in arrays:
+                values = np.asarray(arrays[name])
+                if values.ndim < 2 or values.shape[0] != p.trials:
+                    raise ValueError(f"state array {name!r} has shape {values.shape}, expected {p.trials} trials "
+                                     "first")
+                arrays[name] = values[rows]
+        if "q_trials" in arrays:
+            trials, stored = np.asarray(arrays["q_trials"]), arrays.get("q_rows")
+            if stored is None or trials.ndim != 1 or np.asarray(stored).shape[:1] != trials.shape \
+                    or trials.dtype.kind not in "iu":
+                raise ValueError("state arrays 'q_trials' and 'q_rows' do not match")
+            keep = (trials >= rows.start) & (trials < rows.stop)
+            arrays["q_trials"], arrays["q_rows"] = trials[keep] - rows.start, np.asarray(stored)[keep]
+        return arrays
+
     def _unpacked(self, arrays: dict[str, np.ndarray], shares: int) -> dict[str, np.ndarray]:
         """The full tables from :meth:`state_arrays`' compact layout (arrays already
-        full, as in older files, pass through); shapes and codes are checked."""
+        full, as in older files, pass through); shapes and codes are checked. In the
+        trial layout ``arrays`` hold this rank's trials (:meth:`_own_trials`)."""
         p = self.params
         arrays = dict(arrays)
-        population = (p.trials, p.agents)
+        population = (self._rows.stop - self._rows.start, p.agents)
         table = population + (STATE_ACTIONS,)
         if "trace" not in arrays and "trace_codes" in arrays:
             arrays["trace"] = _decode_values(arrays.pop("trace_codes"), arrays.pop("trace_values", None), "trace",
@@ -498,12 +651,12 @@ class CartPoleExperiment:
             trials = np.asarray(arrays.pop("q_trials"))
             rows = np.asarray(arrays.pop("q_rows", None), dtype=np.float64)
             if trials.ndim != 1 or trials.dtype.kind not in "iu" or len(np.unique(trials)) != trials.size \
-                    or (trials.size and not (0 <= trials.min() and trials.max() < p.trials)):
+                    or (trials.size and not (0 <= trials.min() and trials.max() < population[0])):
                 raise ValueError("state array 'q_trials' must hold distinct trial indices")
             if rows.shape != (trials.size,) + table[1:]:
                 raise ValueError(f"state array 'q_rows' has shape {rows.shape}, expected "
                                  f"{(trials.size,) + table[1:]}")
-            q = self._predicted_q(shared, shares)
+            q = self._predicted_q(shared[self._rows], shares)
             q[trials] = rows
             arrays["q"] = q
         return arrays
@@ -549,12 +702,14 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.ascontiguousarray(b, dtype=np.float64).view(np.int64)
 
 
-def _encode_values(values: np.ndarray, name: str) -> dict[str, np.ndarray]:
+def _encode_values(values: np.ndarray, name: str, distinct: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """``values`` as its sorted distinct values (0 first when present: the most common)
-    and the smallest unsigned code per entry; exact for every float64 bit pattern."""
+    and the smallest unsigned code per entry; exact for every float64 bit pattern.
+    ``distinct`` (the sorted nonzero bit patterns, as int64) may name a larger set
+    than ``values`` holds: a block of trials then takes the whole population's codes."""
     bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
     nonzero = bits != 0
-    distinct = np.unique(bits[nonzero])
+    distinct = np.unique(bits[nonzero]) if distinct is None else distinct
     table = np.concatenate([np.zeros(1, dtype=np.int64), distinct])
     dtype = np.uint8 if table.size <= 2**8 else np.uint16 if table.size <= 2**16 else np.uint32
     codes = np.zeros(bits.shape, dtype=dtype)

@@ -28,7 +28,7 @@ DOMAINS: dict[str, DomainSpec] = {
     "bandit": DomainSpec("bandit", "popplay.games.bandit:BanditParams",
                          "popplay.populations.bandit:BanditExperiment", splits_trials=True),
     "cartpole": DomainSpec("cartpole", "popplay.games.cartpole:CartPolePopulationParams",
-                           "popplay.populations.cartpole:CartPoleExperiment"),
+                           "popplay.populations.cartpole:CartPoleExperiment", splits_trials=True),
     "knights": DomainSpec("knights", "popplay.games.knights:KnightsParams",
                           "popplay.populations.knights:KnightsExperiment"),
     # Deep agents (popplay.topologies): not populations, but the same runner and run files.
