@@ -153,7 +153,7 @@ def ranks_here() -> tuple[int, int]:
     else (1, 1)."""
     try:
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     except ValueError:
         return 1, 1
     return (world, local) if world >= 1 and 1 <= local <= world else (1, 1)

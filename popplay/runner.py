@@ -497,6 +497,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 state = experiment.restore(resume.state, resume.state_counters)
             except (KeyError, ValueError, TypeError) as error:
                 raise UsageProblem(f"{out}: cannot resume from this run file ({error})") from None
+            # The state now lives in the experiment (a rank's own trials, in a sharded
+            # run): the file's whole arrays are not kept for the run's length.
+            resume.state = {}
             curve = curve_from_file(resume.curves)
             learning_seconds = float(resume.attrs.get("learning_seconds", 0.0))
         writer = RunWriter(out, domain, params, backend, options, experiment)

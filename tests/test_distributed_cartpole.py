@@ -113,3 +113,34 @@ def test_memory_estimate_counts_a_rank_of_the_trial_layout_by_its_trials(monkeyp
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with pytest.raises(MemoryLimitError, match="4 of its 64 ranks here"):
         check_run_fits("cartpole", bell)
+
+
+@pytest.mark.parametrize("damage", ["action", "failures", "q_trials"])
+def test_every_rank_refuses_a_file_damaged_in_another_ranks_trials(damage: str) -> None:
+    """Rank 1 of 2 holds trials 2 and 3; damage in trial 0 must stop it too, or rank 0
+    alone would refuse and leave rank 1 waiting at the start."""
+    import numpy as np
+
+    from popplay.distributed.group import Dist
+    from popplay.games.cartpole import CartPolePopulationParams
+    from popplay.populations.base import Backend
+    from popplay.populations.cartpole import CartPoleExperiment
+
+    params = CartPolePopulationParams(agents=4, trials=4, steps_per_agent=32, share_every=16, test_steps=16)
+    one = CartPoleExperiment(params, Backend("numba", "cpu"))
+    arrays = one.state_arrays(one.phase(one.initial_state(), time_left=None))
+    counters = {"step": 16, "shares": 1, "max_bias": params.bias}
+    second = CartPoleExperiment(params, Backend("numba", "cpu"), dist=Dist(rank=1, world_size=2))
+    assert second.layout == "trials"
+    second.restore(arrays, counters)  # the undamaged file loads
+    if damage == "action":
+        arrays["action"] = arrays["action"].copy()
+        arrays["action"][0, 0] = 7
+    elif damage == "failures":
+        arrays["failures"] = arrays["failures"].copy()
+        arrays["failures"][0, 0] = -1
+    else:
+        arrays["q_trials"] = np.array([0, 0], dtype=np.int64)
+        arrays["q_rows"] = np.zeros((2, 4, arrays["trace_codes"].shape[-1]))
+    with pytest.raises(ValueError, match=damage):
+        second.restore(arrays, counters)

@@ -122,6 +122,8 @@ def all_gather_ragged(local: np.ndarray, dist: Dist | None = None) -> np.ndarray
     if local.ndim != 1:
         raise ValueError("all_gather_ragged takes 1-D arrays")
     lengths = all_gather_axis(np.array([local.size], dtype=np.int64), axis=0, dist=dist)
+    if not lengths.any():  # nothing anywhere: no zero-length gather on the wire
+        return local
     padded = np.zeros(int(lengths.max()), dtype=local.dtype)
     padded[:local.size] = local
     whole = all_gather_axis(padded, axis=0, dist=dist).reshape(dist.world_size, -1)
@@ -151,7 +153,7 @@ def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None
         return tensor.to(dist.device) if dist.backend == "nccl" else tensor
 
     if dist.rank != root:
-        if local.size:
+        if counts[dist.rank] * row_bytes:
             payload = wire(local)
             _run(dist, "send", payload.numel(), lambda: c10d.send(payload, dst=root))
         return None
@@ -162,7 +164,7 @@ def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None
         start += count
         if rank == root:
             block[...] = local
-        elif count:
+        elif count * row_bytes:
             received = torch.empty(count * row_bytes, dtype=torch.uint8, device=dist.device)
             _run(dist, "recv", 0, lambda: c10d.recv(received, src=rank))
             block.reshape(-1).view(np.uint8)[:] = received.cpu().numpy()

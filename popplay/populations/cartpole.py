@@ -607,7 +607,11 @@ class CartPoleExperiment:
 
     def _own_trials(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """A run file's state arrays cut down to this rank's trials (trial layout): the
-        per-agent tables, carts, actions and failure counts (full or compact)."""
+        per-agent tables, carts, actions and failure counts (full or compact).
+
+        Whatever a rank would check on its own trials only is checked here on the whole
+        arrays, so that every rank reaches the same verdict on a damaged file (a rank
+        that refused alone would leave the others waiting for it)."""
         p, rows = self.params, self._rows
         arrays = dict(arrays)
         for name in (*_TRIAL_BLOCK, "trace_codes"):
@@ -616,12 +620,22 @@ class CartPoleExperiment:
                 if values.ndim < 2 or values.shape[0] != p.trials:
                     raise ValueError(f"state array {name!r} has shape {values.shape}, expected {p.trials} trials "
                                      "first")
+                if name == "action" and not np.isin(values, (0, 1)).all():
+                    raise ValueError("state array 'action' holds values other than 0 and 1")
+                if name == "failures" and (values < 0).any():
+                    raise ValueError("state array 'failures' holds negative counts")
+                if name == "trace_codes" and values.dtype.kind == "u" and values.size \
+                        and int(values.max()) >= np.asarray(arrays.get("trace_values", ())).size:
+                    raise ValueError("state array 'trace_codes' holds codes outside 'trace_values'")
                 arrays[name] = values[rows]
         if "q_trials" in arrays:
             trials, stored = np.asarray(arrays["q_trials"]), arrays.get("q_rows")
             if stored is None or trials.ndim != 1 or np.asarray(stored).shape[:1] != trials.shape \
                     or trials.dtype.kind not in "iu":
                 raise ValueError("state arrays 'q_trials' and 'q_rows' do not match")
+            if len(np.unique(trials)) != trials.size or (trials.size and not (
+                    0 <= trials.min() and trials.max() < p.trials)):
+                raise ValueError("state array 'q_trials' must hold distinct trial indices")
             keep = (trials >= rows.start) & (trials < rows.stop)
             arrays["q_trials"], arrays["q_rows"] = trials[keep] - rows.start, np.asarray(stored)[keep]
         return arrays
