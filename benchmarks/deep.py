@@ -5,6 +5,7 @@ seed 003 topologies' wall time against ``sequential``.
     python benchmarks/deep.py --env-steps 20000 --sb3                # and SB3's DQN, same settings
     python benchmarks/deep.py --topologies --episodes 100            # seed 003 Tables 1-2 style
     python benchmarks/deep.py --preset tuned --sb3                   # the tuned CartPole settings, both
+    python benchmarks/deep.py --env LunarLander-v3 --env-steps 500000 --preset lunar   # LunarLander settings
 
 ``--preset tuned`` (docs/deep.md, "Double DQN on CartPole-v1"): 256-256, Adam 2.3e-3 falling
 linearly to 0 over the run, 128 updates every 256 env-steps (``--train-every 256
@@ -14,6 +15,11 @@ between the blocks as SB3's is), ε 1 -> 0.04 over 4000 updates (about 9000 step
 gradient steps, target_update_interval 1024, ε over 8000 steps). The SB3 zoo's CartPole
 settings differ in three knobs: a constant rate, the target refreshed every 10 env-steps
 (once per 128-update block with train_freq 256) and ε falling over 16% of the steps.
+
+``--preset lunar`` (docs/deep.md, "Double DQN on LunarLander-v3"): the SB3 zoo's
+LunarLander knobs (256-256, Adam 6.3e-4, batch 128, replay 50k, target every 250 updates,
+ε 1 -> 0.1 over 12,000 updates, 4 updates every 4 env-steps) with the learning rate
+falling linearly to 0 over the run, as in the CartPole preset. Without ``--preset``:
 
 Same network (128-128 ReLU), learning rate, replay, batch, discount, update rate (one
 update per 4 environment steps), target refresh (every 250 updates = 1000 steps),
@@ -41,17 +47,21 @@ sys.path.insert(0, str(ROOT))
 
 TUNED = {"hidden": (256, 256), "lr": 2.3e-3, "lr_end": 0.0, "update_ratio": 0.5, "train_every": 256,
          "target_every": 512, "epsilon_end": 0.04, "epsilon_updates": 4_000, "replay_capacity": 100_000}
+LUNAR = {"hidden": (256, 256), "lr": 6.3e-4, "lr_end": 0.0, "batch_size": 128, "update_ratio": 1.0, "train_every": 4,
+         "target_every": 250, "epsilon_end": 0.1, "epsilon_updates": 12_000, "replay_capacity": 50_000}
+PRESETS = {"tuned": TUNED, "lunar": LUNAR}
 
 
 def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequential", simulators: int = 1,
-                episodes: int = 0, eval_episodes: int = 100, tuned: bool = False) -> dict[str, Any]:
+                episodes: int = 0, eval_episodes: int = 100, preset: str = "default") -> dict[str, Any]:
     from popplay.console import SilentReporter
     from popplay.topologies.dqn import DQNParams
     from popplay.topologies.run import train_deep
 
     extra: dict[str, Any] = {}
-    if tuned:
-        extra = {**TUNED, "lr_updates": max(1, int((env_steps - 1_000) * TUNED["update_ratio"]))}
+    if preset in PRESETS:  # the rate falls to lr_end over the run's updates (after 1,000 learning-start steps)
+        knobs = PRESETS[preset]
+        extra = {**knobs, "lr_updates": max(1, int((env_steps - 1_000) * knobs["update_ratio"]))}
     params = DQNParams(env=env_id, env_steps=env_steps, episodes=episodes, seed=seed, topology=topology,
                        simulators=simulators, eval_episodes=eval_episodes, **extra)
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,8 +112,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--simulators", type=lambda text: [int(n) for n in text.split(",")], default=[2],
                         help="simulator counts of the collective and async rows, e.g. 2,3")
-    parser.add_argument("--preset", choices=("default", "tuned"), default="default",
-                        help="default: popplay's defaults; tuned: the tuned CartPole settings (see above)")
+    parser.add_argument("--preset", choices=("default", *PRESETS), default="default",
+                        help="default: popplay's defaults; tuned: the tuned CartPole settings; lunar: the "
+                             "LunarLander settings (see above)")
     parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args()
     import torch
@@ -128,12 +139,13 @@ def main() -> None:
         report["topologies"] = rows
     else:
         runs = []
-        tuned = args.preset == "tuned"
+        if args.sb3 and args.preset == "lunar":
+            parser.error("--sb3 maps the default and tuned settings only")
         report["preset"] = args.preset
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            row = {"seed": seed, "popplay": _timed(popplay_dqn, args.env, args.env_steps, seed, tuned=tuned)}
+            row = {"seed": seed, "popplay": _timed(popplay_dqn, args.env, args.env_steps, seed, preset=args.preset)}
             if args.sb3:
-                row["sb3"] = _timed(sb3_dqn, args.env, args.env_steps, seed, tuned=tuned)
+                row["sb3"] = _timed(sb3_dqn, args.env, args.env_steps, seed, tuned=args.preset == "tuned")
             print(f"seed {seed}: {json.dumps(row)}", file=sys.stderr, flush=True)
             runs.append(row)
         report["runs"] = runs
