@@ -45,13 +45,9 @@ def run_cartpole_with_faults(experiment) -> tuple[object, list[str]]:
     rows = experiment._rows
     for phase in range(1, 5):
         for when, trial, agent in ((2, 1, 2), (3, 3, 0)):
-            if phase == when and rows.start <= trial < rows.stop and experiment.layout == "trials":
+            if phase == when and rows.start <= trial < rows.stop:  # rows: every trial but in the trial layout
                 q = state.q.copy()
                 q[trial - rows.start, agent, :] = float("nan")
-                state = state._replace(q=q)
-            elif phase == when and experiment.layout != "trials":
-                q = state.q.copy()
-                q[trial, agent, :] = float("nan")
                 state = state._replace(q=q)
         state = experiment.phase(state, time_left=None)
         if phase == 3:

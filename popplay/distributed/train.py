@@ -51,11 +51,13 @@ def launch_training(argv: list[str], nproc: int, timeout: float, out: Path) -> i
 def check_divisible(params: Any, nproc: int, *, splits_trials: bool = False) -> None:
     """Refuse, before starting anything, a number of ranks that divides neither the
     agents nor (where the domain can split them) the trials."""
+    from popplay.populations.base import shard_layout
+
     agents, trials = getattr(params, "agents", None), getattr(params, "trials", None)
     if nproc <= 1 or not isinstance(agents, int) or agents % nproc == 0:
         return
     if splits_trials and isinstance(trials, int):
-        if trials % nproc == 0:
+        if shard_layout(trials, nproc) == "trials":
             return
         raise ValueError(f"{agents} agents and {trials} trials cannot be split evenly over {nproc} ranks "
                          "(the number of ranks must divide the number of trials or of agents)")

@@ -7,7 +7,7 @@ import numpy as np
 
 from popplay.games import bandit as game
 from popplay.games.bandit import BanditParams, BanditState
-from popplay.populations.base import Backend, PhasePlan, shard_layout
+from popplay.populations.base import Backend, PhasePlan, population_shard
 
 
 class BanditExperiment:
@@ -35,11 +35,7 @@ class BanditExperiment:
         # touched arms for the share. The shared tables (the state) are whole on every
         # rank either way, and the bits are the same in both layouts.
         self.dist = current() if dist is None else dist
-        self.layout = shard_layout(p.trials, self.dist.world_size)
-        if self.layout == "trials":
-            self._trial_block, mine = collectives.shard(p.trials, self.dist), slice(0, p.agents)
-        else:
-            self._trial_block, mine = slice(0, p.trials), collectives.shard(p.agents, self.dist)
+        self.layout, self._trial_block, mine = population_shard(p.trials, p.agents, self.dist)
         self.local_agents = mine.stop - mine.start
         self.local_trials = self._trial_block.stop - self._trial_block.start
         trials, agents = np.arange(p.trials)[self._trial_block], np.arange(p.agents)[mine]
@@ -266,4 +262,3 @@ class BanditExperiment:
             "population/topk": self.topk,
             "population/explore_group": self.groups,
         }
-

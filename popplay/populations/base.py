@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 BACKENDS = ("auto", "numba", "torch")
 DEVICES = ("auto", "cpu", "cuda")
@@ -90,3 +91,15 @@ def shard_layout(trials: int, world_size: int) -> str:
     divide the trials (trials never share, so nothing travels inside a phase), else
     ``"agents"`` (a block of every trial's agents, gathered for each share)."""
     return "trials" if world_size > 1 and trials % world_size == 0 else "agents"
+
+
+def population_shard(trials: int, agents: int, dist: Any) -> tuple[str, slice, slice]:
+    """This rank's part of a (trials, agents) population: the layout
+    (:func:`shard_layout`), its trials and its agents (contiguous blocks; the whole axis
+    where the layout does not split it)."""
+    from popplay.distributed import collectives
+
+    layout = shard_layout(trials, dist.world_size)
+    if layout == "trials":
+        return layout, collectives.shard(trials, dist), slice(0, agents)
+    return layout, slice(0, trials), collectives.shard(agents, dist)

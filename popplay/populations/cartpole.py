@@ -33,10 +33,9 @@ from popplay import operators, stats
 from popplay.games import cartpole as game
 from popplay.games.cartpole import (LINEAGE_PARAMETERS, STATE_ACTIONS, WORDS_PER_STEP, CartPolePopulationParams,
                                     CartPoleState)
-from popplay.populations.base import Backend, PhasePlan, shard_layout
+from popplay.populations.base import Backend, PhasePlan, population_shard
 
 _STATE_ARRAYS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")
-_BOOKKEEPING = ("agent_id", "fitness", "failures")  # NumPy on every backend
 _VARIED = ("alpha", "lam", "epsilon")
 _LINEAGE_PREFIX = "lineage_"
 # What a rank of the trial layout holds for its own trials only (everything else in
@@ -61,7 +60,6 @@ class CartPoleExperiment:
     domain = "cartpole"
 
     def __init__(self, params: CartPolePopulationParams, backend: Backend, dist: Any = None) -> None:
-        from popplay.distributed import collectives
         from popplay.distributed.group import current
 
         params.validate()
@@ -79,11 +77,7 @@ class CartPoleExperiment:
         # differentiation run on the whole population on every rank. Either way the
         # bits are those of one process.
         self.dist = current() if dist is None else dist
-        self.layout = shard_layout(p.trials, self.dist.world_size)
-        if self.layout == "trials":
-            self._rows, self._mine = collectives.shard(p.trials, self.dist), slice(0, p.agents)
-        else:
-            self._rows, self._mine = slice(0, p.trials), collectives.shard(p.agents, self.dist)
+        self.layout, self._rows, self._mine = population_shard(p.trials, p.agents, self.dist)
         trials, agents = np.arange(p.trials)[self._rows], np.arange(p.agents)
         self._keys = game.learn_keys(p.seed, trials, agents)
         self._local_keys = np.ascontiguousarray(self._keys[:, self._mine])
@@ -218,11 +212,8 @@ class CartPoleExperiment:
         rank has any and ``gather_masks``."""
         from popplay.distributed import collectives
 
-        xp = _namespace(shared)
         counts = np.zeros(shared.shape[0]) if bad is None else _numpy(bad).sum(axis=1).astype(np.float64)
-        column = _like(shared, counts[:, None])
-        packed = xp.concatenate([shared, column], axis=1) if xp is np else xp.cat([shared, column], dim=1)
-        whole = collectives.all_gather_axis(packed, axis=0, dist=self.dist)
+        whole = collectives.all_gather_axis(_cat([shared, _like(shared, counts[:, None])]), axis=0, dist=self.dist)
         shared = _contiguous(whole[:, :STATE_ACTIONS])
         if not gather_masks or not bool((_numpy(whole[:, STATE_ACTIONS]) > 0).any()):
             return shared, None
@@ -244,11 +235,9 @@ class CartPoleExperiment:
         the float arrays packed into one, the integer ones into another)."""
         from popplay.distributed import collectives
 
-        xp = _namespace(q)
-        cat = (lambda parts: xp.concatenate(parts, axis=-1)) if xp is np else (lambda parts: xp.cat(parts, dim=-1))
         items = q.shape[-1]
-        floats = collectives.all_gather_axis(cat([q, e, w, cart]), axis=1, dist=self.dist)
-        ints = collectives.all_gather_axis(cat([action[..., None], failed[..., None]]), axis=1, dist=self.dist)
+        floats = collectives.all_gather_axis(_cat([q, e, w, cart]), axis=1, dist=self.dist)
+        ints = collectives.all_gather_axis(_cat([action[..., None], failed[..., None]]), axis=1, dist=self.dist)
         pieces = (floats[..., :items], floats[..., items:2 * items], floats[..., 2 * items:3 * items],
                   floats[..., 3 * items:], ints[..., 0], ints[..., 1])
         return tuple(_contiguous(piece) for piece in pieces)
@@ -483,32 +472,15 @@ class CartPoleExperiment:
         files written before this layout).
 
         In the trial layout every rank must call this: the same arrays are assembled
-        on rank 0 (the writer; other ranks get ``{}``) from every rank's trials."""
-        if self.layout == "trials":
-            return self._gathered_state_arrays(state)
-        arrays = {name: _numpy(getattr(state, name)) for name in (*_STATE_ARRAYS, *_BOOKKEEPING)}
-        for name, values in state.lineage.to_arrays().items():
-            arrays[_LINEAGE_PREFIX + name] = values
-        q = np.asarray(arrays.pop("q"))
-        predicted = self._predicted_q(np.asarray(arrays["shared"], dtype=np.float64), state.shares)
-        differs = ~(_same_bits(q, predicted).reshape(q.shape[0], -1).all(axis=1))
-        arrays["q_trials"] = np.flatnonzero(differs).astype(np.int64)
-        arrays["q_rows"] = np.ascontiguousarray(q[differs])
-        weight = np.asarray(arrays.pop("weight"))
-        if not (weight == self.params.initial_weight).all():
-            arrays["weight"] = weight
-        arrays.update(_encode_values(np.asarray(arrays.pop("trace")), "trace"))
-        return arrays
-
-    def _gathered_state_arrays(self, state: CartPoleState) -> dict[str, Any]:
-        """:meth:`state_arrays` of a trial-layout state, assembled on rank 0 trial block
-        by trial block (point to point), so that no rank but the writer ever holds
-        more than its own tables, and the writer only the compact forms."""
+        on rank 0 (the writer; other ranks get ``{}``) trial block by trial block,
+        point to point, so that no rank but the writer ever holds more than its own
+        tables, and the writer only the compact forms. Elsewhere the state is whole
+        here and the collectives are the identity."""
         from popplay.distributed import collectives
+        from popplay.distributed.group import Dist
 
-        dist, rows = self.dist, self._rows
-        counts = [rows.stop - rows.start] * dist.world_size
-        root = dist.rank == 0
+        dist, rows = (self.dist, self._rows) if self.layout == "trials" else (Dist(), slice(None))
+        counts = [_numpy(state.q).shape[0]] * dist.world_size
         arrays: dict[str, Any] = {name: _numpy(getattr(state, name))
                                   for name in ("shared", *_VARIED, "agent_id", "fitness")}
         for name, values in state.lineage.to_arrays().items():
@@ -531,7 +503,7 @@ class CartPoleExperiment:
             arrays[name] = collectives.gather_rows(values, counts, dist=dist) if values.ndim > 1 else values
         for name in ("cart", "action", "failures"):
             arrays[name] = collectives.gather_rows(_numpy(getattr(state, name)), counts, dist=dist)
-        return arrays if root else {}
+        return arrays if dist.is_writer else {}
 
     def _predicted_q(self, shared: np.ndarray, shares: int) -> np.ndarray:
         """Every agent's Q right after share number ``shares``: the shared table plus
@@ -559,6 +531,7 @@ class CartPoleExperiment:
         p = self.params
         population = (p.trials, p.agents)
         own = (self._rows.stop - self._rows.start, p.agents)  # the whole population but in the trial layout
+        self._check_values(arrays)
         if self.layout == "trials":
             arrays = self._own_trials(arrays)
         arrays = self._unpacked(arrays, int(counters["shares"]))
@@ -578,14 +551,10 @@ class CartPoleExperiment:
             if array.shape != shape:
                 raise ValueError(f"state array {name!r} has shape {array.shape}, expected {shape}")
             loaded[name] = array
-        if not np.isin(loaded["action"], (0, 1)).all():
-            raise ValueError("state array 'action' holds values other than 0 and 1")
         for name, low in (("alpha", 0.0), ("lam", 0.0), ("epsilon", 0.0)):
             values = loaded[name]
             if not ((values >= low) & (values <= 1.0)).all() or (name == "alpha" and not (values > 0.0).all()):
                 raise ValueError(f"state array {name!r} holds values outside its range")
-        if (loaded["failures"] < 0).any():
-            raise ValueError("state array 'failures' holds negative counts")
         max_bias = float(counters["max_bias"])
         if not (max_bias >= 0.0 and np.isfinite(max_bias)):
             raise ValueError(f"max_bias must be non-negative and finite (got {max_bias!r})")
@@ -605,13 +574,33 @@ class CartPoleExperiment:
                               **{name: loaded[name] for name in optional}, lineage=lineage)
         return self._to_backend(state)
 
-    def _own_trials(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """A run file's state arrays cut down to this rank's trials (trial layout): the
-        per-agent tables, carts, actions and failure counts (full or compact).
+    def _check_values(self, arrays: dict[str, Any]) -> None:
+        """The values of a run file's state arrays that per-trial code relies on, checked
+        on the whole arrays before anything is cut to a rank's trials: every rank then
+        reaches the same verdict on a damaged file (a rank that refused alone would
+        leave the others waiting for it). Shapes are checked where the arrays are used."""
+        if "action" in arrays and not np.isin(np.asarray(arrays["action"], dtype=np.int64), (0, 1)).all():
+            raise ValueError("state array 'action' holds values other than 0 and 1")
+        if "failures" in arrays and (np.asarray(arrays["failures"], dtype=np.int64) < 0).any():
+            raise ValueError("state array 'failures' holds negative counts")
+        if "q_trials" in arrays:
+            trials = np.asarray(arrays["q_trials"])
+            if trials.ndim != 1 or trials.dtype.kind not in "iu" or len(np.unique(trials)) != trials.size \
+                    or (trials.size and not (0 <= trials.min() and trials.max() < self.params.trials)):
+                raise ValueError("state array 'q_trials' must hold distinct trial indices")
+        if "trace" not in arrays and "trace_codes" in arrays:
+            table = arrays.get("trace_values")
+            if table is None:
+                raise ValueError("state array 'trace_values' is missing")
+            codes, table = np.asarray(arrays["trace_codes"]), np.asarray(table, dtype=np.float64)
+            if codes.dtype.kind != "u" or table.ndim != 1 or table.size == 0 or \
+                    (codes.size and int(codes.max()) >= table.size):
+                raise ValueError("state array 'trace_codes' holds codes outside 'trace_values'")
 
-        Whatever a rank would check on its own trials only is checked here on the whole
-        arrays, so that every rank reaches the same verdict on a damaged file (a rank
-        that refused alone would leave the others waiting for it)."""
+    def _own_trials(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """A run file's state arrays (values checked by :meth:`_check_values`) cut down
+        to this rank's trials (trial layout): the per-agent tables, carts, actions and
+        failure counts (full or compact)."""
         p, rows = self.params, self._rows
         arrays = dict(arrays)
         for name in (*_TRIAL_BLOCK, "trace_codes"):
@@ -620,22 +609,11 @@ class CartPoleExperiment:
                 if values.ndim < 2 or values.shape[0] != p.trials:
                     raise ValueError(f"state array {name!r} has shape {values.shape}, expected {p.trials} trials "
                                      "first")
-                if name == "action" and not np.isin(values, (0, 1)).all():
-                    raise ValueError("state array 'action' holds values other than 0 and 1")
-                if name == "failures" and (values < 0).any():
-                    raise ValueError("state array 'failures' holds negative counts")
-                if name == "trace_codes" and values.dtype.kind == "u" and values.size \
-                        and int(values.max()) >= np.asarray(arrays.get("trace_values", ())).size:
-                    raise ValueError("state array 'trace_codes' holds codes outside 'trace_values'")
                 arrays[name] = values[rows]
         if "q_trials" in arrays:
             trials, stored = np.asarray(arrays["q_trials"]), arrays.get("q_rows")
-            if stored is None or trials.ndim != 1 or np.asarray(stored).shape[:1] != trials.shape \
-                    or trials.dtype.kind not in "iu":
+            if stored is None or np.asarray(stored).shape[:1] != trials.shape:
                 raise ValueError("state arrays 'q_trials' and 'q_rows' do not match")
-            if len(np.unique(trials)) != trials.size or (trials.size and not (
-                    0 <= trials.min() and trials.max() < p.trials)):
-                raise ValueError("state array 'q_trials' must hold distinct trial indices")
             keep = (trials >= rows.start) & (trials < rows.stop)
             arrays["q_trials"], arrays["q_rows"] = trials[keep] - rows.start, np.asarray(stored)[keep]
         return arrays
@@ -664,9 +642,6 @@ class CartPoleExperiment:
                 raise ValueError(f"shares must be non-negative (got {shares})")
             trials = np.asarray(arrays.pop("q_trials"))
             rows = np.asarray(arrays.pop("q_rows", None), dtype=np.float64)
-            if trials.ndim != 1 or trials.dtype.kind not in "iu" or len(np.unique(trials)) != trials.size \
-                    or (trials.size and not (0 <= trials.min() and trials.max() < population[0])):
-                raise ValueError("state array 'q_trials' must hold distinct trial indices")
             if rows.shape != (trials.size,) + table[1:]:
                 raise ValueError(f"state array 'q_rows' has shape {rows.shape}, expected "
                                  f"{(trials.size,) + table[1:]}")
@@ -716,14 +691,13 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.ascontiguousarray(b, dtype=np.float64).view(np.int64)
 
 
-def _encode_values(values: np.ndarray, name: str, distinct: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """``values`` as its sorted distinct values (0 first when present: the most common)
-    and the smallest unsigned code per entry; exact for every float64 bit pattern.
+def _encode_values(values: np.ndarray, name: str, distinct: np.ndarray) -> dict[str, np.ndarray]:
+    """``values`` as the sorted distinct values (0 first: the most common) and the
+    smallest unsigned code per entry; exact for every float64 bit pattern.
     ``distinct`` (the sorted nonzero bit patterns, as int64) may name a larger set
     than ``values`` holds: a block of trials then takes the whole population's codes."""
     bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
     nonzero = bits != 0
-    distinct = np.unique(bits[nonzero]) if distinct is None else distinct
     table = np.concatenate([np.zeros(1, dtype=np.int64), distinct])
     dtype = np.uint8 if table.size <= 2**8 else np.uint16 if table.size <= 2**16 else np.uint32
     codes = np.zeros(bits.shape, dtype=dtype)
@@ -732,14 +706,11 @@ def _encode_values(values: np.ndarray, name: str, distinct: np.ndarray | None = 
 
 
 def _decode_values(codes: Any, table: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    if table is None:
-        raise ValueError(f"state array {name + '_values'!r} is missing")
+    """The values :func:`_encode_values` encoded (codes and table already checked by
+    :meth:`CartPoleExperiment._check_values`)."""
     codes, table = np.asarray(codes), np.asarray(table, dtype=np.float64)
     if codes.shape != shape:
         raise ValueError(f"state array {name + '_codes'!r} has shape {codes.shape}, expected {shape}")
-    if codes.dtype.kind != "u" or table.ndim != 1 or table.size == 0 or \
-            (codes.size and int(codes.max()) >= table.size):
-        raise ValueError(f"state array {name + '_codes'!r} holds codes outside {name + '_values'!r}")
     return table[codes]
 
 
@@ -765,6 +736,12 @@ def _contiguous(x: Any) -> Any:
     if type(x).__module__.startswith("torch"):
         return x.contiguous()
     return np.ascontiguousarray(x)
+
+
+def _cat(parts: list[Any]) -> Any:
+    """Arrays of one kind (NumPy or torch) joined along the last axis."""
+    xp = _namespace(parts[0])
+    return xp.concatenate(parts, axis=-1) if xp is np else xp.cat(parts, dim=-1)
 
 
 def _namespace(x: Any) -> Any:
