@@ -59,6 +59,7 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
     import sys
 
     from popplay.console import PlainReporter
+    from popplay.populations import registry
     from popplay.runner import train as run_train
 
     if isinstance(params, str):
@@ -66,9 +67,14 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
     elif fields:
         raise TypeError("give fields only with a domain name (or use dataclasses.replace on params)")
     every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
+    domain = _domain_of(params)
+    if domain in registry.DEEP_DOMAINS:  # auto is the CPU for deep agents, as on the command line
+        from popplay.topologies.run import deep_device
+
+        device = deep_device(domain, device)
     options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
                            out=Path(out) if out is not None else None, overwrite=overwrite, checkpoint_every=every)
-    return run_train(_domain_of(params), params, options, reporter=PlainReporter(sys.stderr) if progress else None)
+    return run_train(domain, params, options, reporter=PlainReporter(sys.stderr) if progress else None)
 
 
 def load(run: str | Path) -> Any:

@@ -44,15 +44,19 @@ def test_huber_loss_of_the_taken_actions() -> None:
     assert float(loss.detach()) == pytest.approx((2.5 + 0.125) / 2)
 
 
-def test_the_learners_fused_loss_is_equation_1_with_huber() -> None:
+def test_the_learners_written_out_gradient_is_equation_1_with_huber() -> None:
     agent = dqn.DoubleDQN(dqn.DQNConfig(hidden=(8,)), obs_dim=2, actions=3, seed=0)
     with torch.no_grad():
         for p in agent.target.parameters():
             p.add_(0.3)  # make the target differ from the online network
-    batch = Batch(torch.randn(16, 2), torch.randint(3, (16,)), torch.randn(16), torch.randn(16, 2),
+    batch = Batch(torch.randn(16, 2), torch.randint(3, (16,)), 4 * torch.randn(16), torch.randn(16, 2),
                   (torch.arange(16) % 4 == 0).float())
     reference = dqn.dqn_loss(batch, agent.online, dqn.double_dqn_targets(batch, agent.online, agent.target, 0.99))
-    assert torch.allclose(agent.loss(batch), reference, rtol=1e-6)
+    reference.backward()
+    grad, errors = dqn.double_dqn_gradient(batch, agent._online, agent._target, 0.99)
+    assert dqn.huber(errors) == pytest.approx(float(reference.detach()), rel=1e-6)
+    assert bool((errors.abs() > 1).any()) and bool((errors.abs() < 1).any())  # both parts of the Huber loss
+    torch.testing.assert_close(grad, networks.flat_gradients(agent.online), rtol=1e-5, atol=1e-7)
 
 
 def test_epsilon_falls_linearly_with_learner_updates() -> None:
@@ -75,7 +79,7 @@ def test_learning_rate_falls_linearly_to_lr_end_and_reaches_adam() -> None:
     used = []
     for _ in range(12):
         agent.update()
-        used.append(agent.optimizer.param_groups[0]["lr"])
+        used.append(agent.adam.lr)
     assert used[0] == 1e-2 and used[5] == pytest.approx(5.5e-3) and used[-1] == pytest.approx(1e-3)
     with pytest.raises(ValueError, match="lr_updates"):
         dqn.DQNConfig(lr_updates=-1).validate()

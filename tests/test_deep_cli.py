@@ -102,6 +102,24 @@ def test_bad_env_id_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_device_cuda_is_one_line_where_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from popplay.populations.base import cuda_available
+
+    out = tmp_path / "x.h5"
+    code = main(["train", "reinforce", "--device", "cuda", "--episodes", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "Error: --device cuda: reinforce runs on the CPU in this version (on a GPU: dqn)\n"
+    if not cuda_available():
+        code = main(["train", "dqn", "--device", "cuda", "--episodes", "1", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and err == "Error: --device cuda: no CUDA GPU is available on this machine\n"
+    assert not out.exists()
+    # auto: the CPU for the deep agents, said in the summary
+    summary = _run(["train", "dqn", "--device", "auto", "--episodes", "2", "--eval-episodes", "0",
+                    "--out", str(out), "--json", *TINY])
+    assert summary["device"] == "cpu"
+
+
 def test_missing_extra_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gymnasium")
     try:
@@ -135,17 +153,31 @@ def test_multi_rank_launch_honours_overwrite(tmp_path, monkeypatch):
     from popplay.topologies import launch as launching
 
     started = []
-    monkeypatch.setattr(launching, "launch", lambda *args, **kwargs: started.append(kwargs["overwrite"]) or 0)
+    monkeypatch.setattr(launching, "launch",
+                        lambda *args, **kwargs: started.append((kwargs["overwrite"], kwargs["device"])) or 0)
     out = tmp_path / "run.h5"
     out.write_bytes(b"an old run")
     with pytest.raises(CommandError, match="file exists"):
-        train_dqn._launch("dqn", object(), out, False, True, None, None)
+        train_dqn._launch("dqn", object(), out, False, True, None, None, "cpu")
     assert started == []
     try:
-        train_dqn._launch("dqn", object(), out, True, True, None, None)
+        train_dqn._launch("dqn", object(), out, True, True, None, None, "cuda")
     except typer.Exit as stop:  # pragma: no cover - a zero exit code is returned, not raised
         assert stop.exit_code == 0
-    assert started == [True]
+    assert started == [(True, "cuda")]  # the ranks are told the device
+
+
+def test_ranks_command_line_carries_the_device() -> None:
+    from popplay.topologies.dqn import DQNParams
+    from popplay.topologies.launch import command_line
+
+    params = DQNParams(topology="collective", simulators=2, episodes=4)
+    plain = command_line("dqn", params, out=Path("r.h5"), overwrite=False, checkpoint_every=None, json_output=True,
+                         resume=None)
+    assert "--device" not in plain
+    gpu = command_line("dqn", params, out=Path("r.h5"), overwrite=False, checkpoint_every=None, json_output=True,
+                       resume=Path("r.h5"), device="cuda")
+    assert gpu[-2:] == ["--device", "cuda"] and "--resume" in gpu
 
 
 def test_progress_is_counted_in_the_budget_s_own_unit(tmp_path, capsys):

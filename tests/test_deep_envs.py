@@ -87,6 +87,39 @@ def test_gymnasium_ids_become_same_step_vector_envs() -> None:
         envs.require_discrete(pend, "dqn")
 
 
+@pytest.mark.parametrize("env_id, steps", [("CartPole-v1", 700), ("Pendulum-v1", 450)])
+def test_one_copy_steps_exactly_as_gymnasiums_sync_vector_env(env_id: str, steps: int) -> None:
+    """make_vector's one-copy class against gymnasium's SyncVectorEnv: the same
+    observations, rewards, flags and final observations bit for bit, through episodes
+    ended by failure (CartPole) and by the time limit (Pendulum's 200 steps)."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from popplay.envs.single import SingleCopyVectorEnv
+
+    ours = envs.make_vector(env_id, 1)
+    assert isinstance(ours, SingleCopyVectorEnv)
+    theirs = SyncVectorEnv([lambda: gymnasium.make(env_id)], autoreset_mode=AutoresetMode.SAME_STEP)
+    assert ours.observation_space == theirs.observation_space and ours.action_space == theirs.action_space
+    a, info_a = ours.reset(seed=[11])
+    b, info_b = theirs.reset(seed=11)
+    assert np.array_equal(a, b) and a.dtype == b.dtype and a.shape == (1, *ours.single_observation_space.shape)
+    rng = np.random.default_rng(0)
+    ends = {"terminated": 0, "truncated": 0}
+    for _ in range(steps):
+        action = ours.action_space.sample() if env_id != "CartPole-v1" else rng.integers(2, size=1)
+        a, ra, ta, tra, info_a = ours.step(action)
+        b, rb, tb, trb, info_b = theirs.step(action)
+        assert np.array_equal(a, b) and np.array_equal(ra, rb) and ra.dtype == rb.dtype
+        assert np.array_equal(ta, tb) and np.array_equal(tra, trb)
+        assert sorted(info_a) == sorted(info_b)
+        if ta[0] or tra[0]:
+            assert np.array_equal(info_a["final_obs"][0], info_b["final_obs"][0]) and info_a["_final_obs"][0]
+            ends["terminated" if ta[0] else "truncated"] += 1
+    assert ends["terminated" if env_id == "CartPole-v1" else "truncated"] >= 2
+    ours.close()
+    assert ours.closed
+
+
 def test_bad_env_id_is_one_line() -> None:
     with pytest.raises(envs.EnvError) as caught:
         envs.make_vector("CartPol-v1")
@@ -99,9 +132,12 @@ def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) ->
         raise gymnasium.error.DependencyNotInstalled("Box2D is not installed, run `pip install swig`\nand more")
 
     monkeypatch.setattr(gymnasium, "make_vec", missing)
-    with pytest.raises(envs.EnvError) as caught:
-        envs.make_vector("LunarLander-v3")
-    assert str(caught.value) == "--env LunarLander-v3 needs an extra that is not installed: pip install 'popplay[box2d]'"
+    monkeypatch.setattr(gymnasium, "make", missing)  # one copy is made with gymnasium.make
+    for copies in (1, 2):
+        with pytest.raises(envs.EnvError) as caught:
+            envs.make_vector("LunarLander-v3", copies)
+        assert str(caught.value) == ("--env LunarLander-v3 needs an extra that is not installed: "
+                                     "pip install 'popplay[box2d]'")
 
 
 def test_lunar_lander_without_box2d_names_the_extra() -> None:

@@ -15,7 +15,7 @@ class UpdateCredit:
     received: int
     update_credit: float
 
-    def update(self) -> float:
+    def update(self) -> float | None:
         raise NotImplementedError
 
     def receive(self, batch: Any) -> None:

@@ -16,7 +16,7 @@ learned; every topology uses the same rule).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 from popplay.agents import networks
 from popplay.agents.config import HiddenConfig, check_network
 from popplay.agents.credit import UpdateCredit
+from popplay.agents.flat import FlatAdam, FlatMLP, clip_norm_
 from popplay.agents.replay import Batch, ReplayBuffer
 
 
@@ -99,6 +100,36 @@ def dqn_loss(batch: Batch, online: nn.Module, targets: torch.Tensor) -> torch.Te
     return F.smooth_l1_loss(q, targets)
 
 
+def double_dqn_gradient(batch: Batch, online: FlatMLP, target: FlatMLP, gamma: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of :func:`dqn_loss` against :func:`double_dqn_targets` with respect to
+    ``online``'s flat parameters, written out (no autograd), and the TD errors
+    Q_online(s, a) - y (the loss is ``smooth_l1_loss(errors, 0)``).
+
+    One pass of the online network over s and s' stacked (its rows for s' pick the next
+    actions), the target's pass over s', the Huber loss's gradient, then
+    :meth:`FlatMLP.backward`. The gradient is ``online.grad``, overwritten by the next
+    call."""
+    n = batch.obs.shape[0]
+    states = torch.cat([batch.obs, batch.next_obs])
+    hidden: list[torch.Tensor] = []
+    q_both = online.forward(states, hidden)
+    best = q_both[n:].argmax(dim=1, keepdim=True)
+    value = target.forward(batch.next_obs).gather(1, best).squeeze(1)
+    targets = batch.reward + gamma * (1.0 - batch.terminated) * value
+    action = batch.action.view(-1, 1)
+    errors = q_both[:n].gather(1, action).squeeze(1) - targets
+    # smooth_l1_loss's gradient (β = 1, mean over the batch): the error clipped to ±1, over n
+    grad_q = errors.clamp(-1.0, 1.0).mul_(1.0 / n)
+    grad_output = torch.zeros_like(q_both[:n]).scatter_(1, action, grad_q.view(-1, 1))
+    return online.backward(states[:n], [h[:n] for h in hidden], grad_output), errors
+
+
+def huber(errors: torch.Tensor) -> float:
+    """:func:`dqn_loss`'s value from the TD errors :func:`double_dqn_gradient` returns."""
+    return float(F.smooth_l1_loss(errors, torch.zeros_like(errors)))
+
+
 @dataclass
 class DoubleDQN(UpdateCredit):
     """The learner's state: online and target networks, Adam, the replay buffer and
@@ -108,62 +139,72 @@ class DoubleDQN(UpdateCredit):
     obs_dim: int
     actions: int
     seed: int
+    device: str = "cpu"  # where the networks, Adam and replay live (acting takes and gives CPU arrays)
     online: nn.Module = field(init=False)
     target: nn.Module = field(init=False)
-    optimizer: torch.optim.Optimizer = field(init=False)
+    adam: Any = field(init=False)  # popplay.agents.flat.FlatAdam over the online network
     replay: ReplayBuffer = field(init=False)
     sampler: torch.Generator = field(init=False)
     updates: int = 0
     received: int = 0  # transitions given to the learner
     update_credit: float = 0.0  # updates owed (update_ratio per transition), not yet done
-    last_loss: float = float("nan")
+    _last_loss: float = field(default=float("nan"), init=False)
+    _last_errors: torch.Tensor | None = field(default=None, init=False, repr=False)  # the latest update's, for last_loss
 
     def __post_init__(self) -> None:
-        self.online = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
-        self.target = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden)
-        self.target.load_state_dict(self.online.state_dict())
-        # fused: one kernel per parameter for the whole Adam step (on the CPU, foreach
-        # falls back to one kernel per operation and parameter).
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr, fused=True)
-        self.replay = ReplayBuffer(self.config.replay_capacity, self.obs_dim)
+        # drawn on the CPU from the seed alone, so every device starts from the same weights
+        self.online = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden).to(self.device)
+        self.target = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden).to(self.device)
+        # Both networks' parameters move into flat vectors that the written-out update
+        # works on (popplay.agents.flat); the modules keep views into them, so acting,
+        # broadcasts and run files see the same weights.
+        self._online = FlatMLP(self.online)
+        self._target = FlatMLP(self.target)
+        self._target.vector.copy_(self._online.vector)
+        self.adam = FlatAdam(self._online, self.config.lr)
+        self.replay = ReplayBuffer(self.config.replay_capacity, self.obs_dim, device=self.device)
         self.sampler = networks.generator(self.seed * 7919 + 1)
 
     @property
     def epsilon(self) -> float:
         return epsilon(self.updates, self.config)
 
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """:func:`dqn_loss` against :func:`double_dqn_targets`: the online network's pass
-        over s' only picks actions, so it runs without gradient (fusing it with the pass
-        over s would make the backward pass twice as wide)."""
-        with torch.no_grad():
-            best = self.online(batch.next_obs).argmax(dim=1, keepdim=True)
-            value = self.target(batch.next_obs).gather(1, best).squeeze(1)
-            targets = batch.reward + self.config.gamma * (1.0 - batch.terminated) * value
-        q = self.online(batch.obs).gather(1, batch.action.view(-1, 1)).squeeze(1)
-        return F.smooth_l1_loss(q, targets)
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """The online network's Q values of a CPU batch, on the CPU (no autograd; the
+        same kernels as ``online``)."""
+        return self._online.forward(obs.to(self.device)).cpu()
 
-    def update(self) -> float:
-        """One gradient step on a uniform minibatch; refreshes the target when due."""
-        batch = self.replay.sample(self.config.batch_size, self.sampler)
-        if self.config.lr_updates:
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate(self.updates, self.config)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(batch)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm, foreach=True)
-        self.optimizer.step()
+    def update(self) -> None:
+        """One gradient step on a uniform minibatch (:func:`double_dqn_gradient`,
+        clipped to ``max_grad_norm``, then Adam); refreshes the target when due. The
+        loss itself is only computed when :attr:`last_loss` is read."""
+        config = self.config
+        batch = self.replay.sample(config.batch_size, self.sampler)
+        grad, errors = double_dqn_gradient(batch, self._online, self._target, config.gamma)
+        clip_norm_(grad, config.max_grad_norm)
+        self.adam.step(grad, learning_rate(self.updates, config))
         self.updates += 1
-        if self.updates % self.config.target_every == 0:
-            self.target.load_state_dict(self.online.state_dict())
-        self.last_loss = float(loss.detach())
-        return self.last_loss
+        if self.updates % config.target_every == 0:
+            self._target.vector.copy_(self._online.vector)
+        self._last_errors = errors
+
+    @property
+    def last_loss(self) -> float:
+        """The Huber loss of the latest update's minibatch (NaN before any)."""
+        if self._last_errors is not None:
+            self._last_loss = huber(self._last_errors)
+            self._last_errors = None
+        return self._last_loss
+
+    @last_loss.setter
+    def last_loss(self, value: float) -> None:
+        self._last_loss = float(value)
+        self._last_errors = None
 
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         out = {**networks.module_arrays(self.online, "online"), **networks.module_arrays(self.target, "target"),
-               **networks.optimizer_arrays(self.optimizer, "adam"), **self.replay.arrays("replay"),
+               **self.adam.arrays("adam"), **self.replay.arrays("replay"),
                "rng.sampler": networks.generator_array(self.sampler)}
         return out
 
@@ -174,7 +215,7 @@ class DoubleDQN(UpdateCredit):
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         networks.load_module_arrays(self.online, "online", arrays)
         networks.load_module_arrays(self.target, "target", arrays)
-        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.adam.load(arrays, "adam")
         self.replay.load(arrays, int(counters["replay_added"]), "replay")
         networks.load_generator(self.sampler, arrays["rng.sampler"])
         self.updates = int(counters["updates"])
@@ -184,10 +225,12 @@ class DoubleDQN(UpdateCredit):
 
 
 class EpsilonGreedy:
-    """The acting side of DQN: greedy on a Q network, uniform with probability ε.
-    Draws come from its own generator (one per simulator), so runs repeat exactly."""
+    """The acting side of DQN: greedy on a Q function (a network, or any callable from
+    an observation batch to Q values), uniform with probability ε. Draws come from its
+    own generator (one per simulator), so runs repeat exactly."""
 
-    def __init__(self, q_network: nn.Module, actions: int, generator: torch.Generator) -> None:
+    def __init__(self, q_network: Callable[[torch.Tensor], torch.Tensor], actions: int,
+                 generator: torch.Generator) -> None:
         self.q = q_network
         self.actions = actions
         self.generator = generator
@@ -197,6 +240,11 @@ class EpsilonGreedy:
         n = obs.shape[0]
         explore = torch.rand(n, generator=self.generator) < self.epsilon
         random = torch.randint(self.actions, (n,), generator=self.generator)
+        if n == 1:  # every topology acts on one copy: the same draws, less tensor work per step
+            if bool(explore):
+                return random.numpy()
+            with torch.no_grad():
+                return self.q(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()
         if bool(explore.all()):
             return random.numpy()
         with torch.no_grad():
@@ -204,8 +252,9 @@ class EpsilonGreedy:
         return torch.where(explore, random, greedy).numpy()
 
 
-def greedy_policy(q_network: nn.Module) -> Any:
-    """Actions maximising Q (ties: the lowest action), for evaluation."""
+def greedy_policy(q_network: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Actions maximising Q (ties: the lowest action), for evaluation. ``q_network``: a
+    network, or any callable from a CPU observation batch to CPU Q values."""
     def act(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return q_network(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()

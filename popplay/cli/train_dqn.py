@@ -110,7 +110,7 @@ def load_deep_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
     for param in ctx.command.params:
         if param.name not in DEEP_RESUME_ALLOWED and given(ctx, param.name):
             raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only --episodes, "
-                               "--env-steps, --checkpoint-every and --json may be given")
+                               "--env-steps, --checkpoint-every, --device, --timeout and --json may be given")
     try:
         return read_run(path, expected_domain=domain)
     except RunFileError as error:
@@ -122,6 +122,8 @@ def resume_deep(ctx: typer.Context, domain: str, path: Path, *, episodes: int, e
     """`train dqn|reinforce|... --resume`: continue the run file in place up to the new budget."""
     stored = load_deep_resume(ctx, domain, path)
     params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
+    if not given(ctx, "device"):  # the run continues where it ran
+        device = DeviceName(stored.config.get("device", "cpu"))
     run_deep(domain, params, out=path, overwrite=True, json_output=json_output, device=device,
              checkpoint_every=checkpoint_every, resume=stored)
 
@@ -149,20 +151,23 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
     from popplay.cli.common import default_out, print_json, stop_on_signals
     from popplay.console import reporter_for
     from popplay.envs import EnvError
-    from popplay.topologies.run import DeepRunError, train_deep
+    from popplay.topologies.run import DeepRunError, deep_device, train_deep
 
     try:
         params.validate()
+        resolved_device = deep_device(domain, device.value)
     except ValueError as error:
         raise CommandError(option_message(str(error))) from None
     except EnvError as error:
         raise CommandError(str(error)) from None
+    except DeepRunError as error:
+        raise CommandError(str(error), error.exit_code) from None
     target = out if out is not None else default_out(domain)
     if params.ranks > 1:
         from popplay.distributed.launch import in_rank
 
         if not in_rank():
-            _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume)
+            _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume, resolved_device)
             return
     # Progress on stderr, as for the populations: stdout carries only the results.
     reporter = reporter_for(sys.stderr, quiet=json_output and not sys.stderr.isatty())
@@ -191,7 +196,7 @@ def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, 
 
 
 def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: bool, checkpoint_every: Optional[str],
-            resume: Any) -> None:
+            resume: Any, device: str) -> None:
     """Run this command as ``params.ranks`` local processes (rank 0 prints the results)."""
     from popplay.checkpoints.runfile import RunFileError, check_writable
     from popplay.topologies.launch import launch
@@ -203,6 +208,6 @@ def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: b
     except RunFileError as error:
         raise CommandError(str(error)) from None
     code = launch(domain, params, out=Path(out), overwrite=overwrite, checkpoint_every=checkpoint_every,
-                  json_output=json_output, resume=resume.path if resume is not None else None)
+                  json_output=json_output, resume=resume.path if resume is not None else None, device=device)
     if code:
         raise typer.Exit(code)

@@ -91,6 +91,13 @@ def make_vector(env_id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     try:
         if spec.vector_entry_point is not None and env_id == POPPLAY_CARTPOLE:
             return gymnasium.make_vec(env_id, num_envs=num_envs, **kwargs)
+        if num_envs == 1:
+            env = gymnasium.make(env_id, **kwargs)
+            if isinstance(env.observation_space, gymnasium.spaces.Box):
+                from popplay.envs.single import SingleCopyVectorEnv
+
+                return SingleCopyVectorEnv(env)  # SyncVectorEnv's steps, without its N-copy bookkeeping
+            env.close()
         # Other ids' own vector entry points (gymnasium's CartPole) reset on the next
         # step; the synchronous wrapper is told to reset in the same one.
         return gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",

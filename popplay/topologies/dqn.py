@@ -121,7 +121,8 @@ class DQNExperiment(DeepExperiment):
         from popplay.agents import networks
         from popplay.agents.dqn import DoubleDQN
 
-        agent = DoubleDQN(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed)
+        agent = DoubleDQN(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed,
+                          device=self.backend.device if self.backend is not None else "cpu")
         return DQNState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 2))
 
     def phase(self, state: DQNState, *, time_left: float | None) -> DQNState:
@@ -137,7 +138,7 @@ class DQNExperiment(DeepExperiment):
         from popplay.envs.rollout import Episodes, episode_seed, play_episodes
 
         agent = state.agent
-        actor = EpsilonGreedy(agent.online, agent.actions, state.explore)
+        actor = EpsilonGreedy(agent.q_values, agent.actions, state.explore)
         every = self.params.train_every
 
         def train_on(piece: Episodes) -> None:
@@ -215,13 +216,13 @@ class DQNExperiment(DeepExperiment):
         n = self.params.eval_episodes if episodes is None else episodes
         if n == 0:
             return float("nan")
-        return greedy_quality(self.params.env, greedy_policy(state.agent.online), n, self.params.seed)[0]
+        return greedy_quality(self.params.env, greedy_policy(state.agent.q_values), n, self.params.seed)[0]
 
     def returns_of_greedy(self, state: DQNState, episodes: int, seed: int) -> np.ndarray:
         from popplay.agents.dqn import greedy_policy
         from popplay.topologies.common import greedy_quality
 
-        return greedy_quality(self.params.env, greedy_policy(state.agent.online), episodes, seed)[1]
+        return greedy_quality(self.params.env, greedy_policy(state.agent.q_values), episodes, seed)[1]
 
 
 def to_batch(episodes: Any) -> Any:

@@ -53,7 +53,7 @@ def _weights_message(agent: Any, flag: float, plan: int) -> Any:
     from popplay.agents import networks
 
     head = torch.tensor([flag, agent.epsilon, float(plan), float(agent.updates)], dtype=torch.float64)
-    return torch.cat([head, networks.flat_parameters(agent.online).double()])
+    return torch.cat([head, networks.flat_parameters(agent.online).cpu().double()])  # gloo: CPU tensors
 
 
 class Learner:
@@ -265,6 +265,7 @@ class _Simulator:
         from popplay import envs
         from popplay.agents import networks
         from popplay.agents.dqn import EpsilonGreedy
+        from popplay.agents.flat import FlatMLP
 
         self.dist = dist
         self.params = params
@@ -277,7 +278,9 @@ class _Simulator:
         if resume is not None:
             # Episode seeds of a resumed run must not repeat the first run's.
             self.episode = 1_000_000 * (1 + int(resume.state_counters.get("episodes", 0)))
-        self.actor = EpsilonGreedy(self.q, int(self.info.actions),
+        # acts through a flat view of its network (no module calls per step); the weights
+        # the learner sends land in the same storage
+        self.actor = EpsilonGreedy(FlatMLP(self.q).forward, int(self.info.actions),
                                    networks.generator(params.seed * 7919 + 1000 * dist.rank + self.episode))
         self.actor.epsilon = config.epsilon_start
         self.sent = 0

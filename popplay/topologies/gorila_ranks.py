@@ -348,13 +348,15 @@ class _GlobalReplay:
 
 def run_learner(ctx: Context) -> int:
     from popplay.agents import networks
-    from popplay.agents.dqn import double_dqn_targets, dqn_loss
+    from popplay.agents.dqn import double_dqn_gradient, huber
+    from popplay.agents.flat import FlatMLP
     from popplay.agents.replay import ReplayBuffer
     from popplay.topologies.gorila_guards import OutlierGuard
 
     config, l = ctx.config, ctx.role.index
     obs_dim = ctx.info.obs_dim
     online, target = ctx.net(), ctx.net()
+    online_flat, target_flat = FlatMLP(online), FlatMLP(target)  # the written-out gradient's views
     replay = ReplayBuffer(config.replay_capacity, obs_dim)
     sampler = networks.generator(ctx.stream(config.seed * 7919 + 1 + l))
     replay_lock = threading.Lock()  # global replay: the peers' server threads sample it too
@@ -446,11 +448,7 @@ def run_learner(ctx: Context) -> int:
             else:  # this minibatch was asked for one update ago; ask for the next now
                 batch = store_wide.collect(pending if pending is not None else store_wide.request(config.batch_size))
                 pending = store_wide.request(config.batch_size)
-            targets = double_dqn_targets(batch, online, target, config.gamma)
-            loss = dqn_loss(batch, online, targets)
-            online.zero_grad(set_to_none=True)
-            loss.backward()
-            grad = networks.flat_gradients(online)
+            grad, errors = double_dqn_gradient(batch, online_flat, target_flat, config.gamma)
             if config.inject_huge_every and (updates + 1) % config.inject_huge_every == 0:
                 grad = grad * 1e30
             norm = float(grad.norm())
@@ -463,11 +461,13 @@ def run_learner(ctx: Context) -> int:
                 for s, (a, b) in enumerate(ctx.bounds):
                     header = torch.tensor([GRAD, versions[s] - age, l, 0], dtype=torch.int64)
                     dist.send(header, dst=G.shard_rank(s, config), tag=TAG_REQ)
+                    # a view of the learner's gradient buffer, which the next update overwrites:
+                    # fine for a blocking send (an isend would need a copy)
                     dist.send(grad[a:b].contiguous(), dst=G.shard_rank(s, config), tag=TAG_GRAD)
                 sent += 1
             updates += 1
             credit -= 1.0
-            losses.append(float(loss.detach()))
+            losses.append(huber(errors))
         else:
             if (ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty()
                     and not any(flag.is_set() for flag in busy)):

@@ -19,7 +19,7 @@ _OPTION = {"replay_capacity": "--replay"}
 
 
 def command_line(domain: str, params: Any, *, out: Path, overwrite: bool, checkpoint_every: str | None,
-                 json_output: bool, resume: Path | None) -> list[str]:
+                 json_output: bool, resume: Path | None, device: str = "cpu") -> list[str]:
     """The ``popplay`` arguments every rank runs: every setting spelled out (so that the
     ranks cannot disagree, e.g. on a default --out with a time stamp)."""
     argv = ["train", domain]
@@ -42,16 +42,18 @@ def command_line(domain: str, params: Any, *, out: Path, overwrite: bool, checkp
         argv += ["--checkpoint-every", checkpoint_every]
     if json_output:
         argv.append("--json")
+    if device != "cpu":
+        argv += ["--device", device]
     return argv
 
 
 def launch(domain: str, params: Any, *, out: Path, overwrite: bool, checkpoint_every: str | None,
-           json_output: bool, resume: Path | None) -> int:
+           json_output: bool, resume: Path | None, device: str = "cpu") -> int:
     """Start ``params.ranks`` local ranks running this command; return the job's exit code."""
     from popplay.distributed.launch import launch_local
 
     argv = command_line(domain, params, out=out, overwrite=overwrite, checkpoint_every=checkpoint_every,
-                        json_output=json_output, resume=resume)
+                        json_output=json_output, resume=resume, device=device)
 
     def where() -> str:
         return f"the last checkpoint is {out}" if Path(out).exists() else f"no checkpoint was written to {out}"

@@ -29,12 +29,11 @@ def train_deep(domain: str, params: Any, *, out: Path, overwrite: bool = False,
     from popplay.envs import EnvError
     from popplay.runner import CheckpointEvery, TrainOptions, UsageProblem, train
 
-    if device == "cuda":
-        raise DeepRunError("--device cuda: the deep agents run on the CPU in this version")
+    device = deep_device(domain, device)
     limit_threads()
     try:
         every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
-        options = TrainOptions(backend="torch", device="cpu", out=out, overwrite=overwrite, checkpoint_every=every)
+        options = TrainOptions(backend="torch", device=device, out=out, overwrite=overwrite, checkpoint_every=every)
         ranks = params.ranks
         if ranks == 1:
             outcome = train(domain, params, options, reporter=reporter, should_stop=should_stop, resume=resume)
@@ -65,12 +64,33 @@ def train_deep(domain: str, params: Any, *, out: Path, overwrite: bool = False,
         "env_steps_per_second": state.env_steps / outcome.result.learning_seconds
         if outcome.result.learning_seconds > 0 else 0.0,
         "backend": backend_name,
-        "device": "cpu",
+        "device": device,
         "complete": not outcome.result.stopped,
         "out": str(out),
         **experiment.summary_extras(state),
     }
     return summary
+
+
+#: Deep domains whose learner can run on a GPU (``--device cuda``).
+CUDA_DOMAINS = ("dqn",)
+
+
+def deep_device(domain: str, device: str) -> str:
+    """The device a deep run's learner uses: ``cuda`` only when asked for (``auto`` is
+    the CPU: at these network sizes acting step by step across the bus costs more than
+    a GPU saves, and the CPU runs are the measured ones), and only for
+    :data:`CUDA_DOMAINS`. Raises :class:`DeepRunError` (one line) otherwise."""
+    if device != "cuda":
+        return "cpu"
+    if domain not in CUDA_DOMAINS:
+        raise DeepRunError(f"--device cuda: {domain} runs on the CPU in this version "
+                           f"(on a GPU: {', '.join(CUDA_DOMAINS)})")
+    from popplay.populations.base import cuda_available
+
+    if not cuda_available():
+        raise DeepRunError("--device cuda: no CUDA GPU is available on this machine")
+    return "cuda"
 
 
 def limit_threads() -> None:
