@@ -6,6 +6,7 @@ seed 003 topologies' wall time against ``sequential``.
     python benchmarks/deep.py --topologies --episodes 100            # seed 003 Tables 1-2 style
     python benchmarks/deep.py --preset tuned --sb3                   # the tuned CartPole settings, both
     python benchmarks/deep.py --env LunarLander-v3 --env-steps 500000 --preset lunar   # LunarLander settings
+    python benchmarks/deep.py --update-timing                        # ms per update: ours vs autograd's
 
 ``--preset tuned`` (docs/deep.md, "Double DQN on CartPole-v1"): 256-256, Adam 2.3e-3 falling
 linearly to 0 over the run, 128 updates every 256 env-steps (``--train-every 256
@@ -102,6 +103,46 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tu
     return {"quality": quality, "env_steps": env_steps, "seconds": seconds, "env_steps_per_second": env_steps / seconds}
 
 
+def update_timing(repeats: int = 3, updates: int = 2_000) -> dict[str, Any]:
+    """Milliseconds per Double DQN update of the tuned CartPole network (256-256, batch
+    64) and the LunarLander one (batch 128), one thread: popplay's written-out update
+    (:mod:`popplay.agents.flat`) against the same update through autograd,
+    ``clip_grad_norm_`` and ``torch.optim.Adam`` (``tests/reference/dqn.py``, the
+    learner before the flat update), on the same replay and minibatches; best of
+    ``repeats``."""
+    import torch
+
+    from popplay.agents import dqn
+    from popplay.agents.replay import Batch
+    from tests.reference.dqn import AutogradDoubleDQN
+
+    rows = {}
+    for name, obs_dim, actions, batch_size in (("cartpole", 4, 2, 64), ("lunar", 8, 4, 128)):
+        config = dqn.DQNConfig(hidden=(256, 256), batch_size=batch_size, learning_starts=0, lr_updates=10**6)
+        agent = dqn.DoubleDQN(config, obs_dim, actions, seed=0)
+        g = torch.Generator().manual_seed(0)
+        n = 50_000
+        agent.receive(Batch(torch.randn(n, obs_dim, generator=g), torch.randint(actions, (n,), generator=g),
+                            torch.randn(n, generator=g), torch.randn(n, obs_dim, generator=g),
+                            (torch.rand(n, generator=g) < 0.02).float()))
+        reference = AutogradDoubleDQN(agent)
+        row = {}
+        for label, update in (("popplay_ms", agent.update), ("autograd_ms", reference.update)):
+            best = float("inf")
+            for _ in range(repeats):
+                for _ in range(100):
+                    update()
+                started = time.perf_counter()
+                for _ in range(updates):
+                    update()
+                best = min(best, (time.perf_counter() - started) / updates * 1e3)
+            row[label] = best
+        row["speedup"] = row["autograd_ms"] / row["popplay_ms"]
+        rows[name] = row
+        print(f"{name}: {row}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="CartPole-v1")
@@ -116,12 +157,16 @@ def main() -> None:
                         help="default: popplay's defaults; tuned: the tuned CartPole settings; lunar: the "
                              "LunarLander settings (see above)")
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--update-timing", action="store_true",
+                        help="only time one Double DQN update, ours against autograd's (see update_timing)")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
     report: dict[str, Any] = {"env": args.env}
-    if args.topologies:
+    if args.update_timing:
+        report = {"update_timing": update_timing()}
+    elif args.topologies:
         rows = {}
         layouts = [("sequential", 1), ("pipelined", 1)]
         layouts += [(topology, n) for topology in ("collective", "async") for n in args.simulators]

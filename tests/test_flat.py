@@ -11,6 +11,7 @@ from torch import nn
 from popplay.agents import dqn, networks
 from popplay.agents.flat import FlatAdam, FlatMLP, clip_norm_
 from popplay.agents.replay import Batch
+from tests.reference.dqn import AutogradDoubleDQN
 
 
 @pytest.mark.parametrize("in_dim, hidden, out_dim", [(4, (256, 256), 2), (3, (8,), 5), (40, (16, 32, 8), 3)])
@@ -109,23 +110,6 @@ def test_flat_adam_refuses_damaged_arrays() -> None:
         fresh.load({**arrays, "adam.9.exp_avg": np.zeros(3, np.float32)}, "adam")
 
 
-def _reference_update(agent: dqn.DoubleDQN, online: nn.Module, target: nn.Module,
-                      optimizer: torch.optim.Optimizer, sampler: torch.Generator, updates: int) -> None:
-    """Double DQN's update the way it was written before the flat one: autograd through
-    dqn_loss and double_dqn_targets, clip_grad_norm_, torch.optim.Adam."""
-    config = agent.config
-    batch = agent.replay.sample(config.batch_size, sampler)
-    for group in optimizer.param_groups:
-        group["lr"] = dqn.learning_rate(updates, config)
-    optimizer.zero_grad(set_to_none=True)
-    loss = dqn.dqn_loss(batch, online, dqn.double_dqn_targets(batch, online, target, config.gamma))
-    loss.backward()
-    nn.utils.clip_grad_norm_(online.parameters(), config.max_grad_norm)
-    optimizer.step()
-    if (updates + 1) % config.target_every == 0:
-        target.load_state_dict(online.state_dict())
-
-
 def test_double_dqn_update_follows_the_autograd_reference() -> None:
     config = dqn.DQNConfig(hidden=(32, 32), batch_size=16, learning_starts=0, target_every=7, lr=3e-3,
                            lr_end=1e-4, lr_updates=30, max_grad_norm=0.5, gamma=0.9)
@@ -135,24 +119,16 @@ def test_double_dqn_update_follows_the_autograd_reference() -> None:
     agent.receive(Batch(torch.randn(n, 3, generator=g), torch.randint(3, (n,), generator=g),
                         3 * torch.randn(n, generator=g), torch.randn(n, 3, generator=g),
                         (torch.rand(n, generator=g) < 0.2).float()))
-    online = networks.seeded_mlp(4, 3, 3, config.hidden)
-    target = networks.seeded_mlp(4, 3, 3, config.hidden)
-    optimizer = torch.optim.Adam(online.parameters(), lr=config.lr, fused=True)
-    sampler = networks.generator(0)
-    sampler.set_state(agent.sampler.get_state())
+    reference = AutogradDoubleDQN(agent)
     losses = []
-    for step in range(40):
-        batch_state = agent.sampler.get_state()
+    for _ in range(40):
         agent.update()
-        # the reference loss of the same minibatch before its step: what last_loss reports
-        probe = networks.generator(0)
-        probe.set_state(batch_state)
-        batch = agent.replay.sample(config.batch_size, probe)
-        expected = dqn.dqn_loss(batch, online, dqn.double_dqn_targets(batch, online, target, config.gamma))
-        losses.append((agent.last_loss, float(expected.detach())))
-        _reference_update(agent, online, target, optimizer, sampler, step)
-        torch.testing.assert_close(agent._online.vector, networks.flat_parameters(online), rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(agent._target.vector, networks.flat_parameters(target), rtol=1e-4, atol=1e-5)
+        # the loss of the same minibatch before its step: what last_loss reports
+        losses.append((agent.last_loss, reference.update()))
+        torch.testing.assert_close(agent._online.vector, networks.flat_parameters(reference.online),
+                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(agent._target.vector, networks.flat_parameters(reference.target),
+                                   rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(*zip(*losses), rtol=1e-4)
     assert agent.updates == 40 and not torch.equal(agent._target.vector, networks.flat_parameters(
         networks.seeded_mlp(4, 3, 3, config.hidden)))  # the target was refreshed
