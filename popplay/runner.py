@@ -9,6 +9,7 @@ the step budget, the time budget or a stop request.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -418,7 +419,7 @@ class RunWriter:
         metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
         contents = dict(
             domain=self.domain, config=self.config,
-            state=arrays, state_counters=self.experiment.state_counters(state),
+            state=arrays, state_counters=_measured(self.experiment.state_counters(state)),
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=results, result_attrs={**metrics, "events_json": self.events},
@@ -429,6 +430,13 @@ class RunWriter:
             runfile.write_run(self.out, **contents)
         except runfile.NoSpaceError as error:
             runfile.rescue(error, contents)  # keeps this state elsewhere if it can; always raises
+
+
+def _measured(counters: dict[str, Any]) -> dict[str, Any]:
+    """``counters`` without NaN values. A deep agent's ``last_loss`` is NaN until its first
+    update, and readers take a missing one as NaN; a run file keeps finite numbers only
+    (a NaN there is damage), so a run saved before its first update still resumes."""
+    return {name: value for name, value in counters.items() if not (isinstance(value, float) and math.isnan(value))}
 
 
 def curve_from_file(curves: dict[str, Any]) -> Curve:

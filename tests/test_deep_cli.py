@@ -53,6 +53,17 @@ def test_dqn_resume_is_exact(tmp_path: Path, schedule: list[str]) -> None:
         assert np.array_equal(a[name], b[name]), name
 
 
+def test_a_run_saved_before_its_first_update_resumes(tmp_path: Path) -> None:
+    """Its loss is not measured yet (NaN): the file must not read as damaged."""
+    out = tmp_path / "early.h5"
+    first = _run(["train", "dqn", "--episodes", "2", "--eval-episodes", "0", "--hidden", "16", "--out", str(out),
+                  "--json"])
+    assert first["updates"] == 0  # fewer transitions than --learning-starts (1000)
+    assert "last_loss" not in read_run(out).state_counters
+    resumed = _run(["train", "dqn", "--resume", str(out), "--episodes", "4", "--json"])
+    assert resumed["episodes"] == 4 and resumed["updates"] == 0
+
+
 def test_dqn_trains_every_k_env_steps_mid_episode_too() -> None:
     """--train-every K: the owed updates run whenever the run's env-step count reaches a
     multiple of K (SB3's train_freq), not at episode ends."""
