@@ -57,9 +57,9 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
     stored = read_run(out)
     assert stored.config["device"] == "cuda" and stored.state["online.0.weight"].shape == (16, 4)
     # the stored weights are the GPU learner's: a CPU copy gives its Q values to rounding
-    from popplay.topologies.dqn import DQNExperiment, DQNParams
-    from popplay.populations.base import Backend
     from popplay.populations import registry
+    from popplay.populations.base import Backend
+    from popplay.topologies.dqn import DQNExperiment
 
     params = registry.params_from_config("dqn", stored.config)
     on_cpu = DQNExperiment(params, Backend("torch", "cpu")).restore(stored.state, stored.state_counters)

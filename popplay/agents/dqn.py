@@ -240,15 +240,12 @@ class EpsilonGreedy:
         n = obs.shape[0]
         explore = torch.rand(n, generator=self.generator) < self.epsilon
         random = torch.randint(self.actions, (n,), generator=self.generator)
-        if n == 1:  # every topology acts on one copy: the same draws, less tensor work per step
-            if bool(explore):
-                return random.numpy()
-            with torch.no_grad():
-                return self.q(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()
         if bool(explore.all()):
             return random.numpy()
         with torch.no_grad():
             greedy = self.q(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1)
+        if n == 1:  # one copy (every topology's case), not exploring: no blend to make
+            return greedy.numpy()
         return torch.where(explore, random, greedy).numpy()
 
 
