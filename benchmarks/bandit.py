@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from popplay.games.bandit import BanditParams
-from popplay.populations.bandit import BanditExperiment
-from popplay.populations.base import Backend, cuda_available
+from popplay.games.bandit.rules import BanditParams
+from popplay.games.bandit.experiment import BanditExperiment
+from popplay.core.backend import Backend, cuda_available
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -139,10 +139,10 @@ def peak_memory() -> dict:
     """Peak RSS of the largest configuration, in a fresh process."""
     code = (
         "import resource, time\n"
-        "from popplay.games.bandit import BanditParams\n"
-        "from popplay.populations.bandit import BanditExperiment\n"
-        "from popplay.populations.base import Backend\n"
-        "from popplay.runner import run\n"
+        "from popplay.games.bandit.rules import BanditParams\n"
+        "from popplay.games.bandit.experiment import BanditExperiment\n"
+        "from popplay.core.backend import Backend\n"
+        "from popplay.training.loop import run\n"
         "p = BanditParams(arms=1000, agents=8192, trials=64, steps_per_agent={steps}, share_every=16)\n"
         "r = run(BanditExperiment(p, Backend('numba', 'cpu')))\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r.learning_seconds)\n"

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from popplay.games import cartpole as game
-from popplay.games.cartpole import CartPolePopulationParams
-from popplay.populations.base import Backend, resolve_backend
-from popplay.populations.cartpole import CartPoleExperiment
+from popplay.games.cartpole import rules as game
+from popplay.games.cartpole.rules import CartPolePopulationParams
+from popplay.core.backend import Backend, resolve_backend
+from popplay.games.cartpole.experiment import CartPoleExperiment
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -119,7 +119,7 @@ def throughput(args: argparse.Namespace) -> None:
         timing, _ = popplay_rate(dataclasses.replace(params, steps_per_agent=4 * args.share_every),
                                  Backend("torch", "cpu"))
         print(f"torch CPU learning: {timing.rate / 1e6:.2f} M agent-steps/s")
-    from popplay.populations.base import cuda_available
+    from popplay.core.backend import cuda_available
 
     if cuda_available():
         big = CartPolePopulationParams(agents=8192, trials=1024, steps_per_agent=4 * args.share_every,
@@ -133,7 +133,7 @@ def throughput(args: argparse.Namespace) -> None:
 
 
 def curve(params: CartPolePopulationParams) -> dict[str, list[float]]:
-    from popplay import runner
+    from popplay.training import loop as runner
 
     ex = CartPoleExperiment(params, resolve_backend("auto", "cpu"))
     result = runner.run(ex)
@@ -191,7 +191,7 @@ REPLICATION_SETTINGS = {
 
 
 def replication(args: argparse.Namespace) -> None:
-    from popplay import runner
+    from popplay.training import loop as runner
 
     settings = json.loads(args.settings) if args.settings else REPLICATION_SETTINGS
     base = json.loads(args.params) if args.params else {}
@@ -234,7 +234,7 @@ def replication(args: argparse.Namespace) -> None:
 def policy_quality(policies: np.ndarray, position: float, angle_degrees: float, starts: int, seed: int,
                    steps: int = 8192) -> np.ndarray:
     """Mean steps balanced by each deterministic box policy (n, 36) from random starts."""
-    from popplay.games import _cartpole_numba as kernels
+    from popplay.games.cartpole import _numba as kernels
 
     n = policies.shape[0]
     table = np.full((n, 72), -1.0)

@@ -29,7 +29,7 @@ Differences that remain: SB3's DQN is vanilla DQN (its target takes the target
 network's own max; popplay's is Double DQN), and SB3 trains every 4 steps as they come
 while popplay's sequential topology trains after each episode (seed 003 Algorithm 1).
 ``quality`` is the mean return of 100 greedy episodes at the end, played by the same
-evaluation code (:func:`popplay.envs.rollout.evaluate`) for both. One torch thread per
+evaluation code (:func:`popplay.deep.envs.rollout.evaluate`) for both. One torch thread per
 process for both (the networks are tiny). Results: JSON on stdout.
 """
 from __future__ import annotations
@@ -55,9 +55,8 @@ PRESETS = {"tuned": TUNED, "lunar": LUNAR}
 
 def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequential", simulators: int = 1,
                 episodes: int = 0, eval_episodes: int = 100, preset: str = "default") -> dict[str, Any]:
-    from popplay.console import SilentReporter
-    from popplay.topologies.dqn import DQNParams
-    from popplay.topologies.run import train_deep
+    from popplay.api import train
+    from popplay.deep.topologies.dqn import DQNParams
 
     extra: dict[str, Any] = {}
     if preset in PRESETS:  # the rate falls to lr_end over the run's updates (after 1,000 learning-start steps)
@@ -66,7 +65,7 @@ def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequent
     params = DQNParams(env=env_id, env_steps=env_steps, episodes=episodes, seed=seed, topology=topology,
                        simulators=simulators, eval_episodes=eval_episodes, **extra)
     with tempfile.TemporaryDirectory() as tmp:
-        return train_deep("dqn", params, out=Path(tmp) / "run.h5", reporter=SilentReporter())
+        return train(params, out=Path(tmp) / "run.h5").summary
 
 
 def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tuned: bool = False) -> dict[str, Any]:
@@ -75,7 +74,7 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tu
     import torch
     from stable_baselines3 import DQN
 
-    from popplay.topologies.common import greedy_quality
+    from popplay.deep.topologies.common import greedy_quality
 
     torch.set_num_threads(1)
     if tuned:
@@ -106,14 +105,14 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tu
 def update_timing(repeats: int = 3, updates: int = 2_000) -> dict[str, Any]:
     """Milliseconds per Double DQN update of the tuned CartPole network (256-256, batch
     64) and the LunarLander one (batch 128), one thread: popplay's written-out update
-    (:mod:`popplay.agents.flat`) against the same update through autograd,
+    (:mod:`popplay.deep.agents.flat`) against the same update through autograd,
     ``clip_grad_norm_`` and ``torch.optim.Adam`` (``tests/reference/dqn.py``, the
     learner before the flat update), on the same replay and minibatches; best of
     ``repeats``."""
     import torch
 
-    from popplay.agents import dqn
-    from popplay.agents.replay import Batch
+    from popplay.deep.agents import dqn
+    from popplay.deep.agents.replay import Batch
     from tests.reference.dqn import AutogradDoubleDQN
 
     rows = {}

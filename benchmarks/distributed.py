@@ -140,8 +140,9 @@ def peak_rss(args: list[str], nproc: int, out: Path) -> tuple[float, dict]:
 def memory(tmp: Path, quick: bool) -> dict:
     """Cart-pole's peak memory per rank in the trial layout, fitted and projected."""
     sys.path.insert(0, str(ROOT))
-    from popplay.games.cartpole import CartPolePopulationParams
-    from popplay.limits import format_bytes, run_bytes
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+    from popplay.core.limits import format_bytes
+    from popplay.games.cartpole import memory_bytes
 
     agents = 256 if quick else MEMORY_AGENTS
     points = []
@@ -165,10 +166,10 @@ def memory(tmp: Path, quick: bool) -> dict:
     projection = {}
     for ranks in (16, 32, 64):
         peak = base + per_held * 8192 * (1024 // ranks) + per_whole * 8192 * 1024
-        projection[ranks] = {"projected_peak_bytes": peak, "estimate_bytes": run_bytes("cartpole", bell, ranks, 1)}
+        projection[ranks] = {"projected_peak_bytes": peak, "estimate_bytes": memory_bytes(bell, ranks, 1)}
         print(f"memory    Bell's 8192 x 1024 on {ranks} ranks: {format_bytes(peak)} per rank projected "
               f"(popplay's own estimate {format_bytes(projection[ranks]['estimate_bytes'])}; "
-              f"one process would need {format_bytes(run_bytes('cartpole', bell))})", flush=True)
+              f"one process would need {format_bytes(memory_bytes(bell))})", flush=True)
     return {"points": points, "bytes_fixed": base, "bytes_per_agent_trial_held": per_held,
             "bytes_per_agent_trial_of_population": per_whole, "bell_projection": projection}
 

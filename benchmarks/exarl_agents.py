@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from popplay.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, deterministic_policy
-from popplay.agents.replay import Batch
-from popplay.agents.td3 import TD3, TD3Config
+from popplay.deep.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, deterministic_policy
+from popplay.deep.agents.replay import Batch
+from popplay.deep.agents.td3 import TD3, TD3Config
 
 
 def evaluate(env_id: str, policy, episodes: int, seed: int) -> np.ndarray:

@@ -19,7 +19,7 @@ start, so later segments are off-policy); SB3 steps the 8 copies in lock-step an
 resets each as it ends.
 
 ``quality`` is the mean return of ``--eval-episodes`` greedy (noiseless) episodes played
-by the same code (:func:`popplay.topologies.common.greedy_quality`) for both. One torch
+by the same code (:func:`popplay.deep.topologies.common.greedy_quality`) for both. One torch
 thread each. Results: one JSON line per seed on stderr, the whole report on stdout.
 """
 from __future__ import annotations
@@ -37,16 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def popplay_run(agent: str, env_id: str, env_steps: int, seed: int, eval_episodes: int) -> dict[str, Any]:
-    from popplay.console import SilentReporter
-    from popplay.topologies.exarl import DDPGParams, TD3Params
-    from popplay.topologies.run import train_deep
-
-    from popplay.topologies.exarl import A2CParams
+    from popplay.api import train
+    from popplay.deep.topologies.exarl import A2CParams, DDPGParams, TD3Params
 
     params_type = {"td3": TD3Params, "ddpg": DDPGParams, "a2c": A2CParams}[agent]
     params = params_type(env=env_id, env_steps=env_steps, seed=seed, eval_episodes=eval_episodes)
     with tempfile.TemporaryDirectory() as tmp:
-        out = train_deep(agent, params, out=Path(tmp) / "run.h5", reporter=SilentReporter())
+        out = train(params, out=Path(tmp) / "run.h5").summary
     return {"quality": out["quality"], "seconds": out["seconds"], "env_steps": out["env_steps"],
             "env_steps_per_second": out["env_steps_per_second"]}
 
@@ -56,7 +53,7 @@ def sb3_a2c(env_id: str, env_steps: int, seed: int, eval_episodes: int) -> dict[
     from stable_baselines3 import A2C
     from stable_baselines3.common.env_util import make_vec_env
 
-    from popplay.topologies.common import greedy_quality
+    from popplay.deep.topologies.common import greedy_quality
 
     torch.set_num_threads(1)
     env = make_vec_env(env_id, n_envs=8, seed=seed)
@@ -85,7 +82,7 @@ def sb3_run(agent: str, env_id: str, env_steps: int, seed: int, eval_episodes: i
     from stable_baselines3 import DDPG, TD3
     from stable_baselines3.common.noise import NormalActionNoise
 
-    from popplay.topologies.common import greedy_quality
+    from popplay.deep.topologies.common import greedy_quality
 
     torch.set_num_threads(1)
     env = gymnasium.make(env_id)

@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,7 +49,7 @@ NETWORKS = {"10 Gb/s": {"alpha": 25e-6, "beta": 1.25e9}, "100 Gb/s": {"alpha": 2
 
 
 def _params(learners: int = 1, actors: int = 1) -> Any:
-    from popplay.topologies.exarl import A2CParams
+    from popplay.deep.topologies.exarl import A2CParams
 
     return A2CParams(env="CartPole-v1", hidden=(32,), seed=0, episodes=1, workflow="multi-learner",
                      learners=learners, actors=actors)
@@ -60,13 +59,13 @@ def compute_costs(episodes: int = 60) -> dict[str, float]:
     """``t_step`` and ``t_learn`` (seconds per row) and the sizes ``P`` and ``w``."""
     import torch
 
-    from popplay.agents import networks
-    from popplay.topologies import exarl_ranks as X
+    from popplay.deep.agents import networks
+    from popplay.deep.topologies import exarl_ranks as X
 
     torch.set_num_threads(1)
     params = _params()
     actor = X._Actor(params, 0)
-    from popplay import envs
+    from popplay.deep import envs
 
     info = envs.describe(actor.env, params.env)
     learner = params.new_learner(info)

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine_info  # noqa: E402
-from popplay.topologies.gorila import GorilaConfig, load_npz, train_gorila  # noqa: E402
+from popplay.deep.topologies.gorila import GorilaConfig, load_npz, train_gorila  # noqa: E402
 
 
 def model(config: GorilaConfig, learner_updates: int, gradients_sent: int, env_steps: int,
@@ -59,7 +59,7 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _param_count(config: GorilaConfig) -> int:
-    from popplay import envs
+    from popplay.deep import envs
 
     env = envs.make_vector(config.env, 1)
     info = envs.describe(env, config.env)
@@ -98,7 +98,7 @@ def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_
                 except (OSError, KeyError, ValueError):
                     pass
             if steps >= kill_actor_at:
-                pid = _pid_of(f"popplay gorila actor 1", str(parts))
+                pid = _pid_of("popplay gorila actor 1", str(parts))
                 if pid:
                     os.kill(pid, signal.SIGKILL)
                     killed.update(at_env_steps=steps, pid=pid)
@@ -107,9 +107,9 @@ def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_
     started = time.perf_counter()
     summary = train_gorila(config, out, should_stop=should_stop, log=sys.stderr, progress_every=10.0)
     wall = time.perf_counter() - started
-    from popplay.checkpoints.runfile import read_run
+    from popplay.checkpoints.validation import load_run
 
-    curves = read_run(out).curves
+    curves = load_run(out).curves
     row = {"layout": layout if args.replay == "local" else f"{layout} global", "kind": "gorila",
            "wall_seconds": wall, **summary,
            "curve": _thin(curves["env_steps"], curves["return"]), "killed": killed,
@@ -134,7 +134,7 @@ def _pid_of(role: str, marker: str) -> int | None:
 
 
 def run_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from popplay.checkpoints.runfile import read_run
+    from popplay.checkpoints.validation import load_run
 
     out = workdir / "dqn.h5"
     started = time.perf_counter()
@@ -146,7 +146,7 @@ def run_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if done.returncode != 0:
         raise SystemExit(f"train dqn failed: {done.stderr.strip()}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    state = read_run(out).state
+    state = load_run(out).state
     returns, lengths = state["episode_returns"], state["episode_lengths"]
     return {"layout": "dqn sequential", "kind": "dqn", "wall_seconds": wall, **summary,
             "curve": _thin(np.cumsum(lengths), returns)}

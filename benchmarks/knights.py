@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams
-from popplay.populations.base import Backend, cuda_available
-from popplay.populations.knights import KnightsExperiment
-from popplay.runner import run
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import KnightsParams
+from popplay.core.backend import Backend, cuda_available
+from popplay.games.knights.experiment import KnightsExperiment
+from popplay.training.loop import run
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -51,9 +51,9 @@ import cartpole as bench_cartpole  # noqa: E402  (benchmarks/cartpole.py)
 import knights as bench_knights  # noqa: E402  (benchmarks/knights.py)
 from _common import Timing, machine_info, thread_counts  # noqa: E402
 
-from popplay.games.cartpole import CartPolePopulationParams  # noqa: E402
-from popplay.games.knights import KnightsParams  # noqa: E402
-from popplay.populations.base import Backend  # noqa: E402
+from popplay.games.cartpole.rules import CartPolePopulationParams  # noqa: E402
+from popplay.games.knights.rules import KnightsParams  # noqa: E402
+from popplay.core.backend import Backend  # noqa: E402
 
 SECTIONS = ("bandit", "cartpole", "knights", "scaling", "gpu")
 TITLES = {

@@ -11,15 +11,17 @@ stays fast.
 """
 from __future__ import annotations
 
+from importlib import import_module
+
 from popplay import _numba_cache
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "train": "popplay.api", "evaluate": "popplay.api", "tournament": "popplay.api", "load": "popplay.api",
-    "params_for": "popplay.api", "TrainOptions": "popplay.runner", "TrainOutcome": "popplay.runner",
-    "CheckpointEvery": "popplay.runner", "BanditParams": "popplay.games.bandit",
-    "CartPolePopulationParams": "popplay.games.cartpole", "KnightsParams": "popplay.games.knights",
+    "params_for": "popplay.api", "TrainOptions": "popplay.training.pipeline", "TrainOutcome": "popplay.training.pipeline",
+    "CheckpointEvery": "popplay.training.pipeline", "BanditParams": "popplay.games.bandit.rules",
+    "CartPolePopulationParams": "popplay.games.cartpole.rules", "KnightsParams": "popplay.games.knights.rules",
 }
 __all__ = ["__version__", *_EXPORTS]
 
@@ -28,7 +30,6 @@ _numba_cache.configure()
 
 def __getattr__(name: str) -> object:
     if name in _EXPORTS:
-        from importlib import import_module
 
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'popplay' has no attribute {name!r}")

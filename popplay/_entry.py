@@ -5,7 +5,7 @@ import sys
 
 def entry_point() -> None:
     try:
-        from popplay.cli import main
+        from popplay.cli.main import main  # defers numpy: Ctrl-C while it loads must end in one line
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         sys.exit(130)

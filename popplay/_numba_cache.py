@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+import tempfile
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,7 +42,6 @@ def _private_temp_dir() -> str | None:
 
     Loading a numba cache runs code from it, so a directory planted by someone else (or a
     symlink) must never be used."""
-    import tempfile
 
     path = os.path.join(tempfile.gettempdir(), f"popplay-numba-cache-{os.getuid()}")
     try:
@@ -75,7 +76,6 @@ def configure() -> None:
     if chosen is None:
         return
     os.environ["NUMBA_CACHE_DIR"] = chosen
-    import sys
 
     config = getattr(sys.modules.get("numba"), "config", None)
     if config is not None:  # numba already imported: it read the environment at import

@@ -6,10 +6,16 @@ Examples: ``docs/api.md``.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from popplay.runner import CheckpointEvery, TrainOptions, TrainOutcome
+from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.console import PlainReporter
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.training.pipeline import CheckpointEvery, TrainOptions, TrainOutcome
+from popplay.training.pipeline import train as run_train
 
 __all__ = ["train", "evaluate", "tournament", "load", "params_for", "TrainOptions", "TrainOutcome",
            "CheckpointEvery"]
@@ -18,20 +24,17 @@ __all__ = ["train", "evaluate", "tournament", "load", "params_for", "TrainOption
 def params_for(domain: str, **fields: Any) -> Any:
     """The parameters of ``domain`` ("bandit", "cartpole", "knights") with ``fields``
     changed from the defaults, validated (``ValueError`` names a bad field)."""
-    from popplay.populations import registry
 
-    if domain not in registry.DOMAINS:
-        raise ValueError(f"domain must be one of {', '.join(registry.DOMAINS)} (got {domain!r})")
-    params = registry.DOMAINS[domain].params_type()(**fields)
+    if not registry.known(domain):
+        raise ValueError(f"domain must be one of {', '.join(registry.names())} (got {domain!r})")
+    params = registry.get(domain).params_type()(**fields)
     params.validate()
     return params
 
 
 def _domain_of(params: Any) -> str:
-    from popplay.populations import registry
-
-    for name, spec in registry.DOMAINS.items():
-        if isinstance(params, spec.params_type()):
+    for name in registry.names():
+        if isinstance(params, registry.get(name).params_type()):
             return name
     raise TypeError(f"not the parameters of a popplay domain: {type(params).__name__}")
 
@@ -52,26 +55,16 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
         progress: print plain progress lines to stderr.
 
     Returns:
-        :class:`popplay.runner.TrainOutcome`: ``summary`` (what ``--json`` prints),
+        :class:`popplay.training.pipeline.TrainOutcome`: ``summary`` (what ``--json`` prints),
         ``result.curve`` (``agent_steps``, ``seconds`` and ``metrics`` lists),
         ``result.state`` (the population's arrays) and ``warnings``.
     """
-    import sys
-
-    from popplay.console import PlainReporter
-    from popplay.populations import registry
-    from popplay.runner import train as run_train
-
     if isinstance(params, str):
         params = params_for(params, **fields)
     elif fields:
         raise TypeError("give fields only with a domain name (or use dataclasses.replace on params)")
     every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
-    domain = _domain_of(params)
-    if domain in registry.DEEP_DOMAINS:  # auto is the CPU for deep agents, as on the command line
-        from popplay.topologies.run import deep_device
-
-        device = deep_device(domain, device)
+    domain = _domain_of(params)  # (auto is the CPU for deep agents: DomainSpec.backend)
     options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
                            out=Path(out) if out is not None else None, overwrite=overwrite, checkpoint_every=every)
     return run_train(domain, params, options, reporter=PlainReporter(sys.stderr) if progress else None)
@@ -80,9 +73,8 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
 def load(run: str | Path) -> Any:
     """A run file's contents (:class:`popplay.checkpoints.runfile.RunFile`: domain,
     config, curves, state, results, versions)."""
-    from popplay.checkpoints.runfile import read_run
 
-    return read_run(Path(run))
+    return load_run(Path(run))
 
 
 def evaluate(run: str | Path, *, opponent: str = "greedy", games: int = 200, seed: int | None = None) -> dict[str, Any]:
@@ -92,17 +84,15 @@ def evaluate(run: str | Path, *, opponent: str = "greedy", games: int = 200, see
     against ``opponent`` over ``games`` games (rounded up to even, half moving first);
     ``quality`` is the best agent's score, ``per_agent`` the scores.
     """
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
 
     stored = load(run)
-    params = registry.params_from_config(stored.domain, stored.config)
-    experiment = registry.build(stored.domain, params, Backend("numba", "cpu"))
+    params = params_from_config(stored.domain, stored.config, run_options=False)
+    experiment = registry.get(stored.domain).build(params, Backend("numba", "cpu"))
     state = experiment.restore(stored.state, stored.state_counters)
     if stored.domain != "knights":
         return {"domain": stored.domain, "agent_steps_per_trial": experiment.agent_steps(state),
                 "agent_steps": experiment.total_agent_steps(state), **experiment.measure(state)}
-    from popplay.opponents import quality
+    from popplay.games.knights.opponents import quality  # defers numba
 
     games += games % 2
     q = quality(state.networks, opponent, games, params=params, seed=params.seed if seed is None else seed)
@@ -115,8 +105,8 @@ def tournament(runs: Sequence[str | Path], *, games: int = 10, anchor: str | Non
                snapshots: bool = False) -> dict[str, Any]:
     """Round robin between the knights agents of ``runs`` (as ``popplay tournament``):
     ``agents`` (names), ``ratings`` (Elo), ``total_score`` and the win/draw/loss matrices."""
-    from popplay.tournaments.entrants import load_field
-    from popplay.tournaments.roundrobin import TAG_TOURNAMENT, round_robin
+    from popplay.tournaments.entrants import load_field  # defers numba
+    from popplay.tournaments.roundrobin import TAG_TOURNAMENT, round_robin  # defers numba
 
     games += games % 2
     field = load_field([Path(r) for r in runs], snapshots=snapshots, anchor=anchor)

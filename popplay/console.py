@@ -1,6 +1,6 @@
 """The live console: a pure :func:`render` and two reporters that show it.
 
-``render(progress)`` turns a :class:`popplay.runner.Progress` into a rich renderable
+``render(progress)`` turns a :class:`popplay.core.experiment.Progress` into a rich renderable
 and does nothing else, so it is tested directly. :class:`LiveReporter` redraws it in
 place on a terminal; :class:`PlainReporter` prints one plain line now and then for
 logs and pipes (no escape codes). Both write to stderr: stdout belongs to results
@@ -13,11 +13,12 @@ import time
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from popplay.runner import PER_TRIAL, Progress
+from popplay.core.experiment import PER_TRIAL, Progress
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -111,8 +112,6 @@ class LiveReporter:
     """Redraws :func:`render` in place (a terminal), at most ``fps`` times a second."""
 
     def __init__(self, stream: IO[str] | None = None, fps: float = 8.0) -> None:
-        from rich.live import Live
-
         self._console = Console(file=stream or sys.stderr)
         self._live = Live(console=self._console, auto_refresh=False, transient=False)
         self._interval = 1.0 / fps

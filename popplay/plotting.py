@@ -13,6 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from popplay.checkpoints.h5io import atomic_output, check_replaceable, probe_directory
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run
+from popplay.core import registry
+
 INSTALL_HINT = 'pip install "popplay[plot]"'
 _DPI = 100  # keeps a figure's PNG around 50-100 KB
 
@@ -28,9 +33,9 @@ class PlotInputError(ValueError):
 def missing_matplotlib() -> str | None:
     """None when matplotlib can draw PNGs here, else a one-line reason with the fix."""
     try:
-        import matplotlib  # noqa: F401
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-        from matplotlib.figure import Figure  # noqa: F401
+        import matplotlib  # defers matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # defers matplotlib  # noqa: F401
+        from matplotlib.figure import Figure  # defers matplotlib  # noqa: F401
     except ImportError:
         return f"matplotlib is not installed; install the plot extra: {INSTALL_HINT}"
     return None
@@ -41,8 +46,8 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
     problem = missing_matplotlib()
     if problem:
         raise PlotUnavailable(problem)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # defers matplotlib
+    from matplotlib.figure import Figure  # defers matplotlib
 
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -51,8 +56,6 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
 
 def save_png(fig: Any, path: Path) -> Path:
     """Write ``fig`` to ``path`` as PNG atomically (no half-written image under the name)."""
-    from popplay.checkpoints.h5io import atomic_output
-
     with atomic_output(Path(path)) as tmp_name:
         fig.savefig(tmp_name, format="png", dpi=_DPI)
     return Path(path)
@@ -72,20 +75,24 @@ def draw_figure(figure: Any, data: Any, path: Path) -> Path:
 _STATS = ("best", "mean", "worst")
 _STYLE = {"best": "--", "mean": "-", "worst": ":"}
 _HIDDEN = ("eval_episode",)  # bookkeeping (which evaluation a point repeats), not a curve
+#: The panel that holds every opponent's best/mean/worst curves together, for domains
+#: whose spec labels it (knights: every benchmark opponent on one axis, all scores).
+QUALITY_AGAINST = "quality against"
+
+
+class _Missing(dict):
+    """``str.format_map`` values from a run's config, ``?`` for what it lacks."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
 
 
 def _units(domain: str, name: str, config: dict[str, Any]) -> str:
-    """The y-axis label of a panel: what the numbers are, in their units."""
-    if domain == "bandit" and name == "quality":
-        return "fraction of trials whose shared\nestimate picks the best arm"
-    if domain == "cartpole" and name == "quality":
-        return f"steps balanced by the shared policy\n(mean over trials, cap {config.get('test_steps', '?')})"
-    if domain == "cartpole" and name == "balanced":
-        return "fraction of tests balanced\nto the cap"
-    if domain == "knights" and name == "quality against":
-        return "quality against opponent\n(wins + draws/2) / games"
-    if domain == "knights" and name == "score":
-        return "learning score\n(wins + draws/2) / games"
+    """The y-axis label of a panel: what the numbers are, in their units (the domain's
+    own label where its spec gives one)."""
+    label = registry.get(domain).plot_units.get(name) if registry.known(domain) else None
+    if label is not None:
+        return label.format_map(_Missing(config))
     if name.endswith("_mean") and name[:-5] in ("alpha", "lam", "epsilon"):
         return {"alpha": "mean α", "lam": "mean λ", "epsilon": "mean ε"}[name[:-5]]
     return name
@@ -102,8 +109,8 @@ def _panels(domain: str, metrics: dict[str, np.ndarray]) -> list[tuple[str, list
     opponents = [name[:-len("_best")] for name in metrics if name.endswith("_best")
                  and all(f"{name[:-5]}_{s}" in metrics for s in _STATS)]
     quality_opponents = [o for o in opponents if o != "score"]
-    if domain == "knights" and quality_opponents:
-        panels.append(("quality against", [(f"{o}_{s}", f"{s} agent vs {o}", _STYLE[s])
+    if quality_opponents and registry.known(domain) and QUALITY_AGAINST in registry.get(domain).plot_units:
+        panels.append((QUALITY_AGAINST, [(f"{o}_{s}", f"{s} agent vs {o}", _STYLE[s])
                                            for o in quality_opponents for s in _STATS]))
         used.update(f"{o}_{s}" for o in quality_opponents for s in _STATS)
         used.add("quality")  # the mean against the strongest opponent: already drawn
@@ -161,13 +168,15 @@ def plot_run(run: Any, path: Path) -> Path:
     panels = _panels(run.domain, metrics)
     if not panels:
         raise PlotInputError(f"{run.path}: the run file has no metric under /curves to plot")
-    step_label = "agent-time steps per trial" if run.domain != "knights" else "agent turns (all agents)"
+    step_label = registry.get(run.domain).steps_label if registry.known(run.domain) else "agent-time steps"
     axes_x = [(step_label, steps)]
     if seconds is not None:
         axes_x.append(("learning time (s)", seconds))
     rows = len(panels)
     fig = new_figure(4.6 * len(axes_x) + 2.6, 2.8 * rows + 1.0)
-    from matplotlib.ticker import EngFormatter  # after new_figure: it says when matplotlib is missing
+    from matplotlib.ticker import (
+        EngFormatter,  # after new_figure: it says when matplotlib is missing; defers matplotlib
+    )
 
     colours: dict[str, str] = {}
     for row, (panel, members) in enumerate(panels):
@@ -233,12 +242,9 @@ def default_png(path: Path) -> Path:
     return Path(path).with_suffix(".png")
 
 
-def plot_file(path: Path, out: Path | None = None) -> PlotResult:
-    """Draw a run file's curves, or redraw a figure data file written by ``popplay
-    reproduce``. Raises :class:`PlotInputError` or :class:`PlotUnavailable`."""
-    from popplay.checkpoints import runfile
-    from popplay.reproduce import data as figure_data
-
+def output_png(path: Path, out: Path | None = None) -> Path:
+    """The PNG to draw ``path`` into (``out``, or the input's name with .png), refused
+    (:class:`PlotInputError`) where it cannot be written or would replace the input."""
     path = Path(path)
     png = Path(out) if out is not None else default_png(path)
     if png.exists() and png.is_dir():
@@ -248,37 +254,23 @@ def plot_file(path: Path, out: Path | None = None) -> PlotResult:
     directory = png.parent if str(png.parent) else Path(".")
     if directory.exists() and not directory.is_dir():
         raise PlotInputError(f"--out {png}: {directory} is not a directory")
-    try:
-        kind = figure_data.file_format(path)
-    except figure_data.FigureFileError as error:
-        raise PlotInputError(str(error)) from None
-    if kind == figure_data.FORMAT:
-        try:
-            data = figure_data.read_figure(path)
-        except figure_data.FigureFileError as error:
-            raise PlotInputError(str(error)) from None
-        _check_writable(png)
-        from popplay.reproduce.driver import draw_data
-        from popplay.runner import UsageProblem
+    return png
 
-        try:
-            draw_data(data, png)
-        except UsageProblem as error:
-            raise PlotInputError(f"{path}: {error}") from None
-        return PlotResult("figure", path, png, data.domain, data.figure)
+
+def plot_run_file(path: Path, png: Path) -> PlotResult:
+    """Draw a run file's curves into ``png``. Raises :class:`PlotInputError` or
+    :class:`PlotUnavailable`."""
     try:
-        run = runfile.read_run(path)
-    except runfile.RunFileError as error:
+        run = load_run(path)
+    except RunFileError as error:
         raise PlotInputError(str(error)) from None
-    _check_writable(png)
+    check_writable(png)
     plot_run(run, png)
-    return PlotResult("run", path, png, run.domain, run.domain)
+    return PlotResult("run", Path(path), png, run.domain, run.domain)
 
 
-def _check_writable(png: Path) -> None:
+def check_writable(png: Path) -> None:
     """Create a missing --out directory (as ``reproduce`` does), then probe it."""
-    from popplay.checkpoints.h5io import check_replaceable, probe_directory
-
     check_replaceable(png, PlotInputError, kind="png")  # never a run file, a device or a directory
 
     directory = png.parent if str(png.parent) else Path(".")
@@ -292,4 +284,4 @@ def _check_writable(png: Path) -> None:
 
 
 __all__ = ["INSTALL_HINT", "PlotInputError", "PlotResult", "PlotUnavailable", "draw_figure", "missing_matplotlib",
-           "new_figure", "plot_file", "plot_run", "save_png"]
+           "new_figure", "output_png", "plot_run", "plot_run_file", "save_png"]

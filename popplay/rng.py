@@ -16,8 +16,13 @@ must not.
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
+
+import numpy as np
+
+from popplay.xp import npx, py
 
 GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -284,11 +289,8 @@ def make_rng(xp: Any) -> SimpleNamespace:
 def _ziggurat_tables() -> tuple[Any, Any]:
     """Layer edges x_i and f(x_i) = exp(-x_i**2 / 2), with popplay's own exp/log so
     the tables are the same on every platform (sqrt is correctly rounded by IEEE)."""
-    import math
 
-    import numpy as np
 
-    from popplay.xp import py
 
     r = make_elementary(py)
     x = np.zeros(257)
@@ -303,7 +305,6 @@ def _ziggurat_tables() -> tuple[Any, Any]:
 
 def root_key(seed: int) -> int:
     """The key of a run's seed (any Python int; reduced to 64 bits)."""
-    from popplay.xp import py
 
     rng = make_rng(py)
     return rng.combine(signed64(GOLDEN), signed64(seed))
@@ -316,7 +317,6 @@ def stream_keys(seed: int, tag: int, *axes: Any) -> Any:
     len(agents)); the key at (t, a) depends only on (seed, tag, t, a), so any slice of
     a population (a shard of agents, one trial) gets the same keys as the whole.
     """
-    import numpy as np
 
     r = _numpy_rng()
     keys = np.array([key_path(seed, tag)], dtype=np.int64)
@@ -334,7 +334,6 @@ def _numpy_rng() -> SimpleNamespace:
     means runs here, so that the numba paths never import torch."""
     global _NUMPY_RNG
     if _NUMPY_RNG is None:
-        from popplay.xp import npx
 
         _NUMPY_RNG = make_rng(npx)
     return _NUMPY_RNG
@@ -342,7 +341,6 @@ def _numpy_rng() -> SimpleNamespace:
 
 def key_path(seed: int, *path: int) -> int:
     """The key reached from ``seed`` through ``path`` (e.g. tag, trial, agent)."""
-    from popplay.xp import py
 
     rng = make_rng(py)
     key = root_key(seed)

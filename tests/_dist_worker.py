@@ -59,8 +59,8 @@ def run_cartpole_with_faults(experiment) -> tuple[object, list[str]]:
 def _cartpole_faults(dist, outdir: str) -> None:
     import json
 
-    from popplay.populations.base import Backend
-    from popplay.populations.cartpole import CartPoleExperiment
+    from popplay.core.backend import Backend
+    from popplay.games.cartpole.experiment import CartPoleExperiment
 
     experiment = CartPoleExperiment(CARTPOLE_FAULTS, Backend("numba", "cpu"), dist=dist)
     state, events = run_cartpole_with_faults(experiment)
@@ -72,7 +72,7 @@ def _cartpole_faults(dist, outdir: str) -> None:
 
 
 def _cartpole_params():
-    from popplay.games.cartpole import CartPolePopulationParams
+    from popplay.games.cartpole.rules import CartPolePopulationParams
 
     return CartPolePopulationParams(agents=6, trials=4, steps_per_agent=64, share_every=16, test_steps=32,
                                     test_starts=2, bias=0.5, replicate_every=2, mutate_q=0.01, mutate_params=1.5,

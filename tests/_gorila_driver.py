@@ -1,7 +1,7 @@
 """A stand-in learner (and a silent actor) for tests/test_gorila_processes.py.
 
 ``python -m tests._gorila_driver learner|actor CONFIG.json OUT.npz``: joins a Gorila job
-whose shards are the real ones (:mod:`popplay.topologies.gorila_ranks`), sends them a
+whose shards are the real ones (:mod:`popplay.deep.topologies.gorila_ranks`), sends them a
 fixed gradient sequence with the real message format, pulls the parameters back and
 writes them to ``OUT.npz``; the actor only joins the group (the layout needs one).
 """
@@ -31,8 +31,8 @@ def gradient_sequence(n: int, count: int = 30) -> list[torch.Tensor]:
 def main() -> int:
     import torch.distributed as dist
 
-    from popplay.topologies import gorila as G
-    from popplay.topologies import gorila_ranks as R
+    from popplay.deep.topologies import gorila as G
+    from popplay.deep.topologies import gorila_ranks as R
 
     role, config_path, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     raw = json.loads(config_path.read_text())

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from popplay.agents.vtrace import nstep_returns, vtrace
+from popplay.deep.agents.vtrace import nstep_returns, vtrace
 
 
 @pytest.fixture(autouse=True)
@@ -170,8 +170,8 @@ def test_vtrace_rejects_bad_shapes_and_levels():
 
 # --------------------------------------------------------------------------- prioritised replay
 
-from popplay.agents.per import PrioritizedReplay, SumTree, annealed_beta  # noqa: E402
-from popplay.agents.replay import Batch  # noqa: E402
+from popplay.deep.agents.per import PrioritizedReplay, SumTree, annealed_beta  # noqa: E402
+from popplay.deep.agents.replay import Batch  # noqa: E402
 
 
 def _rows(n, start=0):
@@ -304,8 +304,8 @@ def test_per_new_items_get_max_priority_ring_wraps_and_round_trips():
 
 import copy  # noqa: E402
 
-from popplay.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, ddpg_targets, ddpg_update, soft_update  # noqa: E402
-from popplay.agents.td3 import TD3, TD3Config, target_actions, td3_targets, td3_update  # noqa: E402
+from popplay.deep.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, ddpg_targets, ddpg_update, soft_update  # noqa: E402
+from popplay.deep.agents.td3 import TD3, TD3Config, target_actions, td3_targets, td3_update  # noqa: E402
 
 _LOW, _HIGH = (-2.0, -1.0), (2.0, 3.0)
 
@@ -528,9 +528,9 @@ def test_td3_and_ddpg_learn_a_one_step_task():
 
 import numpy as np  # noqa: E402
 
-from popplay.agents import networks  # noqa: E402
-from popplay.agents.a2c import A2C, A2CConfig, Trajectory, a2c_loss, log_probs, trajectory_from_episodes  # noqa: E402
-from popplay.envs.rollout import Episodes  # noqa: E402
+from popplay.deep.agents import networks  # noqa: E402
+from popplay.deep.agents.a2c import A2C, A2CConfig, Trajectory, a2c_loss, log_probs, trajectory_from_episodes  # noqa: E402
+from popplay.deep.envs.rollout import Episodes  # noqa: E402
 
 
 def _trajectory(seed=0, T=4, B=3, obs_dim=4, actions=3, policy=None, lag=0.0):

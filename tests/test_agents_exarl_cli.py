@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 TINY_CONTINUOUS = ["--learning-starts", "100", "--update-ratio", "0.25", "--batch-size", "16", "--hidden", "16,16", "--eval-episodes", "1",
                    "--seed", "2"]

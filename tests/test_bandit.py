@@ -4,11 +4,11 @@ import numba
 import numpy as np
 import pytest
 
-from popplay.games import bandit as game
-from popplay.games.bandit import BanditParams
-from popplay.populations.bandit import BanditExperiment
-from popplay.populations.base import Backend
-from popplay.runner import run
+from popplay.games.bandit import rules as game
+from popplay.games.bandit.rules import BanditParams
+from popplay.games.bandit.experiment import BanditExperiment
+from popplay.core.backend import Backend
+from popplay.training.loop import run
 from tests.reference import bandit as reference
 
 NUMBA = Backend("numba", "cpu")

@@ -30,7 +30,7 @@ def bench_run():
 
 
 def test_quick_run_writes_json_and_markdown(bench_run, tmp_path, capsys):
-    from popplay.populations.base import cuda_available
+    from popplay.core.backend import cuda_available
 
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
     report = bench_run.main(["--quick", "--quiet", "--json", str(out_json), "--markdown", str(out_md)])

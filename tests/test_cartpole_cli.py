@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from popplay.cli import app, main
-from popplay.games.cartpole import CartPolePopulationParams
+from popplay.cli.main import app, main
+from popplay.games.cartpole.rules import CartPolePopulationParams
 
 SMALL = ["--agents", "4", "--trials", "3", "--agent-steps", "256", "--share-every", "16", "--test-steps", "300",
          "--seed", "3"]

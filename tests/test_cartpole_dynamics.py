@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.games import cartpole
-from popplay.games.cartpole import CartPoleParams, box_index, make_rules, step
+from popplay.games.cartpole import rules as cartpole
+from popplay.games.cartpole.rules import CartPoleParams, box_index, make_rules, step
 from popplay.xp import nb, py, th
 
 FRICTIONLESS = CartPoleParams(cart_friction=0.0, pole_friction=0.0)
@@ -164,7 +164,7 @@ def test_sin_cos_within_one_ulp_of_libm_and_identical_on_every_backend():
 
 
 def test_dynamics_rule_is_bit_identical_on_numba_torch_and_python():
-    from popplay.games import _cartpole_numba as kernels
+    from popplay.games.cartpole import _numba as kernels
 
     rng = np.random.default_rng(2)
     states = rng.uniform([-2.4, -3, -0.21, -3], [2.4, 3, 0.21, 3], size=(2000, 4))

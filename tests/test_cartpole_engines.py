@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from popplay.games.cartpole import CartPolePopulationParams, initial_state
-from popplay.populations.base import Backend
-from popplay.populations.cartpole import CartPoleExperiment
+from popplay.games.cartpole.rules import CartPolePopulationParams, initial_state
+from popplay.core.backend import Backend
+from popplay.games.cartpole.experiment import CartPoleExperiment
 from tests.reference import cartpole as ref
 
 FIELDS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")

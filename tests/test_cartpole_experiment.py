@@ -6,11 +6,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from popplay import runner
-from popplay.games.cartpole import CartPoleParams, CartPolePopulationParams, CartPoleState
-from popplay.populations import registry
-from popplay.populations.base import Backend
-from popplay.populations.cartpole import CartPoleExperiment
+from popplay.training import loop as runner
+from popplay.games.cartpole.rules import CartPoleParams, CartPolePopulationParams, CartPoleState
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.games.cartpole.experiment import CartPoleExperiment
+from popplay.checkpoints.validation import params_from_config
 
 SMALL = CartPolePopulationParams(agents=4, trials=3, steps_per_agent=96, share_every=32, test_steps=256,
                                  test_starts=2, bias=0.01, bias_decay=2.0, seed=11)
@@ -27,11 +28,11 @@ def _run(params, backend="numba", phases=None):
 
 
 def test_registry_builds_it_and_params_round_trip_through_a_config():
-    spec = registry.DOMAINS["cartpole"]
+    spec = registry.get("cartpole")
     assert spec.params_type() is CartPolePopulationParams
     assert spec.experiment_type() is CartPoleExperiment
     config = {**SMALL.to_dict(), "backend": "numba", "device": "cpu", "time_budget": None}
-    assert registry.params_from_config("cartpole", config) == SMALL
+    assert params_from_config("cartpole", config, run_options=False) == SMALL
     physics = SMALL.physics()
     assert isinstance(physics, CartPoleParams)
     assert dataclasses.asdict(physics) == {f.name: getattr(SMALL, f.name) for f in dataclasses.fields(CartPoleParams)}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from popplay import rng
-from popplay.operators import differentiate, share_weighted
+from popplay.operators.sharing import differentiate, share_weighted
 from tests.reference import cartpole as ref
 
 

@@ -12,11 +12,11 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay import evolution as evo
-from popplay.cli import main
-from popplay.games.cartpole import CartPolePopulationParams
-from popplay.populations.base import Backend
-from popplay.populations.cartpole import CartPoleExperiment
+from popplay.operators import evolution as evo
+from popplay.cli.main import main
+from popplay.games.cartpole.rules import CartPolePopulationParams
+from popplay.core.backend import Backend
+from popplay.games.cartpole.experiment import CartPoleExperiment
 
 PARAMS = CartPolePopulationParams(agents=6, trials=2, steps_per_agent=96, share_every=32, test_steps=200, seed=9,
                                   epsilon=0.05, replicate_every=1, replicate_fraction=1 / 3, mutate_q=0.02,

@@ -10,10 +10,11 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.checkpoints.runfile import read_run
-from popplay.cli import main
-from popplay.games.bandit import BanditParams
-from popplay.runner import RunLock, TrainOptions, train
+from popplay.checkpoints.validation import load_run
+from popplay.cli.main import main
+from popplay.games.bandit.rules import BanditParams
+from popplay.training.pipeline import RunLock, TrainOptions, train
+from popplay.core.errors import UsageError
 
 BANDIT = ["train", "bandit", "--arms", "20", "--agents", "8", "--trials", "16", "--share-every", "8"]
 
@@ -32,7 +33,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, capsys):
     a, b = _arrays(half), _arrays(whole)
     for name in a:
         assert np.array_equal(a[name], b[name]), name
-    assert read_run(half).complete
+    assert load_run(half).complete
 
 
 def test_resume_refuses_changed_settings_and_shrinking_budgets(tmp_path, capsys):
@@ -57,7 +58,7 @@ def test_stop_request_saves_a_resumable_checkpoint(tmp_path):
     out = tmp_path / "stopped.h5"
     outcome = train("bandit", params, TrainOptions(out=out), should_stop=stop_after_three)
     assert not outcome.summary["complete"]
-    stored = read_run(out)
+    stored = load_run(out)
     assert not stored.complete and stored.state_counters["step"] == 24
     resumed = train("bandit", params, TrainOptions(out=out), resume=stored)
     whole = train("bandit", params, TrainOptions(out=tmp_path / "whole.h5"))
@@ -77,7 +78,7 @@ def test_checkpoint_every_progress_writes_during_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runfile, "write_run", spy)
     params = BanditParams(arms=10, agents=4, trials=4, steps_per_agent=64, share_every=8)
-    from popplay.runner import CheckpointEvery
+    from popplay.training.pipeline import CheckpointEvery
 
     train("bandit", params, TrainOptions(out=tmp_path / "c.h5", checkpoint_every=CheckpointEvery.parse("64")))
     # every 64 agent-steps per trial = every 16 steps per agent, then the final write
@@ -85,13 +86,13 @@ def test_checkpoint_every_progress_writes_during_the_run(tmp_path, monkeypatch):
 
 
 def test_checkpoint_every_parsing():
-    from popplay.runner import CheckpointEvery, UsageProblem
+    from popplay.training.pipeline import CheckpointEvery
 
     assert CheckpointEvery.parse("30s") == CheckpointEvery(30.0, "seconds")
     assert CheckpointEvery.parse("2m") == CheckpointEvery(120.0, "seconds")
     assert CheckpointEvery.parse("4096") == CheckpointEvery(4096.0, "progress")
     for bad in ("", "-3", "abc", "1.5", "0s"):
-        with pytest.raises(UsageProblem):
+        with pytest.raises(UsageError):
             CheckpointEvery.parse(bad)
 
 
@@ -105,8 +106,8 @@ def test_second_writer_is_refused(tmp_path, capsys):
 
 
 def test_non_finite_estimates_reset_the_trial_with_a_warning(tmp_path):
-    from popplay.populations.bandit import BanditExperiment
-    from popplay.populations.base import Backend
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.core.backend import Backend
 
     params = BanditParams(arms=10, agents=4, trials=3, steps_per_agent=32, share_every=8)
     experiment = BanditExperiment(params, Backend("numba", "cpu"))
@@ -136,7 +137,7 @@ def test_ctrl_c_finishes_the_phase_saves_and_exits_130(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert str(path) in err and "Traceback" not in err
-    stored = read_run(path)
+    stored = load_run(path)
     assert not stored.complete and stored.state_counters["step"] > 0
 
 
@@ -153,10 +154,10 @@ def test_kill_9_during_checkpoints_leaves_a_resumable_file(tmp_path):
         time.sleep(rng.uniform(0.05, 0.6))  # checkpoints are written every phase
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
-        stored = read_run(path)  # the last complete checkpoint, never a torn file
+        stored = load_run(path)  # the last complete checkpoint, never a torn file
         assert stored.state_counters["step"] > 0
         assert not any(p.name.endswith(".tmp") and p.name.startswith("killed") for p in tmp_path.iterdir())
-    step = read_run(path).state_counters["step"]
+    step = load_run(path).state_counters["step"]
     assert main(["train", "bandit", "--resume", str(path), "--agent-steps", str((step + 16) * 8), "--json"]) == 0
     whole = tmp_path / "whole.h5"
     assert main([*BANDIT, "--agent-steps", str((step + 16) * 8), "--out", str(whole), "--json"]) == 0
@@ -165,9 +166,10 @@ def test_kill_9_during_checkpoints_leaves_a_resumable_file(tmp_path):
 
 _LOADER = (
     "import sys\n"
-    "from popplay.checkpoints.runfile import RunFileError, read_run\n"
+    "from popplay.checkpoints.runfile import RunFileError\n"
+    "from popplay.checkpoints.validation import load_run\n"
     "try:\n"
-    "    read_run(sys.argv[1])\n"
+    "    load_run(sys.argv[1])\n"
     "except RunFileError as e:\n"
     "    print('Error: ' + str(e), file=sys.stderr); sys.exit(2)\n"
 )
@@ -224,9 +226,9 @@ def test_inspect_shows_a_run_without_loading_arrays(tmp_path, capsys):
 
 
 def test_divergence_is_handled_before_the_phase_is_measured():
-    from popplay.populations.bandit import BanditExperiment
-    from popplay.populations.base import Backend
-    from popplay.runner import run
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.core.backend import Backend
+    from popplay.training.loop import run
 
     class Poisoned(BanditExperiment):
         measured: list = []

@@ -7,8 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.cli import main
-from popplay.populations.base import cuda_available
+from popplay.cli.main import main
+from popplay.core.backend import cuda_available
 
 SMALL = ["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "32", "--agent-steps", "512",
          "--share-every", "16"]
@@ -125,9 +125,8 @@ def test_evaluate_refuses_missing_or_foreign_files(tmp_path, capsys, content, fr
 def test_every_command_has_help(argv, fragment):
     from typer.testing import CliRunner
 
-    from popplay.cli import _register, app
+    from popplay.cli.main import app
 
-    _register()
     result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
     assert result.exit_code == 0 and fragment in result.output
 

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "8", "--agent-steps", "64",
@@ -36,7 +36,7 @@ def test_stdout_holds_results_and_stderr_the_progress(tmp_path):
 
 
 def test_the_numba_path_starts_without_torch_and_speaks_first(tmp_path):
-    code = ("import sys, time; from popplay.cli import main; main(sys.argv[1:]); "
+    code = ("import sys, time; from popplay.cli.main import main; main(sys.argv[1:]); "
             "print('TORCH', 'torch' in sys.modules)")
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code, *TINY, "--out", str(tmp_path / "r.h5")],
@@ -65,9 +65,8 @@ def test_silent_adjustments_are_announced(tmp_path, capsys):
 def _help(argv):
     from typer.testing import CliRunner
 
-    from popplay.cli import _register, app
+    from popplay.cli.main import app
 
-    _register()
     result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     return result.output
@@ -107,20 +106,20 @@ def test_play_help_example_names_the_squares_it_means():
 
 
 def test_config_file_sets_options_and_the_command_line_overrides_it(tmp_path, capsys):
-    from popplay.checkpoints.runfile import read_run
+    from popplay.checkpoints.validation import load_run
 
     config = tmp_path / "bandit.toml"
     config.write_text('arms = 10\nagents = 4\ntrials = 8\nagent-steps = 64\ndifferentiation = "top2"\n'
                       '[cartpole]\nagents = 99\n')
     out = tmp_path / "r.h5"
     assert main(["train", "bandit", "--config", str(config), "--trials", "2", "--out", str(out), "--json"]) == 0
-    stored = read_run(out).config
+    stored = load_run(out).config
     assert (stored["arms"], stored["agents"], stored["trials"], stored["steps_per_agent"]) == (10, 4, 2, 16)
     assert stored["differentiation"] == "top2"
     table = tmp_path / "tables.toml"
     table.write_text('[bandit]\narms = 5\nagents = 2\ntrials = 2\nagent-steps = 8\n[knights]\nagents = 3\n')
     assert main(["train", "bandit", "--config", str(table), "--out", str(tmp_path / "t.h5"), "--json"]) == 0
-    assert read_run(tmp_path / "t.h5").config["arms"] == 5
+    assert load_run(tmp_path / "t.h5").config["arms"] == 5
     capsys.readouterr()
     (tmp_path / "typo.toml").write_text("agentz = 3\n")
     (tmp_path / "broken.toml").write_text("agents = \n")
@@ -159,10 +158,10 @@ def test_compile_message_when_numba_loads_only_inside_the_run(tmp_path):
     code = """
 import io, sys
 from popplay.console import PlainReporter
-from popplay.games.bandit import BanditParams
-from popplay.populations.bandit import BanditExperiment
-from popplay.populations.base import Backend
-from popplay.runner import run
+from popplay.games.bandit.rules import BanditParams
+from popplay.games.bandit.experiment import BanditExperiment
+from popplay.core.backend import Backend
+from popplay.training.loop import run
 assert "numba" not in sys.modules
 experiment = BanditExperiment(BanditParams(arms=4, agents=2, trials=2, steps_per_agent=4, share_every=2),
                               Backend("numba", "cpu"))

@@ -4,7 +4,7 @@ import io
 from rich.console import Console
 
 from popplay.console import PlainReporter, format_metric, format_rate, format_seconds, plain_line, render, reporter_for
-from popplay.runner import Progress
+from popplay.core.experiment import Progress
 
 
 def _progress(**kw):
@@ -93,7 +93,7 @@ def test_compilation_inside_a_phase_is_not_learning_time():
 
     import numba
 
-    from popplay.runner import run
+    from popplay.training.loop import run
 
     @numba.njit  # no cache: compiled at its first call, inside the first phase
     def bump(x):

@@ -2,16 +2,17 @@
 import numpy as np
 import pytest
 
-from popplay.populations.base import Backend, cuda_available
+from popplay.core.backend import Backend, cuda_available
+from popplay.checkpoints.validation import params_from_config
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU")]
 
 
 @pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
 def test_bandit_on_cuda_matches_numba(differentiation):
-    from popplay.games.bandit import BanditParams
-    from popplay.populations.bandit import BanditExperiment
-    from popplay.runner import run
+    from popplay.games.bandit.rules import BanditParams
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.training.loop import run
 
     params = BanditParams(arms=50, agents=64, trials=32, steps_per_agent=128, share_every=16,
                           differentiation=differentiation, seed=3)
@@ -31,10 +32,11 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
     import torch
     from typer.testing import CliRunner
 
-    from popplay.agents import dqn, networks
-    from popplay.agents.replay import Batch
-    from popplay.checkpoints.runfile import read_run
-    from popplay.cli import _register, app
+    from popplay.deep.agents import dqn
+    from popplay.deep.agents import networks
+    from popplay.deep.agents.replay import Batch
+    from popplay.checkpoints.validation import load_run
+    from popplay.cli.main import app
 
     agent = dqn.DoubleDQN(dqn.DQNConfig(hidden=(32, 32)), obs_dim=3, actions=2, seed=0, device="cuda")
     batch = Batch(torch.randn(16, 3), torch.randint(2, (16,)), torch.randn(16), torch.randn(16, 3),
@@ -45,7 +47,6 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
     loss.backward()
     torch.testing.assert_close(grad, networks.flat_gradients(agent.online), rtol=1e-4, atol=1e-5)
 
-    _register()
     out = tmp_path / "gpu.h5"
     tiny = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
             "--eval-episodes", "3", "--json"]
@@ -54,14 +55,13 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["device"] == "cuda" and summary["updates"] > 0
-    stored = read_run(out)
+    stored = load_run(out)
     assert stored.config["device"] == "cuda" and stored.state["online.0.weight"].shape == (16, 4)
     # the stored weights are the GPU learner's: a CPU copy gives its Q values to rounding
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
-    from popplay.topologies.dqn import DQNExperiment
+    from popplay.core.backend import Backend
+    from popplay.deep.topologies.dqn import DQNExperiment
 
-    params = registry.params_from_config("dqn", stored.config)
+    params = params_from_config("dqn", stored.config, run_options=False)
     on_cpu = DQNExperiment(params, Backend("torch", "cpu")).restore(stored.state, stored.state_counters)
     on_gpu = DQNExperiment(params, Backend("torch", "cuda")).restore(stored.state, stored.state_counters)
     obs = torch.randn(32, 4)

@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from popplay.agents import dqn, networks, reinforce
-from popplay.agents.replay import Batch, ReplayBuffer
+from popplay.deep.agents import dqn
+from popplay.deep.agents import networks
+from popplay.deep.agents import reinforce
+from popplay.deep.agents.replay import Batch, ReplayBuffer
 
 
 def _linear(weight: list[list[float]]) -> nn.Linear:

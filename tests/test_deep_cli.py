@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from popplay.cli import _register, app, main
-from popplay.checkpoints.runfile import read_run
+from popplay.cli.main import app, main
+from popplay.checkpoints.validation import load_run
 
-_register()
 TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
         "--target-every", "5", "--epsilon-updates", "50"]
 KEYS = {"quality", "env_steps", "episodes", "seconds", "backend", "device", "out"}
@@ -29,7 +28,7 @@ def test_train_dqn_sequential_then_evaluate(tmp_path: Path) -> None:
     assert KEYS <= summary.keys()
     assert summary["episodes"] == 6 and summary["env_steps"] > 6 and summary["backend"] == "none"
     assert summary["updates"] > 0 and summary["quality"] >= 8  # CartPole lasts at least 8 steps
-    stored = read_run(out)
+    stored = load_run(out)
     assert stored.domain == "dqn" and stored.complete
     assert stored.state["episode_returns"].shape == (6,)
     assert int(stored.state["replay.obs"].shape[0]) == summary["env_steps"]  # replay kept whole
@@ -47,7 +46,7 @@ def test_dqn_resume_is_exact(tmp_path: Path, schedule: list[str]) -> None:
     _run(["train", "dqn", "--episodes", "4", "--out", str(split), *common])
     resumed = _run(["train", "dqn", "--resume", str(split), "--episodes", "8", "--json"])
     assert resumed["episodes"] == 8
-    a, b = read_run(straight).state, read_run(split).state
+    a, b = load_run(straight).state, load_run(split).state
     assert a.keys() == b.keys()
     for name in a:
         assert np.array_equal(a[name], b[name]), name
@@ -59,7 +58,7 @@ def test_a_run_saved_before_its_first_update_resumes(tmp_path: Path) -> None:
     first = _run(["train", "dqn", "--episodes", "2", "--eval-episodes", "0", "--hidden", "16", "--out", str(out),
                   "--json"])
     assert first["updates"] == 0  # fewer transitions than --learning-starts (1000)
-    assert "last_loss" not in read_run(out).state_counters
+    assert "last_loss" not in load_run(out).state_counters
     resumed = _run(["train", "dqn", "--resume", str(out), "--episodes", "4", "--json"])
     assert resumed["episodes"] == 4 and resumed["updates"] == 0
 
@@ -67,7 +66,7 @@ def test_a_run_saved_before_its_first_update_resumes(tmp_path: Path) -> None:
 def test_dqn_trains_every_k_env_steps_mid_episode_too() -> None:
     """--train-every K: the owed updates run whenever the run's env-step count reaches a
     multiple of K (SB3's train_freq), not at episode ends."""
-    from popplay.topologies.dqn import DQNExperiment, DQNParams
+    from popplay.deep.topologies.dqn import DQNExperiment, DQNParams
 
     params = DQNParams(env_steps=200, hidden=(8,), learning_starts=0, update_ratio=0.5, train_every=8, batch_size=4,
                        eval_episodes=0)
@@ -88,7 +87,7 @@ def test_dqn_trains_every_k_env_steps_mid_episode_too() -> None:
 
 
 def test_train_every_is_for_the_sequential_topology_only() -> None:
-    from popplay.topologies.dqn import DQNParams
+    from popplay.deep.topologies.dqn import DQNParams
 
     with pytest.raises(ValueError, match="train_every"):
         DQNParams(env_steps=100, topology="collective", simulators=2, train_every=4).validate()
@@ -114,7 +113,7 @@ def test_bad_env_id_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_device_cuda_is_one_line_where_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from popplay.populations.base import cuda_available
+    from popplay.core.backend import cuda_available
 
     out = tmp_path / "x.h5"
     code = main(["train", "reinforce", "--device", "cuda", "--episodes", "1", "--out", str(out)])
@@ -155,45 +154,30 @@ def test_resume_refuses_new_settings_and_needs_a_budget(tmp_path: Path, capsys: 
     assert "a dqn run, not a reinforce run" in capsys.readouterr().err
 
 
-def test_multi_rank_launch_honours_overwrite(tmp_path, monkeypatch):
-    """An existing --out is replaced with --overwrite (and refused without it) before ranks start."""
-    import typer
-
-    from popplay.cli import train_dqn
-    from popplay.cli.common import CommandError
-    from popplay.topologies import launch as launching
+def test_multi_rank_launch_honours_overwrite_and_hands_ranks_the_command_line(tmp_path, monkeypatch, capsys):
+    """An existing --out is refused without --overwrite before any rank starts; the ranks
+    run the very command line given (so they learn its device, budget and options)."""
+    from popplay.cli.main import main
+    from popplay.training import job
 
     started = []
-    monkeypatch.setattr(launching, "launch",
-                        lambda *args, **kwargs: started.append((kwargs["overwrite"], kwargs["device"])) or 0)
+    monkeypatch.setattr(job, "launch_local", lambda argv, world, **kwargs: started.append((argv, world)) or 0)
     out = tmp_path / "run.h5"
     out.write_bytes(b"an old run")
-    with pytest.raises(CommandError, match="file exists"):
-        train_dqn._launch("dqn", object(), out, False, True, None, None, "cpu")
-    assert started == []
-    try:
-        train_dqn._launch("dqn", object(), out, True, True, None, None, "cuda")
-    except typer.Exit as stop:  # pragma: no cover - a zero exit code is returned, not raised
-        assert stop.exit_code == 0
-    assert started == [(True, "cuda")]  # the ranks are told the device
-
-
-def test_ranks_command_line_carries_the_device() -> None:
-    from popplay.topologies.dqn import DQNParams
-    from popplay.topologies.launch import command_line
-
-    params = DQNParams(topology="collective", simulators=2, episodes=4)
-    plain = command_line("dqn", params, out=Path("r.h5"), overwrite=False, checkpoint_every=None, json_output=True,
-                         resume=None)
-    assert "--device" not in plain
-    gpu = command_line("dqn", params, out=Path("r.h5"), overwrite=False, checkpoint_every=None, json_output=True,
-                       resume=Path("r.h5"), device="cuda")
-    assert gpu[-2:] == ["--device", "cuda"] and "--resume" in gpu
+    argv = ["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "4", "--device", "cpu",
+            "--out", str(out)]
+    assert main(argv) == 2
+    assert "file exists" in capsys.readouterr().err and started == []
+    assert main([*argv, "--overwrite"]) == 0
+    assert len(started) == 1
+    ranks_argv, world = started[0]
+    assert world == 3 and ranks_argv[ranks_argv.index("--device") + 1] == "cpu" and "--overwrite" in ranks_argv
+    assert ranks_argv[ranks_argv.index("--out") + 1] == str(out)
 
 
 def test_progress_is_counted_in_the_budget_s_own_unit(tmp_path, capsys):
     """Deep runs count episodes or env-steps, not agent-steps per trial."""
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     assert main(["train", "dqn", "--episodes", "3", "--eval-episodes", "0", "--out", str(tmp_path / "e.h5")]) == 0
     err = capsys.readouterr().err

@@ -6,7 +6,7 @@ import pytest
 
 gymnasium = pytest.importorskip("gymnasium")
 
-from popplay import envs  # noqa: E402
+from popplay.deep import envs  # noqa: E402
 
 
 def test_popplay_cartpole_follows_gymnasium_step_by_step() -> None:
@@ -94,7 +94,7 @@ def test_one_copy_steps_exactly_as_gymnasiums_sync_vector_env(env_id: str, steps
     ended by failure (CartPole) and by the time limit (Pendulum's 200 steps)."""
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    from popplay.envs.single import SingleCopyVectorEnv
+    from popplay.deep.envs.single import SingleCopyVectorEnv
 
     ours = envs.make_vector(env_id, 1)
     assert isinstance(ours, SingleCopyVectorEnv)

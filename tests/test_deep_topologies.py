@@ -13,15 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.checkpoints.runfile import read_run
+from popplay.checkpoints.validation import load_run
+from popplay.core.hooks import variable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
         "--target-every", "5", "--eval-episodes", "2", "--timeout", "60"]
 
 
-def _popplay(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _popplay(args: list[str], hooks: dict[str, float] | None = None) -> subprocess.Popen:
+    """``popplay ARGS`` in a new process; ``hooks`` set test hooks (popplay.core.hooks) in its environment."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **{variable(k): str(v) for k, v in (hooks or {}).items()}}
     return subprocess.Popen([sys.executable, "-m", "popplay", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -47,10 +49,10 @@ def _comms() -> set[str]:
 
 
 def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
-    from popplay import envs
-    from popplay.agents import networks
-    from popplay.agents.reinforce import ReinforceConfig, policy_network
-    from popplay.topologies.reinforce import worker_episode, worker_generator
+    from popplay.deep import envs
+    from popplay.deep.agents import networks
+    from popplay.deep.agents.reinforce import ReinforceConfig, policy_network
+    from popplay.deep.agents.reinforce import worker_episode, worker_generator
 
     out = tmp_path / "ps.h5"
     code, stdout, err = _finish(_popplay(["train", "reinforce", "--workers", "3", "--episodes", "1", "--hidden", "8",
@@ -59,7 +61,7 @@ def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["backend"] == "gloo" and summary["ranks"] == 4 and "running_reward" in summary
-    served = read_run(out).state["last_gradient"]
+    served = load_run(out).state["last_gradient"]
     # Each worker's gradient computed alone, in this process, from the same start.
     env = envs.make_vector("CartPole-v1", 1)
     alone = []
@@ -73,19 +75,19 @@ def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("topology,simulators,extra", [
-    ("pipelined", 1, []),
-    ("collective", 2, []),
+    ("pipelined", 1, {}),
+    ("collective", 2, {}),
     # A slow learner (simulators run ahead) and slow simulators (the learner waits on
     # nobody) in one run: each process spends most of its time asleep.
-    ("async", 2, ["--slow-simulator", "0.05", "--slow-learner", "0.01"]),
+    ("async", 2, {"slow_simulator": 0.05, "slow_learner": 0.01}),
 ])
 def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, topology: str, simulators: int,
-                                                               extra: list[str]) -> None:
+                                                               extra: dict[str, float]) -> None:
     out = tmp_path / f"{topology}.h5"
     process = _popplay(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
-                        "--episodes", "10", "--out", str(out), "--json", *TINY, *extra])
+                        "--episodes", "10", "--out", str(out), "--json", *TINY], hooks=extra)
     seen: set[str] = set()
-    if extra and extra[0] == "--slow-simulator":
+    if "slow_simulator" in extra:
         roles = {"learner", "simulator 1", "simulator 2"}
         deadline = time.monotonic() + 30
         # Wait for all three: each rank names itself once it has started, in no set order.
@@ -97,13 +99,13 @@ def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, t
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["backend"] == "gloo" and summary["ranks"] == simulators + 1 and summary["topology"] == topology
-    counters = read_run(out).state_counters
+    counters = load_run(out).state_counters
     assert counters["topology_sent"] == counters["topology_received"] == counters["topology_replay_added"]
     assert counters["topology_received"] == summary["env_steps"] > 0
     assert counters["topology_sent_checksum"] == counters["topology_received_checksum"]
     # async too: each simulator plays its share of the budget (5 here), then waits for the stop
     assert summary["episodes"] == 10
-    if "--slow-learner" in extra:
+    if "slow_learner" in extra:
         assert summary["updates"] < summary["env_steps"]  # ε follows the (slow) learner, not simulation
 
 
@@ -133,8 +135,8 @@ def test_async_simulators_stop_at_their_share_of_either_budget(tmp_path: Path) -
 def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "dead.h5"
     process = _popplay(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",
-                        "--out", str(out), "--checkpoint-every", "2", *TINY,
-                        "--slow-simulator", "0.02"])
+                        "--out", str(out), "--checkpoint-every", "2", *TINY],
+                       hooks={"slow_simulator": 0.02})
     deadline = time.monotonic() + 40
     victim = None
     while victim is None and time.monotonic() < deadline and process.poll() is None:
@@ -154,4 +156,4 @@ def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     lines = [line for line in err.splitlines() if line.startswith("Error:")]
     # (The launcher may name rank 0, which it had to kill, rather than rank 2: see the report.)
     assert len(lines) == 1 and "was lost" in lines[0] and str(out) in lines[0]
-    assert read_run(out).domain == "dqn"  # the last checkpoint is intact
+    assert load_run(out).domain == "dqn"  # the last checkpoint is intact

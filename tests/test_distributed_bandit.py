@@ -14,7 +14,7 @@ TINY = ["train", "bandit", "--arms", "6", "--agents", "8", "--trials", "3", "--a
 
 
 def _single(tmp_path: Path, name: str, *extra: str) -> Path:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     out = tmp_path / name
     assert main([*TINY, *extra, "--out", str(out), "--json"]) == 0
@@ -38,7 +38,7 @@ def test_trials_split_over_ranks_equal_one_process(tmp_path: Path) -> None:
     """Ranks that divide the trials take whole trials each (no share travels)."""
     four_trials = [*TINY[:TINY.index("--trials")], "--trials", "4", *TINY[TINY.index("--agent-steps"):]]
     extra = ["--differentiation", "bias"]
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     one = tmp_path / "one.h5"
     assert main([*four_trials, *extra, "--out", str(one)]) == 0
@@ -61,7 +61,7 @@ def test_trials_split_over_ranks_equal_one_process(tmp_path: Path) -> None:
 
 
 def test_shard_layout_prefers_whole_trials() -> None:
-    from popplay.populations.base import shard_layout
+    from popplay.core.backend import shard_layout
 
     assert shard_layout(4, 2) == "trials" and shard_layout(3, 2) == "agents" and shard_layout(4, 1) == "agents"
 
@@ -77,7 +77,7 @@ def test_torch_backend_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 
 def test_ranks_must_divide_the_agents_or_the_trials(tmp_path: Path, capsys) -> None:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     # 5 divides neither the 8 agents nor the 3 trials: refused before any rank starts
     assert main([*TINY, "--nproc", "5", "--out", str(tmp_path / "x.h5")]) == 2
@@ -103,7 +103,7 @@ def test_cuda_nccl_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("trials", ["3", "4"], ids=["agent-layout", "trial-layout"])
 def test_one_process_run_resumes_on_two_ranks(tmp_path: Path, trials: str) -> None:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     tiny = [*TINY[:TINY.index("--trials")], "--trials", trials, *TINY[TINY.index("--agent-steps"):]]
     half = [*tiny[:tiny.index("--agent-steps")], "--agent-steps", "48", *tiny[tiny.index("--share-every"):]]
@@ -129,7 +129,7 @@ def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path, trials
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["complete"] and summary["seconds"] >= 0.3 and summary["phases"] > 1
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     steps = tmp_path / "steps.h5"
     assert main([*untimed, "--agent-steps", str(summary["agent_steps_per_trial"]), "--out", str(steps)]) == 0

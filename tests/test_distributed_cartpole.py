@@ -15,7 +15,7 @@ TINY = ["train", "cartpole", "--agents", "8", "--trials", "2", "--agent-steps", 
 
 
 def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     one = tmp_path / "one.h5"
     assert main([*TINY, "--out", str(one), "--json"]) == 0
@@ -25,7 +25,7 @@ def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 4
     data = assert_same_run(one, out)
     # Selection copied and mutated agents (the lineage says so): replication really ran.
-    from popplay.evolution import EVENTS
+    from popplay.operators.evolution import EVENTS
 
     events = set(data["state/lineage_event"].tolist())
     assert {EVENTS["copy"], EVENTS["mutation"]} <= events
@@ -34,7 +34,7 @@ def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
 def test_two_ranks_take_whole_trials_and_equal_one_process(tmp_path: Path) -> None:
     """2 ranks divide the 2 trials: the trial layout (a rank holds its trials' tables
     only), with replication across the ranks' selections, bit for bit."""
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     one = tmp_path / "one.h5"
     assert main([*TINY, "--out", str(one), "--json"]) == 0
@@ -54,7 +54,7 @@ def test_two_ranks_take_whole_trials_and_equal_one_process(tmp_path: Path) -> No
 def test_resume_moves_between_the_trial_and_the_agent_layout(tmp_path: Path) -> None:
     """Half the run on 2 ranks (whole trials), the rest on 4 (blocks of agents), and
     the other way round: both equal one process."""
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     one = tmp_path / "one.h5"
     assert main([*TINY, "--out", str(one), "--json"]) == 0
@@ -73,8 +73,8 @@ def test_diverged_agents_and_trials_in_the_trial_layout_match_one_process(tmp_pa
     trials spread over 2 and 4 ranks: the same state, lineage and events."""
     import numpy as np
 
-    from popplay.populations.base import Backend
-    from popplay.populations.cartpole import CartPoleExperiment
+    from popplay.core.backend import Backend
+    from popplay.games.cartpole.experiment import CartPoleExperiment
     from tests._dist_worker import CARTPOLE_FAULTS, run_cartpole_with_faults
     from tests.test_distributed_core import _finish, _launcher
 
@@ -97,15 +97,16 @@ def test_diverged_agents_and_trials_in_the_trial_layout_match_one_process(tmp_pa
 
 
 def test_memory_estimate_counts_a_rank_of_the_trial_layout_by_its_trials(monkeypatch) -> None:
-    from popplay.games.cartpole import CartPolePopulationParams
-    from popplay.limits import MemoryLimitError, check_run_fits, run_bytes
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+    from popplay.core.limits import MemoryLimitError, check_run_fits
+    from popplay.games.cartpole import memory_bytes
 
     bell = CartPolePopulationParams(agents=8192, trials=1024)
-    whole = run_bytes("cartpole", bell)
-    assert run_bytes("cartpole", bell, 64, 1) < whole / 4  # 16 trials' tables and the bookkeeping
-    assert run_bytes("cartpole", bell, 64, 8) == 8 * run_bytes("cartpole", bell, 64, 1)
+    whole = memory_bytes(bell)
+    assert memory_bytes(bell, 64, 1) < whole / 4  # 16 trials' tables and the bookkeeping
+    assert memory_bytes(bell, 64, 8) == 8 * memory_bytes(bell, 64, 1)
     odd = CartPolePopulationParams(agents=8192, trials=1023)  # agent layout: every rank holds everything
-    assert run_bytes("cartpole", odd, 2, 2) == 2 * run_bytes("cartpole", odd)
+    assert memory_bytes(odd, 2, 2) == 2 * memory_bytes(odd)
     monkeypatch.setenv("POPPLAY_MAX_MEMORY", "10G")
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "64"), ("LOCAL_WORLD_SIZE", "1")):
         monkeypatch.setenv(name, value)
@@ -122,9 +123,9 @@ def test_every_rank_refuses_a_file_damaged_in_another_ranks_trials(damage: str) 
     import numpy as np
 
     from popplay.distributed.group import Dist
-    from popplay.games.cartpole import CartPolePopulationParams
-    from popplay.populations.base import Backend
-    from popplay.populations.cartpole import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+    from popplay.core.backend import Backend
+    from popplay.games.cartpole.experiment import CartPoleExperiment
 
     params = CartPolePopulationParams(agents=4, trials=4, steps_per_agent=32, share_every=16, test_steps=16)
     one = CartPoleExperiment(params, Backend("numba", "cpu"))

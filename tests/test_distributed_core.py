@@ -34,7 +34,7 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
 def test_tree_sum_power_of_two_blocks_equal_numba_share() -> None:
     """The tree collectives rebuild is the one operators.share_weighted uses."""
     from popplay.distributed.collectives import tree_sum
-    from popplay.operators import share_weighted
+    from popplay.operators.sharing import share_weighted
 
     rng = np.random.default_rng(1)
     for agents in (1, 3, 4, 6, 8):
@@ -73,7 +73,7 @@ def test_collectives_ps_roles_and_ctrl_c(tmp_path: Path) -> None:
     """Two ranks: every collective against the one-process answer, each rank's role in
     ``ps``, then Ctrl-C on the launcher reaches both once and rank 0 saves once."""
     from popplay.distributed.collectives import tree_sum
-    from popplay.operators import _tree_sum_th
+    from popplay.operators.sharing import _tree_sum_th
 
     process = _launcher("gather_then_stop", tmp_path)
     deadline = time.monotonic() + WAIT

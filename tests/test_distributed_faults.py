@@ -49,8 +49,8 @@ def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path) -> None:
-    from popplay.checkpoints.runfile import summarize_run
-    from popplay.cli import main
+    from popplay.checkpoints.validation import summarize
+    from popplay.cli.main import main
     from popplay.distributed.launch import LOST_EXIT
 
     out = tmp_path / "run.h5"
@@ -65,7 +65,7 @@ def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path)
     assert len(errors) == 1, err
     assert errors[0].startswith("Error: rank 1 of 2 was lost (killed by SIGKILL); stopped the job; "
                                 f"last good checkpoint: {out} (phase "), errors[0]
-    stored = summarize_run(out)
+    stored = summarize(out)
     assert not stored["complete"]
     done = stored["progress"]["step"]
     target = (done + 3 * 25) * 4  # three more phases, in agent-steps per trial
@@ -78,7 +78,7 @@ def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path)
 
 
 def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
-    from popplay.checkpoints.runfile import summarize_run
+    from popplay.checkpoints.validation import summarize
 
     out = tmp_path / "run.h5"
     process = _start(out, "--json")
@@ -90,7 +90,7 @@ def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
     assert "Error:" not in err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and summary["complete"] is False
-    stored = summarize_run(out)
+    stored = summarize(out)
     assert not stored["complete"] and stored["progress"]["step"] == summary["agent_steps_per_trial"] // 4
 
 
@@ -98,7 +98,7 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     """An injected failure (SIGKILL of a worker) under ``torchrun --max-restarts 1``: the
     restarted workers continue from the checkpoint at --out, and the finished run file
     equals an uninterrupted one-process run."""
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     budget = ["--agent-steps", "24000"]
     base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]

@@ -13,7 +13,7 @@ TINY = ["train", "knights", "--agents", "4", "--games-per-agent", "4", "--episod
 
 
 def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     one = tmp_path / "one.h5"
     assert main([*TINY, "--out", str(one), "--json"]) == 0
@@ -27,7 +27,7 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
 def test_learning_opponents_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
     """Both sides learn: a network's change sums games played on several ranks, which
     continue one running sum in game order (collectives.chain)."""
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     args = [*TINY, "--opponents-learn"]
     one = tmp_path / "one.h5"
@@ -43,7 +43,7 @@ def test_tournament_three_ranks_equal_one_process(tmp_path: Path) -> None:
     """10 pairs over 3 ranks: uneven blocks, the counts still land in pair order."""
     import json
 
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     run = tmp_path / "run.h5"
     assert main([*TINY, "--episodes", "2", "--out", str(run), "--json"]) == 0

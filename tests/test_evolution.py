@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.evolution import (EVENTS, Lineage, add_at, gaussian_noise, initial_ids, multiply_at,
+from popplay.operators.evolution import (EVENTS, Lineage, add_at, gaussian_noise, initial_ids, multiply_at,
                                replacement_count, replicate, select_replacements, vary_factors)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from popplay.checkpoints.runfile import read_run
+from popplay.checkpoints.validation import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--json"]
@@ -38,8 +38,8 @@ def _finish(process: subprocess.Popen, timeout: float = 150, expect: int = 0) ->
 
 
 def test_owned_ranges_partition_the_actors_and_rows_round_trip() -> None:
-    from popplay.agents.a2c import Trajectory
-    from popplay.topologies.exarl_ranks import owned, quota, rows_trajectory, trajectory_rows
+    from popplay.deep.agents.a2c import Trajectory
+    from popplay.deep.topologies.exarl_ranks import owned, quota, rows_trajectory, trajectory_rows
 
     for learners, actors in [(1, 1), (2, 3), (3, 2), (4, 10)]:
         blocks = [list(owned(i, learners, actors)) for i in range(learners)]
@@ -87,9 +87,9 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
     sums = multi["topology_learner_params"].split(",")
     assert len(sums) == 2 and sums[0] == sums[1] and multi["topology_learners_identical"] == 1
     assert 0 < multi["updates"] <= 15 and 0 <= multi["topology_helped"] <= 15
-    counters = read_run(tmp_path / "multi.h5").state_counters
+    counters = load_run(tmp_path / "multi.h5").state_counters
     assert counters["topology_reads"] == 15 and counters["received"] == multi["env_steps"] > 0
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     assert main(["evaluate", str(tmp_path / "multi.h5"), "--episodes", "1", "--json"]) == 0  # in one process
 
@@ -146,9 +146,9 @@ def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
         # One update per env-step once 200 were stored, the round that crossed that
         # included (its first episode is 200 steps): every step was paid for.
         assert run["updates"] == steps
-    counters = read_run(tmp_path / "ddpg.h5").state_counters
+    counters = load_run(tmp_path / "ddpg.h5").state_counters
     assert counters["received"] == 800 and counters["updates"] == summaries["ddpg"]["updates"]
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     assert main(["evaluate", str(tmp_path / "td3.h5"), "--episodes", "1", "--json"]) == 0
 
@@ -158,7 +158,7 @@ def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
     (["train", "a2c", "--workflow", "multi-learner", "--actors", "0", "--episodes", "2"], "--actors"),
 ])
 def test_workflow_usage_errors_are_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     assert main([*args, "--out", str(tmp_path / "x.h5")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,4 +1,4 @@
-"""The written-out network update (popplay.agents.flat) against torch's own: autograd
+"""The written-out network update (popplay.deep.agents.flat) against torch's own: autograd
 gradients, torch.optim.Adam, clip_grad_norm_, and Double DQN's update against the
 autograd loss it replaces."""
 from __future__ import annotations
@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from popplay.agents import dqn, networks
-from popplay.agents.flat import FlatAdam, FlatMLP, clip_norm_
-from popplay.agents.replay import Batch
+from popplay.deep.agents import dqn
+from popplay.deep.agents import networks
+from popplay.deep.agents.flat import FlatAdam, FlatMLP, clip_norm_
+from popplay.deep.agents.replay import Batch
 from tests.reference.dqn import AutogradDoubleDQN
 
 

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from popplay.checkpoints.runfile import read_run
-from popplay.cli import main
+from popplay.checkpoints.validation import load_run
+from popplay.cli.main import main
+from popplay.core.hooks import variable
 
 TINY = ["--hidden", "16", "--batch-size", "16", "--learning-starts", "64", "--update-ratio", "0.5",
         "--learner-sync", "2", "--actor-sync", "20", "--target-every", "10", "--eval-episodes", "2",
@@ -41,11 +43,12 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     process = subprocess.Popen(
         ["popplay", "train", "gorila", "--env", "CartPole-v1", "--actors", "1", "--learners", "1", "--shards", "2",
          "--env-steps", "400", "--seed", "3", *TINY, "--out", str(out), "--json",
-         # Injected faults: every 7th gradient sent claims parameters too old; every 11th
-         # computed is scaled by 1e30. k = 1e6: no natural gradient is an outlier.
-         "--inject-stale-every", "7", "--inject-huge-every", "11", "--outlier-k", "1e6",
-         "--outlier-window", "10"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         # k = 1e6: no natural gradient is an outlier, only the injected ones below.
+         "--outlier-k", "1e6", "--outlier-window", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Injected faults: every 7th gradient sent claims parameters too old; every 11th
+        # computed is scaled by 1e30.
+        env={**os.environ, variable("inject_stale_every"): "7", variable("inject_huge_every"): "11"})
     roles: set[str] = set()
     deadline = time.monotonic() + 150
     while process.poll() is None and time.monotonic() < deadline:
@@ -73,7 +76,7 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     histogram = summary["staleness_histogram"]
     assert histogram[-1] == 2 * stale and sum(histogram[2:-1]) == 0
     assert summary["server_versions"] == [sent - stale, sent - stale]
-    stored = read_run(out, expected_domain="gorila")
+    stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.state["params"].size == 4 * 16 + 16 + 16 * 2 + 2
     assert stored.curves["env_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "g.h5.parts").exists()

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.agents import networks
-from popplay.agents.adagrad_shard import AdaGradShard
-from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
+from popplay.deep.agents import networks
+from popplay.deep.agents.adagrad_shard import AdaGradShard
+from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
 from tests._gorila_driver import gradient_sequence
 
 TINY = dict(env="CartPole-v1", hidden=(16,), batch_size=16, learning_starts=64, update_ratio=0.5,
@@ -59,7 +59,7 @@ def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
     config_path.write_text(json.dumps({**config.to_dict(), "obs_dim": 4, "actions": 2}))
     store = dist.TCPStore("127.0.0.1", 0, config.world_size + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
-    commands = [[sys.executable, "-m", "popplay.topologies.gorila_ranks", f"popplay gorila shard {s}",
+    commands = [[sys.executable, "-m", "popplay.deep.topologies.gorila_ranks", f"popplay gorila shard {s}",
                  str(config_path)] for s in range(2)]
     commands += [[sys.executable, "-m", "tests._gorila_driver", role, str(config_path), str(tmp_path / "pulled.npz")]
                  for role in ("learner", "actor")]

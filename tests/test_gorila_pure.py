@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.agents import networks
-from popplay.agents.adagrad_shard import (AdaGradShard, adagrad_reference, adagrad_update_, gather, make_shards,
+from popplay.deep.agents import networks
+from popplay.deep.agents.adagrad_shard import (AdaGradShard, adagrad_reference, adagrad_update_, gather, make_shards,
                                           shard_bounds)
-from popplay.topologies.gorila_guards import OutlierGuard, StalenessGuard
+from popplay.deep.topologies.gorila_guards import OutlierGuard, StalenessGuard
 
 
 def _gradients(n: int, count: int, seed: int) -> list[torch.Tensor]:

@@ -33,8 +33,8 @@ def _pid_of(marker: str, role: str) -> int | None:
 
 
 def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
-    from popplay.checkpoints.runfile import read_run
-    from popplay.cli import main
+    from popplay.checkpoints.validation import load_run
+    from popplay.cli.main import main
 
     out = tmp_path / "g.h5"
     process = _torchrun(4, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300", "--seed", "3",
@@ -56,7 +56,7 @@ def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
     assert summary["transitions_received"] == summary["env_steps"]
     sent = summary["gradients_sent"]
     assert sent > 0 and summary["gradients_applied"] + summary["stale_discarded"] == 2 * sent
-    stored = read_run(out, expected_domain="gorila")
+    stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.curves["env_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "g.h5.parts").exists()
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
@@ -78,7 +78,7 @@ def test_torchrun_with_the_wrong_world_size_is_one_line_and_exit_2(tmp_path: Pat
 def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> None:
     """A killed actor ends the attempt (torchrun stops every worker); the restarted
     attempt continues from the shards' checkpoint with what is left of the budget."""
-    from popplay.checkpoints.runfile import read_run
+    from popplay.checkpoints.validation import load_run
 
     out = tmp_path / "r.h5"
     process = _torchrun(4, "--actors", "2", "--learners", "1", "--shards", "1", "--env-steps", "3000", "--seed", "1",
@@ -92,7 +92,7 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
         victim = _pid_of(marker, "actor 1")
         time.sleep(0.05)
     assert victim is not None and out.exists(), "the job never got going"
-    assert read_run(out, expected_domain="gorila").complete is False  # a checkpoint, kept current
+    assert load_run(out, expected_domain="gorila").complete is False  # a checkpoint, kept current
     os.kill(victim, signal.SIGKILL)
     code, stdout, stderr = _finish(process)
     assert code == 0, stderr
@@ -101,15 +101,15 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     # Both attempts' episodes count: the budget is played once (give or take the last
     # episode of each actor, and the killed actor's unsaved one).
     assert 3000 <= summary["env_steps"] < 3000 + 2 * 500
-    stored = read_run(out, expected_domain="gorila")
+    stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.state_counters["version"] == summary["server_versions"][0]
     assert stored.curves["env_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "r.h5.parts").exists()
 
 
 def test_a_restart_plays_what_is_left_of_the_budget() -> None:
-    from popplay.topologies.gorila import GorilaConfig, actor_budget
-    from popplay.topologies.gorila_torchrun import remaining
+    from popplay.deep.topologies.gorila import GorilaConfig, actor_budget
+    from popplay.deep.topologies.gorila_torchrun import remaining
 
     config = GorilaConfig(actors=3, env_steps=1000, episodes=0)
     left, done = remaining(config, 400, 17)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from popplay.checkpoints import h5io, runfile
-from popplay.checkpoints.runfile import RunFileError, read_run
-from popplay.cli import main
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run
+from popplay.cli.main import main
 
 SMALL = ["train", "bandit", "--arms", "5", "--agents", "4", "--trials", "8", "--share-every", "4"]
 
@@ -113,7 +114,7 @@ def test_overwrite_replaces_only_regular_files(tmp_path, capsys):
     assert "exists" in _error_line(capsys) and foreign.read_text() == "mine"
     assert _train(foreign, 64, "--overwrite") == 0
     capsys.readouterr()
-    assert read_run(foreign).complete
+    assert load_run(foreign).complete
 
 
 # -- crafted files -------------------------------------------------------------------
@@ -185,9 +186,9 @@ def test_a_config_declaring_a_billion_agents_is_refused(run_copy, capsys, monkey
 def test_loading_is_refused_when_the_arrays_exceed_available_memory(run_copy, monkeypatch):
     monkeypatch.setenv("POPPLAY_MAX_MEMORY", "1K")  # the arrays need more than half of this
     with pytest.raises(RunFileError, match="memory"):
-        read_run(run_copy)
+        load_run(run_copy)
     monkeypatch.delenv("POPPLAY_MAX_MEMORY")
-    assert read_run(run_copy).complete
+    assert load_run(run_copy).complete
 
 
 # -- 3. disk full ------------------------------------------------------------------
@@ -216,7 +217,7 @@ def test_simulated_disk_full_keeps_the_previous_file_and_rescues_the_state(run_c
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert run_copy.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rescue", "run.h5"]  # no temp, no lock left
-    assert _step(rescued[0]) == 32 and read_run(rescued[0]).complete
+    assert _step(rescued[0]) == 32 and load_run(rescued[0]).complete
 
 
 def test_disk_full_on_a_real_small_file_system(small_run, tmp_path, capsys, monkeypatch):
@@ -242,7 +243,7 @@ def test_disk_full_on_a_real_small_file_system(small_run, tmp_path, capsys, monk
         assert main(["train", "bandit", "--resume", str(path), "--agent-steps", "128"]) == 1
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"no space left on device: the run file at {path} still holds step 16" in err
-        assert "saved to" in err and _step(path) == 16 and read_run(path).complete
+        assert "saved to" in err and _step(path) == 16 and load_run(path).complete
         assert sorted(p.name for p in fs.iterdir()) == ["filler", "run.h5"]
         assert len(list(tmp_path.glob("run-rescued-*.h5"))) == 1
     finally:
@@ -299,7 +300,7 @@ def test_a_writer_that_opened_the_lock_file_before_its_release_does_not_get_in(t
 
 
 def test_resume_takes_the_lock_before_reading(run_copy, capsys, monkeypatch):
-    from popplay.runner import RunLock
+    from popplay.training.pipeline import RunLock
 
     reads = []
     real = runfile.read_run
@@ -433,8 +434,9 @@ def test_evaluate_games_too_many_for_memory(domain_runs, capsys, monkeypatch):
 
 
 def test_memory_estimates_grow_with_the_population():
-    from popplay.games.bandit import BanditParams
-    from popplay.limits import bandit_bytes, parse_bytes
+    from popplay.games.bandit.rules import BanditParams
+    from popplay.core.limits import parse_bytes
+    from popplay.games.bandit import memory_bytes as bandit_bytes
 
     small, big = BanditParams(agents=10, trials=10), BanditParams(agents=1000, trials=1000)
     # measured: 1000 x 1000 agents, 100 arms, share every 16 took about 430 MB over an empty run
@@ -505,7 +507,7 @@ def test_ctrl_c_at_start_up_is_one_line(tmp_path):
 def test_a_stop_request_in_the_last_phase_exits_130_with_a_complete_file(tmp_path, capsys, monkeypatch):
     from contextlib import contextmanager
 
-    import popplay.cli.train as train_cli
+    from popplay.training import job
 
     calls = []
 
@@ -513,11 +515,11 @@ def test_a_stop_request_in_the_last_phase_exits_130_with_a_complete_file(tmp_pat
     def stop_after_the_loop():  # the runner asks once per phase (4 here); the request comes later
         yield lambda: calls.append(1) or len(calls) > 4
 
-    monkeypatch.setattr(train_cli, "stop_on_signals", stop_after_the_loop)
+    monkeypatch.setattr(job, "stop_on_signals", stop_after_the_loop)
     path = tmp_path / "r.h5"
     assert _train(path) == 130
     assert "is complete" in capsys.readouterr().err
-    assert read_run(path).complete and _step(path) == 16
+    assert load_run(path).complete and _step(path) == 16
 
 
 def test_a_time_budget_run_can_be_extended(tmp_path, capsys):
@@ -527,12 +529,12 @@ def test_a_time_budget_run_can_be_extended(tmp_path, capsys):
     done = _step(path)
     assert main(["train", "bandit", "--resume", str(path), "--agent-steps", str(4 * (done + 8)), "--json"]) == 0
     assert _step(path) == done + 8
-    learned = read_run(path).attrs["learning_seconds"]
+    learned = load_run(path).attrs["learning_seconds"]
     assert main(["train", "bandit", "--resume", str(path), "--time-budget", str(learned / 2)]) == 2
     assert "already learned" in _error_line(capsys)
     assert main(["train", "bandit", "--resume", str(path), "--time-budget", str(learned + 0.05), "--json"]) == 0
     capsys.readouterr()
-    assert _step(path) > done + 8 and read_run(path).config["time_budget"] == pytest.approx(learned + 0.05)
+    assert _step(path) > done + 8 and load_run(path).config["time_budget"] == pytest.approx(learned + 0.05)
 
 
 # -- 11. inspect checks the checksum; link messages ---------------------------------------

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from popplay.cli import main
+from popplay.cli.main import main
 from popplay.cli.play import Session, parse_move, render_board
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import KnightsParams
+from popplay.checkpoints.validation import params_from_config
 
 SMALL = ["train", "knights", "--agents", "3", "--games-per-agent", "6", "--episodes", "8", "--eval-every", "4",
          "--eval-games", "10", "--snapshot-every", "4", "--max-turns", "60"]
@@ -124,13 +125,12 @@ def test_resume_continues_to_the_same_population(run_file, tmp_path, capsys):
 
 
 def _session(run_file, human=1, seed=0):
-    from popplay.checkpoints.runfile import read_run
-    from popplay.populations.knights import KnightsExperiment
-    from popplay.populations.base import Backend
-    from popplay.populations import registry
+    from popplay.checkpoints.validation import load_run
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.core.backend import Backend
 
-    stored = read_run(run_file)
-    params = registry.params_from_config("knights", stored.config)
+    stored = load_run(run_file)
+    params = params_from_config("knights", stored.config, run_options=False)
     state = KnightsExperiment(params, Backend("numba", "cpu")).restore(stored.state, stored.state_counters)
     text = io.StringIO()
     console = Console(file=text, width=100, color_system=None)
@@ -179,9 +179,8 @@ def test_end_of_input_and_ctrl_c_end_the_session_cleanly(run_file):
 def test_play_command_reads_moves_from_stdin(run_file):
     from typer.testing import CliRunner
 
-    from popplay.cli import _register, app
+    from popplay.cli.main import app
 
-    _register()
     result = CliRunner().invoke(app, ["play", str(run_file), "--seed", "3", "--side", "o"],
                                 input="nonsense\nmoves\nquit\n")
     assert result.exit_code == 0, result.output
@@ -206,9 +205,8 @@ def test_moves_parse_in_every_spelling_and_the_board_renders():
 def test_every_command_has_help():
     from typer.testing import CliRunner
 
-    from popplay.cli import _register, app
+    from popplay.cli.main import app
 
-    _register()
     for argv, fragment in ((["train", "knights", "--help"], "--games-per-agent"), (["play", "--help"], "RUN"),
                            (["evaluate", "--help"], "--opponent")):
         result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from popplay import rng
-from popplay.games import _knights_numba as kernels
-from popplay.games import knights as game
-from popplay.games.knights import GameBatch, KnightsParams
-from popplay.populations.base import Backend, cuda_available
+from popplay.games.knights import _numba as kernels
+from popplay.games.knights import rules as game
+from popplay.games.knights import engine
+from popplay.games.knights.rules import GameBatch, KnightsParams
+from popplay.core.backend import Backend, cuda_available
 from tests.reference import knights as reference
 
 NUMBA, TORCH = Backend("numba", "cpu"), Backend("torch", "cpu")
@@ -61,7 +62,7 @@ def test_numba_engine_plays_and_learns_like_the_reference(geo):
 
 def test_benchmark_bots_play_like_the_opponents_module():
     """The kernels' random/greedy/search choices are the single-board bot rules."""
-    from popplay.opponents import bot_move
+    from popplay.games.knights.opponents import bot_move
 
     keys = rng.stream_keys(8, 99, np.arange(30))
     for name, kind in (("random", game.KIND_RANDOM), ("greedy", game.KIND_GREEDY), ("search", game.KIND_SEARCH)):
@@ -88,8 +89,8 @@ def test_torch_engine_agrees_with_numba():
     kind = np.stack([np.where(g % 5 == 0, game.KIND_GREEDY, game.KIND_NET), np.where(g % 7 == 0, game.KIND_RANDOM, 0)], 1)
     batch = GameBatch(kind.astype(np.int64), np.stack([g % 4, (g + 1 + g // 4) % 4], 1).astype(np.int64),
                       np.full((90, 2), 0.2), np.stack([g % 2 == 0, g % 3 == 0], 1), rng.stream_keys(2, 99, g))
-    a = game.run_batch(nets, lam, batch, params=params, base=5, backend=NUMBA)
-    b = game.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    a = engine.run_batch(nets, lam, batch, params=params, base=5, backend=NUMBA)
+    b = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
     assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
     np.testing.assert_allclose(b.delta, a.delta, rtol=1e-9, atol=1e-12)
 
@@ -101,8 +102,8 @@ def test_torch_engine_on_cuda_agrees_with_numba():
     nets = game.init_networks(1, np.arange(4), params.inputs, 4, 0.6)
     batch = _mixed_batch(64, 4, seed=3)
     batch = batch._replace(kind=np.where(batch.kind == game.KIND_SEARCH, game.KIND_NET, batch.kind))
-    a = game.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=NUMBA)
-    b = game.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=Backend("torch", "cuda"))
+    a = engine.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=NUMBA)
+    b = engine.run_batch(nets, np.full(4, 0.7), batch, params=params, base=0, backend=Backend("torch", "cuda"))
     same = (a.result == b.result) & (a.plies == b.plies)
     assert same.mean() > 0.9  # CUDA's exp may flip a near-tie now and then
     if same.all():
@@ -113,11 +114,11 @@ def test_results_depend_only_on_each_games_stream_not_threads_or_batching():
     params = KnightsParams()
     nets = game.init_networks(6, np.arange(3), params.inputs, 4, 0.5)
     batch = _mixed_batch(200, 3, seed=9)
-    full = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
+    full = engine.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        single = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
+        single = engine.run_batch(nets, np.full(3, 0.7), batch, params=params, base=0)
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(full.result, single.result) and np.array_equal(full.delta, single.delta)
@@ -125,7 +126,7 @@ def test_results_depend_only_on_each_games_stream_not_threads_or_batching():
     some = kernels.run_games(nets, np.full(3, 0.7), part.kind, part.net, part.epsilon, part.learn, part.keys,
                              base=0, jumps=params.geometry.table, pieces=5, max_turns=100, n_chunks=3)
     assert np.array_equal(some[0], full.result[50:120]) and np.array_equal(some[1], full.plies[50:120])
-    other = game.run_batch(nets, np.full(3, 0.7), batch, params=params, base=params.max_turns + 10)
+    other = engine.run_batch(nets, np.full(3, 0.7), batch, params=params, base=params.max_turns + 10)
     assert not np.array_equal(other.plies, full.plies)  # another counter base: other games
 
 
@@ -144,7 +145,7 @@ def test_no_legal_moves_means_passing_until_the_turn_limit():
     # on a 2x2 board no knight move exists: every game is a draw after max_turns passes
     params = KnightsParams(rows=2, cols=2, pieces=1, max_turns=7)
     nets = game.init_networks(0, np.arange(1), params.inputs, 2, 0.1)
-    got = game.play_pairs(nets, [[0, -1], [-2, -3]], 4, params=params)
+    got = engine.play_pairs(nets, [[0, -1], [-2, -3]], 4, params=params)
     assert got.draws.tolist() == [4, 4] and got.turns == 8 * 7
 
 
@@ -152,22 +153,22 @@ def test_play_pairs_counts_and_bot_strengths():
     params = KnightsParams()
     nets = game.init_networks(0, np.arange(2), params.inputs, 4, 0.1)
     pairs = [[-2, -1], [-1, -2], [-3, -2], [-1, -1], [0, 1]]
-    got = game.play_pairs(nets, pairs, 60, params=params, seed=3)
+    got = engine.play_pairs(nets, pairs, 60, params=params, seed=3)
     assert np.array_equal(got.wins + got.draws + got.losses, np.full(5, 60))
     assert got.score[0] >= 0.95 and got.score[1] <= 0.05  # greedy crushes random
     assert got.score[2] >= 0.9  # the two-ply search beats greedy
     assert 0.3 <= got.score[3] <= 0.7
     assert got.turns > 0
-    again = game.play_pairs(nets, pairs, 60, params=params, seed=3)
+    again = engine.play_pairs(nets, pairs, 60, params=params, seed=3)
     assert np.array_equal(again.wins, got.wins) and np.array_equal(again.draws, got.draws)
     with pytest.raises(ValueError, match="player codes"):
-        game.play_pairs(nets, [[0, 2]], 2, params=params)
+        engine.play_pairs(nets, [[0, 2]], 2, params=params)
     with pytest.raises(ValueError, match="games"):
-        game.play_pairs(nets, [[0, 1]], 0, params=params)
+        engine.play_pairs(nets, [[0, 1]], 0, params=params)
 
 
 def test_quality_uses_common_positions_and_splits_first_moves():
-    from popplay.opponents import quality
+    from popplay.games.knights.opponents import quality
 
     params = KnightsParams()
     nets = game.init_networks(0, np.arange(3), params.inputs, 4, 0.1)

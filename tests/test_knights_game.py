@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams
-from popplay.populations import registry
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import KnightsParams
+from popplay.core import registry
 from tests.reference import knights as reference
+from popplay.checkpoints.validation import params_from_config
 
 SQUARE = [(1, 0), (-1, 0), (0, 1), (0, -1)]
 PATTERNS = [("knight", reference.KNIGHT), ("1,0;-1,0;0,1;0,-1", SQUARE), ("2,2;-1,3;0,-2", [(2, 2), (-1, 3), (0, -2)])]
@@ -169,5 +170,5 @@ def test_jump_specs_and_parameters_are_validated():
 def test_params_round_trip_through_a_run_file_config():
     params = KnightsParams(rows=4, cols=6, pieces=3, jumps="1,0;0,1", alpha=0.01, opponents_learn=True,
                            eval_opponents="greedy,search")
-    assert registry.params_from_config("knights", {**params.to_dict(), "backend": "numba"}) == params
-    assert registry.DOMAINS["knights"].params_type() is KnightsParams
+    assert params_from_config("knights", {**params.to_dict(), "backend": "numba"}, run_options=False) == params
+    assert registry.get("knights").params_type() is KnightsParams

@@ -2,11 +2,12 @@
 import numpy as np
 import pytest
 
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams
-from popplay.populations.base import Backend
-from popplay.populations.knights import KnightsExperiment
-from popplay.runner import run
+from popplay.games.knights import rules as game
+from popplay.games.knights import engine
+from popplay.games.knights.rules import KnightsParams
+from popplay.core.backend import Backend
+from popplay.games.knights.experiment import KnightsExperiment
+from popplay.training.loop import run
 
 NUMBA, TORCH = Backend("numba", "cpu"), Backend("torch", "cpu")
 SMALL = KnightsParams(agents=4, games_per_agent=6, episodes=6, eval_every=3, eval_games=10, snapshot_every=2,
@@ -32,7 +33,7 @@ def test_an_episode_adds_alpha_times_each_agents_summed_change():
     away = np.where(batch.learn[:, 0], batch.net[:, 1], batch.net[:, 0])
     assert np.array_equal(home, np.repeat(np.arange(4), 6)) and (home != away).all()
     assert batch.learn[::2, 0].all() and batch.learn[1::2, 1].all()  # even game slots: the agent is X
-    played = game.run_batch(state.networks, state.lam, batch, params=params, base=0)
+    played = engine.run_batch(state.networks, state.lam, batch, params=params, base=0)
     after = experiment.phase(state, time_left=None)
     expected = game.pack(state.networks) + state.alpha[:, None] * played.delta
     np.testing.assert_array_equal(game.pack(after.networks), expected)

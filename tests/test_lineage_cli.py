@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_runs_without_agents_are_refused(tmp_path, capsys):
 def test_batched_populations_show_one_group(tmp_path, capsys):
     # a (trials, agents) population as a tabular domain would store it
     from popplay.checkpoints.runfile import write_run
-    from popplay.evolution import Lineage, initial_ids
+    from popplay.operators.evolution import Lineage, initial_ids
 
     ids = initial_ids((2, 3))
     log = Lineage.start(ids)

@@ -5,9 +5,8 @@ import sys
 
 import h5py
 import numpy as np
-import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 BANDIT = ["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "16", "--agent-steps", "512",
           "--share-every", "16", "--seed", "2"]

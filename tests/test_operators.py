@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from popplay.operators import share_counts
+from popplay.operators.sharing import share_counts
 
 
 def _reference_share(values, counts):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -16,10 +17,40 @@ sys.path.insert(0, str(Path(__file__).parent / "pinned"))
 import commands  # noqa: E402
 
 GOLDEN = json.loads(commands.GOLDEN.read_text())
+#: Test hooks that were parameters when the results were recorded; they are environment
+#: knobs now (popplay.core.hooks) and no longer reach a run file.
+HOOKS = {"slow_learner", "slow_simulator", "inject_stale_every", "inject_huge_every"}
+
+
+def _same(got: object, expected: object) -> bool:
+    """Equal, where a float (pinned as its repr) may differ in its last bits: linear
+    algebra (the tournament's rating errors) rounds differently across BLAS builds."""
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(got) == len(expected) and all(_same(g, e) for g, e in zip(got, expected))
+    if isinstance(expected, str) and isinstance(got, str) and got != expected:
+        try:
+            return math.isclose(float(got), float(expected), rel_tol=1e-12, abs_tol=1e-300)
+        except ValueError:
+            return False
+    return got == expected
+
+
+def _without_hooks(value: object) -> object:
+    """A digest without the hooks, in attributes and in the stored config."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if key in HOOKS:
+            continue
+        if key == "config_json" and isinstance(item, str):
+            item = json.dumps({k: v for k, v in json.loads(item).items() if k not in HOOKS}, sort_keys=True)
+        out[key] = _without_hooks(item)
+    return out
 
 
 def _in_process(argv: list[str]) -> tuple[int, str]:
-    from popplay.cli import main
+    from popplay.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -41,10 +72,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("name", [name for name, *_ in commands.COMMANDS])
 def test_command_gives_the_pinned_results(results: dict, name: str) -> None:
     expected, got = GOLDEN[name], results[name]
-    assert got["json"] == expected["json"]
+    # Every number the command printed is still printed, the same; one pipeline may add fields.
+    changed = sorted(k for k in expected["json"] if not _same(got["json"].get(k), expected["json"][k]))
+    assert not changed, f"{name}: --json changed: {[(k, expected['json'][k], got['json'].get(k)) for k in changed]}"
     if "file" in expected:
-        changed = sorted(k for k in set(expected["file"]) | set(got["file"])
-                         if expected["file"].get(k) != got["file"].get(k))
+        before, after = _without_hooks(expected["file"]), _without_hooks(got["file"])
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         assert not changed, f"{name}: datasets or attributes changed: {changed}"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from popplay.checkpoints.runfile import write_run
-from popplay.cli import main
+from popplay.cli.main import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

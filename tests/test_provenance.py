@@ -7,7 +7,7 @@ import sys
 
 import h5py
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 BANDIT = ["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "4", "--agent-steps", "256",
           "--share-every", "16"]

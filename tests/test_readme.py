@@ -22,7 +22,7 @@ TINY = {
 }
 RUNNER = """
 import json, shlex, sys
-from popplay.cli import main
+from popplay.cli.main import main
 codes = []
 for line in json.loads(sys.argv[1]):
     print("$ popplay " + line, file=sys.stderr, flush=True)

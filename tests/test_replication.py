@@ -7,12 +7,12 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay import evolution as evo
-from popplay.cli import main
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams
-from popplay.populations.base import Backend
-from popplay.populations.knights import KnightsExperiment
+from popplay.operators import evolution as evo
+from popplay.cli.main import main
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import KnightsParams
+from popplay.core.backend import Backend
+from popplay.games.knights.experiment import KnightsExperiment
 
 NUMBA = Backend("numba", "cpu")
 REPLICATING = KnightsParams(rows=4, cols=5, pieces=3, max_turns=40, agents=6, games_per_agent=4, episodes=8,

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 from popplay.reproduce import bandit, registry
 from popplay.reproduce.data import FigureData, Group, read_figure
 

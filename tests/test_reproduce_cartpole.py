@@ -7,13 +7,13 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.cli import main
-from popplay.games.cartpole import CartPolePopulationParams
-from popplay.populations.base import Backend
-from popplay.populations.cartpole import CartPoleExperiment
+from popplay.cli.main import main
+from popplay.games.cartpole.rules import CartPolePopulationParams
+from popplay.core.backend import Backend
+from popplay.games.cartpole.experiment import CartPoleExperiment
 from popplay.reproduce import cartpole, registry
 from popplay.reproduce.data import read_figure
-from popplay.runner import run
+from popplay.training.loop import run
 from tests.test_reproduce import _assert_png
 
 TINY = cartpole.SCALES["tiny"]

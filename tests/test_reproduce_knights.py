@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 from popplay.reproduce import knights, registry
 from popplay.reproduce.data import read_figure
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from popplay.checkpoints.runfile import read_run
-from popplay.cli import main
+from popplay.checkpoints.validation import load_run
+from popplay.cli.main import main
 from popplay.reproduce import registry, reinforce
 from popplay.reproduce.data import read_figure
 
@@ -57,5 +57,5 @@ def test_a_curve_is_the_running_reward_of_popplay_train_reinforce(tiny_figure, t
     run = tmp_path / "run.h5"
     assert main(["train", "reinforce", "--topology", "local", "--workers", "2", "--episodes", str(TINY.updates),
                  "--seed", "4", "--eval-episodes", "0", "--out", str(run)]) == 0
-    stored = read_run(run).state["running_curve"]
+    stored = load_run(run).state["running_curve"]
     np.testing.assert_array_equal(data.groups["workers_2"].arrays["seed_4"], stored)

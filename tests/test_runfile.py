@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from popplay.checkpoints import runfile
-from popplay.checkpoints.runfile import RunFileError, read_run, write_run
+from popplay.checkpoints.runfile import RunFileError, write_run
+from popplay.checkpoints.validation import load_run
 
 
 def _write(path, **overrides):
@@ -22,7 +23,7 @@ def _write(path, **overrides):
 def test_round_trip(tmp_path):
     path = tmp_path / "r.h5"
     _write(path)
-    run = read_run(path, expected_domain="bandit")
+    run = load_run(path, expected_domain="bandit")
     assert run.domain == "bandit" and run.complete
     assert run.config == {"agents": 2, "arms": 3, "note": None}
     assert np.array_equal(run.state["q"], np.ones((2, 3))) and run.state_counters == {"step": 4}
@@ -46,12 +47,12 @@ def test_wrong_domain_and_schema_versions_are_explained(tmp_path):
     path = tmp_path / "r.h5"
     _write(path)
     with pytest.raises(RunFileError, match="a bandit run, not a knights run"):
-        read_run(path, expected_domain="knights")
+        load_run(path, expected_domain="knights")
     for version, word in ((runfile.SCHEMA_VERSION + 1, "newer"), (0, "older")):
         with h5py.File(path, "a") as f:
             f.attrs["schema_version"] = version
         with pytest.raises(RunFileError, match=word):
-            read_run(path)
+            load_run(path)
 
 
 def test_foreign_hdf5_is_not_a_run_file(tmp_path):
@@ -59,7 +60,7 @@ def test_foreign_hdf5_is_not_a_run_file(tmp_path):
     with h5py.File(path, "w") as f:
         f["x"] = np.arange(3)
     with pytest.raises(RunFileError, match="not a popplay run file"):
-        read_run(path)
+        load_run(path)
 
 
 def test_links_external_storage_and_virtual_datasets_are_refused(tmp_path):
@@ -82,7 +83,7 @@ def test_links_external_storage_and_virtual_datasets_are_refused(tmp_path):
         with h5py.File(path, "a") as f:
             craft(f)
         with pytest.raises(RunFileError, match="refused"):
-            read_run(path)
+            load_run(path)
 
 
 def _layout(source):

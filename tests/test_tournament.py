@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams, Networks
+from popplay.games.knights import rules as game
+from popplay.games.knights import engine
+from popplay.games.knights.rules import KnightsParams, Networks
 from popplay.tournaments import roundrobin
 from popplay.tournaments.roundrobin import pad_hidden, round_robin, stack_networks
 
@@ -72,7 +73,7 @@ def test_each_pair_plays_the_match_it_would_play_alone():
     first, second = np.triu_indices(4, k=1)
     for k, (i, j) in enumerate(zip(first, second)):
         a, b = (j, i) if k % 2 else (i, j)
-        alone = game.play_pairs(nets, [[players[a], players[b]]], games, params=PARAMS, seed=9,
+        alone = engine.play_pairs(nets, [[players[a], players[b]]], games, params=PARAMS, seed=9,
                                 tag=roundrobin.TAG_TOURNAMENT, streams=[0])
         assert (result.wins[a, b], result.draws[a, b], result.losses[a, b]) == \
             (alone.wins[0], alone.draws[0], alone.losses[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from popplay.cli import main
+from popplay.cli.main import main
 
 TINY = ["train", "knights", "--agents", "3", "--games-per-agent", "4", "--episodes", "4", "--eval-every", "4",
         "--eval-games", "4", "--snapshot-every", "2", "--max-turns", "40", "--json"]

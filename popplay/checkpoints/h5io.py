@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -19,6 +20,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from popplay.core.limits import format_bytes
 
 # Kinds of file a command may replace without --overwrite (see :func:`file_kind`).
 KIND_NAMES = {"run": "popplay run file", "figure": "popplay figure file", "png": "PNG image",
@@ -89,7 +94,7 @@ def file_kind(path: Path) -> str:
         head = handle.read(8192)
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return "png"
-    import h5py
+    import h5py  # defers h5py
 
     try:
         hdf5 = h5py.is_hdf5(str(path))
@@ -263,7 +268,7 @@ def write_hdf5_atomically(path: Path, fill: Callable[[Any], None], *, stale_seco
     while h5py flushes or closes a file can crash the process (a segfault in
     ``File.close()``), whereas a plain write fails with an ordinary ENOSPC that leaves
     the previous file intact."""
-    import h5py
+    import h5py  # defers h5py
 
     # The name is only a label: backing_store=False keeps everything in memory.
     with h5py.File(f"popplay-{os.getpid()}-{id(fill)}.h5", "w", driver="core", backing_store=False,
@@ -303,7 +308,6 @@ def encode_attr(value: Any) -> Any:
     live inside the checksummed object header, whereas variable-length strings live
     in HDF5's global heap, which has no checksum and whose corruption can hang the
     reader. Anything that is not a scalar is stored as JSON."""
-    import numpy as np
 
     if value is None:
         value = "none"
@@ -316,7 +320,6 @@ def encode_attr(value: Any) -> Any:
 
 def decode_attr(value: Any) -> Any:
     """The Python value of a stored attribute (the inverse of :func:`encode_attr` for scalars)."""
-    import numpy as np
 
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -350,7 +353,7 @@ def read_header(f: Any, path: Path, error: type[Exception], noun: str, file_form
 
 def check_hdf5_path(path: Path, error: type[Exception], noun: str) -> None:
     """Raise ``error`` with a one-line reason unless ``path`` is a non-empty HDF5 file."""
-    import h5py
+    import h5py  # defers h5py
 
     if not path.exists():
         raise error(f"{path}: no such file")
@@ -386,9 +389,8 @@ def check_tree(f: Any, path: Path, error: type[Exception], max_array_bytes: int,
     storage far smaller than the declared size, millions of tiny chunks, or more
     bytes in all than ``max_total_bytes``. Only metadata is read. Returns the total
     declared bytes of every dataset."""
-    import math
 
-    import h5py
+    import h5py  # defers h5py
 
     total = 0
 
@@ -437,6 +439,4 @@ def check_tree(f: Any, path: Path, error: type[Exception], max_array_bytes: int,
 
 
 def _size(n: float) -> str:
-    from popplay.limits import format_bytes
-
     return format_bytes(n)

@@ -10,9 +10,12 @@ between processes but the file system's own locks.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 from typing import Any, Callable
+
+from popplay.checkpoints.h5io import resolve_output, sibling_name
 
 _HELD: dict[str, int] = {}  # resolved run-file path -> holders in this process
 # Called between opening the lock file and locking it: tests widen that window here
@@ -25,15 +28,12 @@ class LockBusy(Exception):
 
 
 def lock_path(path: Path) -> Path:
-    from popplay.checkpoints.h5io import resolve_output, sibling_name
-
     target = resolve_output(Path(path))
     return target.with_name(sibling_name(target, ".lock"))
 
 
 def held_here(path: Path) -> bool:
     """Whether this process holds the lock of the run file ``path``."""
-    from popplay.checkpoints.h5io import resolve_output
 
     return _HELD.get(str(resolve_output(Path(path)).absolute()), 0) > 0
 
@@ -46,8 +46,6 @@ class RunLock:
     """
 
     def __init__(self, path: Any, error: type[Exception] = LockBusy) -> None:
-        from popplay.checkpoints.h5io import resolve_output
-
         self.path = Path(path)
         self.lock_path = lock_path(self.path)
         self._key = str(resolve_output(self.path).absolute())
@@ -55,8 +53,6 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        import fcntl
-
         for _ in range(100):
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             if _BEFORE_LOCK is not None:

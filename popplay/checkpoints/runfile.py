@@ -18,36 +18,56 @@ before loading it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from popplay.checkpoints.h5io import (STALE_SECONDS, NoSpace, OutputError, check_hdf5_path, check_replaceable,
-                                      check_tree, decode_attr, encode_attr, first_line, read_header,
-                                      resolve_output, sibling_name, write_hdf5_atomically)
+import popplay
+from popplay.checkpoints.h5io import (
+    STALE_SECONDS,
+    NoSpace,
+    OutputError,
+    check_hdf5_path,
+    check_replaceable,
+    check_tree,
+    decode_attr,
+    encode_attr,
+    first_line,
+    read_header,
+    resolve_output,
+    sibling_name,
+    write_hdf5_atomically,
+)
+from popplay.checkpoints.lock import held_here
+from popplay.checkpoints.provenance import KEYS
+from popplay.core.errors import EXIT_FAILURE, EXIT_USAGE, PopplayError
+from popplay.core.limits import available_bytes
 
 FORMAT = "popplay-run"
 SCHEMA_VERSION = 1
 DIGEST = "content_sha256"
 
 
-class RunFileError(Exception):
+class RunFileError(PopplayError):
     """A run file that cannot be written or read; the message is one line for users.
     ``exit_code``: 2 for bad input (the usual case), 1 for a failure of the machine."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class NoSpaceError(RunFileError):
     """The disk filled up while writing; the previous run file is intact."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
     def __init__(self, message: str, path: Path) -> None:
         super().__init__(message)
@@ -74,11 +94,9 @@ class RunFile:
 
 
 def library_versions() -> dict[str, str]:
-    import h5py
-    import numba
-    from importlib.metadata import version
+    import h5py  # defers h5py
+    import numba  # defers numba
 
-    import popplay
 
     # torch's version from its metadata: importing torch for it would cost the numba
     # paths seconds at every save.
@@ -95,7 +113,6 @@ def check_writable(path: Path, *, overwrite: bool = False, resume: bool = False)
     (devices, FIFOs and directories are never replaced), a read-only or hard-linked
     file, a file other than a popplay run file without ``overwrite``, or a name too
     long for the lock and temporary files beside it."""
-    import tempfile
 
     path = Path(path)
     option = "--resume" if resume else "--out"
@@ -117,7 +134,7 @@ def check_writable(path: Path, *, overwrite: bool = False, resume: bool = False)
 def no_space_message(path: Path) -> str:
     """'no space left on device: the run file at PATH still holds step N', read from
     the previous file's counters (or: nothing was written to PATH)."""
-    import h5py
+    import h5py  # defers h5py
 
     path = Path(path)
     if not path.exists():
@@ -152,7 +169,6 @@ def write_run(
     """Write a run file atomically: a temporary file in the same directory, fsynced,
     then renamed over ``path`` (and the directory fsynced). A crash at any moment
     leaves either the old file or the new one, never a half-written file."""
-    from popplay.checkpoints.lock import held_here
 
     def fill(f: Any) -> None:
         # libver v110: checksummed superblock and object headers; fletcher32 on every
@@ -202,7 +218,6 @@ def rescue_directories(failed: Path) -> list[Path]:
     """Where a state that could not be saved at ``failed`` is tried next:
     ``POPPLAY_RESCUE_DIR`` if set, the temporary directory, the home directory and the
     working directory (each once, the failed file's own directory left out)."""
-    import tempfile
 
     candidates = [os.environ.get(RESCUE_ENV), tempfile.gettempdir(), os.path.expanduser("~"), os.getcwd()]
     own = os.path.realpath(Path(failed).parent)
@@ -236,7 +251,7 @@ def rescue(error: NoSpaceError, contents: dict[str, Any]) -> None:
 def check_storable(config: dict[str, Any], what: str = "setting") -> None:
     """Raise :class:`RunFileError` unless every value of ``config`` can be stored as
     a run-file attribute (checked before training, not at the first save)."""
-    import h5py
+    import h5py  # defers h5py
 
     with h5py.File(f"popplay-check-{id(config)}.h5", "w", driver="core", backing_store=False) as f:
         for name, value in config.items():
@@ -252,25 +267,37 @@ def check_storable(config: dict[str, Any], what: str = "setting") -> None:
             raise RunFileError(f"the settings cannot be stored in a run file ({first_line(error)})") from None
 
 
-def read_run(path: Path, *, expected_domain: str | None = None) -> RunFile:
-    """Read a run file, or raise :class:`RunFileError` with a one-line reason."""
-    import h5py
+class RunCheck(Protocol):
+    """The rules a run file's contents must follow beyond its layout and checksum: its
+    settings by the command line's rules, its counters and bookkeeping. Each method
+    raises ``ValueError`` (or ``TypeError``) with a one-line reason."""
+
+    def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any]) -> None: ...
+
+    def contents(self, run: "RunFile") -> None: ...
+
+
+def read_run(path: Path, *, check: RunCheck, expected_domain: str | None = None) -> RunFile:
+    """Read a run file, or raise :class:`RunFileError` with a one-line reason.
+    ``check`` judges what the file holds (:data:`popplay.checkpoints.validation.RUN_CHECK`:
+    by the registered domains' rules); nothing is returned that it refused."""
+    import h5py  # defers h5py
 
     path = Path(path)
     _check_file(path)
     try:
         with h5py.File(path, "r") as f:
-            return _read(f, path, expected_domain)
+            return _read(f, path, expected_domain, check)
     except RunFileError:
         raise
     except Exception as error:  # h5py raises many kinds on damaged files
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
 
 
-def summarize_run(path: Path) -> dict[str, Any]:
+def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
     """What ``popplay inspect`` shows, from attributes and curve tails, once the file's
     layout and content checksum are verified (streamed; no array is kept)."""
-    import h5py
+    import h5py  # defers h5py
 
     path = Path(path)
     _check_file(path)
@@ -288,7 +315,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
             last = {name: float(curves[name][-1]) for name in curves
                     if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
             progress = {name: _plain(state.attrs[name]) for name in state.attrs}
-            _check_settings(path, attrs.get("domain"), config, progress)
+            _check_settings(check, path, attrs.get("domain"), config, progress)
             if "agent_steps" in curves and curves["agent_steps"].shape[0]:
                 progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
             population = {key: config[key] for key in ("trials", "agents", "arms", "games_per_agent") if key in config}
@@ -308,23 +335,9 @@ def summarize_run(path: Path) -> dict[str, Any]:
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
 
 
-def _check_settings(path: Path, domain: Any, config: dict[str, Any], counters: dict[str, Any]) -> None:
-    """The config by the CLI's rules and the counters, as every loading command checks them."""
-    from popplay.populations.registry import DOMAINS
-    from popplay.validation import check_counters, params_from_config
-
-    try:
-        if domain in DOMAINS:
-            params_from_config(domain, config, run_options=False)
-        check_counters(counters)
-    except (TypeError, ValueError) as error:
-        raise RunFileError(f"{path}: damaged run file ({error})") from None
-
-
 def _provenance(attrs: dict[str, Any]) -> dict[str, Any]:
-    """The provenance attributes (popplay.provenance), JSON ones decoded; files written
+    """The provenance attributes (popplay.checkpoints.provenance), JSON ones decoded; files written
     before they existed have none."""
-    from popplay.provenance import KEYS
 
     out: dict[str, Any] = {}
     for key in KEYS:
@@ -366,9 +379,8 @@ def content_digest(f: Any) -> str:
     variable-length strings; this digest makes any change to what popplay loads
     detectable.
     """
-    import hashlib
 
-    import h5py
+    import h5py  # defers h5py
 
     digest = hashlib.sha256()
 
@@ -398,14 +410,22 @@ def content_digest(f: Any) -> str:
     return digest.hexdigest()
 
 
-def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
+def _check_settings(check: RunCheck, path: Path, domain: Any, config: dict[str, Any],
+                    counters: dict[str, Any]) -> None:
+    try:
+        check.settings(domain, config, counters)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(f"{path}: damaged run file ({error})") from None
+
+
+def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> RunFile:
     attrs = _header(f, path, expected_domain)
     domain = attrs.get("domain")
     # Metadata and the config first: nothing is read from a dataset until every one
     # is known to fit in memory and to be stored as popplay stores it.
     _check_tree(f, path)
     config = _config(f, path)
-    _check_settings(path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs})
+    _check_settings(check, path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs})
     if attrs.get(DIGEST) != content_digest(f):
         raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
     state_group = f["state"]
@@ -427,11 +447,9 @@ def _read(f: Any, path: Path, expected_domain: str | None) -> RunFile:
         results=_read_arrays(results_group) if results_group is not None else {},
         result_attrs={name: _plain(results_group.attrs[name]) for name in results_group.attrs} if results_group is not None else {},
     )
-    from popplay.validation import check_run
-
     try:
-        check_run(run)
-    except ValueError as error:
+        check.contents(run)
+    except (TypeError, ValueError) as error:
         raise RunFileError(f"{path}: damaged run file ({error})") from None
     return run
 
@@ -451,9 +469,8 @@ _MAX_ARRAY_BYTES = 64 * 2**30
 
 
 def _check_tree(f: Any, path: Path) -> None:
-    import h5py
+    import h5py  # defers h5py
 
-    from popplay.limits import available_bytes
 
     for required in ("config", "state"):
         if required not in f or not isinstance(f.get(required, getlink=True), h5py.HardLink):
@@ -463,7 +480,7 @@ def _check_tree(f: Any, path: Path) -> None:
 
 
 def _read_arrays(group: Any) -> dict[str, np.ndarray]:
-    import h5py
+    import h5py  # defers h5py
 
     return {name: np.asarray(group[name][()]) for name in group if isinstance(group[name], h5py.Dataset)}
 

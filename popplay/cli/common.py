@@ -4,21 +4,16 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import tomllib
+from contextlib import contextmanager
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
-
-class CommandError(Exception):
-    """A failure to report as one line; exit code 2 (bad input) unless given."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+from popplay.core.errors import UsageError
 
 
 class BackendName(str, Enum):
@@ -82,7 +77,7 @@ def parse_hidden(hidden: str, example: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in hidden.split(","))
     except ValueError:
-        raise CommandError(f"--hidden: expected comma-separated widths such as {example} (got {hidden!r})") from None
+        raise UsageError(f"--hidden: expected comma-separated widths such as {example} (got {hidden!r})") from None
 
 
 def given(ctx: typer.Context, name: str) -> bool:
@@ -101,16 +96,15 @@ def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Option
     (click's default map), so anything given on the command line still wins."""
     if value is None:
         return value
-    import tomllib
 
     domain = ctx.info_name or ""
     try:
         with open(value, "rb") as handle:
             data = tomllib.load(handle)
     except OSError as error:
-        raise CommandError(f"--config {value}: {error.strerror or error}") from None
+        raise UsageError(f"--config {value}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
-        raise CommandError(f"--config {value}: not valid TOML ({error})") from None
+        raise UsageError(f"--config {value}: not valid TOML ({error})") from None
     table = data.get(domain) if isinstance(data.get(domain), dict) else {
         k: v for k, v in data.items() if not isinstance(v, dict)}
     names = {p.name: p for p in ctx.command.params if p.name not in ("config", "help")}
@@ -120,7 +114,7 @@ def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Option
         name = "json_output" if name == "json" else name
         if name not in names:
             known = ", ".join(sorted(n.replace("_", "-") for n in names if n != "json_output"))
-            raise CommandError(f"--config {value}: {key!r} is not an option of `popplay train {domain}` ({known})")
+            raise UsageError(f"--config {value}: {key!r} is not an option of `popplay train {domain}` ({known})")
         options[name] = str(setting) if isinstance(setting, (int, float)) and name in ("checkpoint_every",) else setting
     ctx.default_map = {**(ctx.default_map or {}), **options}
     return value

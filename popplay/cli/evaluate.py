@@ -6,9 +6,20 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from popplay.cli import app
-from popplay.cli.common import CommandError, print_json
+from popplay import stats
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.cli.app import app
+from popplay.cli.common import print_json
+from popplay.cli.evaluate_deep import evaluate_deep
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.core.errors import UsageError
+from popplay.core.limits import MemoryLimitError, check_fits
+from popplay.games.knights import games_bytes
 
 
 class Opponent(str, Enum):
@@ -37,32 +48,28 @@ def evaluate(
     """Re-measure the population stored in a run file (bandit: block-estimate quality;
     cartpole: the shared greedy policy's balancing test; knights: every agent's quality
     against a benchmark opponent)."""
-    from popplay.checkpoints.runfile import RunFileError, read_run
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
 
     try:
-        stored = read_run(run)
+        stored = load_run(run)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
-    if stored.domain not in registry.DOMAINS:
-        raise CommandError(f"{run}: unknown domain {stored.domain!r}")
-    if stored.domain in registry.DEEP_DOMAINS:
-        from popplay.cli.evaluate_deep import evaluate_deep
+        raise UsageError(str(error)) from None
+    if not registry.known(stored.domain):
+        raise UsageError(f"{run}: unknown domain {stored.domain!r}")
+    if registry.get(stored.domain).kind == registry.DEEP:
 
         evaluate_deep(run, stored, episodes or 100, seed, json_output)
         return
     if episodes is not None:
-        raise CommandError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
+        raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
     given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed)) if value is not None]
     if stored.domain != "knights" and given:
-        raise CommandError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
+        raise UsageError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
     try:
-        params = registry.params_from_config(stored.domain, stored.config)
-        experiment = registry.build(stored.domain, params, Backend("numba", "cpu"))
+        params = params_from_config(stored.domain, stored.config, run_options=False)
+        experiment = registry.get(stored.domain).build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
-        raise CommandError(f"{run}: damaged run file ({error})") from None
+        raise UsageError(f"{run}: damaged run file ({error})") from None
     if stored.domain == "knights":
         _evaluate_knights(run, stored, params, state, opponent or Opponent.greedy, games or 200,
                           params.seed if seed is None else seed, json_output)
@@ -86,7 +93,6 @@ def evaluate(
 def _quality_interval(domain: str, results: dict[str, Any], metrics: dict[str, float]) -> dict[str, Any]:
     """A 95 % interval of the quality over independent trials: Wilson for the bandit's
     rate of trials that pick the best arm, mean ± 1.96 standard errors otherwise."""
-    from popplay import stats
 
     per_trial = next(iter(results.values()), None) if results else None
     if per_trial is None or len(per_trial) < 2:
@@ -103,16 +109,14 @@ def _quality_interval(domain: str, results: dict[str, Any], metrics: dict[str, f
 def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent: Opponent, games: int, seed: int,
                       json_output: bool) -> None:
     """Every agent against one benchmark opponent; a table or one JSON object."""
-    from popplay.opponents import quality
+    from popplay.games.knights.opponents import quality  # defers numba
 
-    from popplay import stats
-    from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
 
     games += games % 2
     try:  # the whole batch of games is allocated at once
-        check_fits(knights_games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
+        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
     except MemoryLimitError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
     best, worst = int(q.score.argmax()), int(q.score.argmin())
     played = q.wins + q.draws + q.losses
@@ -136,8 +140,6 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     if json_output:
         print_json(payload)
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(title=f"{run}: {len(per_agent)} agents after {state.episode:,} episodes "
                         f"vs {opponent.value}, {games} games each")

@@ -5,23 +5,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from popplay.cli.common import CommandError, print_json
+from popplay.checkpoints.validation import params_from_config
+from popplay.cli.common import print_json
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.core.errors import UsageError
 
 
 def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_output: bool) -> None:
     """Play the stored policy greedily for ``episodes`` episodes and report their mean return."""
-    from popplay.envs import EnvError
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
+    from popplay.deep.envs import EnvError  # defers gymnasium
 
     try:
-        params = registry.params_from_config(stored.domain, stored.config)
-        experiment = registry.build(stored.domain, params, Backend("torch", "cpu"))
+        params = params_from_config(stored.domain, stored.config, run_options=False)
+        experiment = registry.get(stored.domain).build(params, Backend("torch", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except EnvError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     except (TypeError, ValueError, KeyError) as error:
-        raise CommandError(f"{run}: damaged run file ({error})") from None
+        raise UsageError(f"{run}: damaged run file ({error})") from None
     started = time.perf_counter()
     returns = experiment.returns_of_greedy(state, episodes, params.seed if seed is None else seed)
     seconds = time.perf_counter() - started

@@ -1,13 +1,19 @@
 """``popplay export RUN.h5 --csv``: a run file's learning curves as CSV."""
 from __future__ import annotations
 
+import csv
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from popplay.cli import app
-from popplay.cli.common import CommandError, print_json
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.scalars import LogError, write_csv
+from popplay.checkpoints.validation import load_run
+from popplay.cli.app import app
+from popplay.cli.common import print_json
+from popplay.core.errors import UsageError
 
 
 @app.command("export", short_help="Write a run file's learning curves as CSV (e.g. for pandas or a spreadsheet).")
@@ -24,26 +30,22 @@ def export(
     """Export the curves of a run file: one row per curve point with agent_steps (agent-time
     steps per trial; knights: agent turns), seconds (learning time) and every metric, as
     `train --log-dir` writes while training."""
-    import sys
 
-    from popplay.checkpoints.runfile import RunFileError, read_run
-    from popplay.scalars import LogError, write_csv
 
     if not csv_output:
-        raise CommandError("say which format to export: --csv")
+        raise UsageError("say which format to export: --csv")
     try:
-        stored = read_run(run)
+        stored = load_run(run)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     curves = stored.curves
     steps = [int(v) for v in curves.get("agent_steps", [])]
     seconds = [float(v) for v in curves.get("seconds", [])]
     metrics = {name: [float(v) for v in values] for name, values in curves.items()
                if name not in ("agent_steps", "seconds")}
     if any(len(values) != len(steps) for values in [*metrics.values(), seconds] if len(values)):
-        raise CommandError(f"{run}: damaged run file (curves of different lengths)")
+        raise UsageError(f"{run}: damaged run file (curves of different lengths)")
     if out is not None and str(out) == "-":
-        import csv
 
         writer = csv.writer(sys.stdout)
         writer.writerow(["agent_steps", "seconds", *metrics])
@@ -52,16 +54,16 @@ def export(
         return
     target = out if out is not None else Path(run).with_suffix(".csv")
     if target.resolve() == Path(run).resolve():
-        raise CommandError(f"--out {target}: would overwrite the run file")
+        raise UsageError(f"--out {target}: would overwrite the run file")
     if not target.parent.is_dir():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise CommandError(f"--out {target}: cannot create {target.parent} ({error.strerror})") from None
+            raise UsageError(f"--out {target}: cannot create {target.parent} ({error.strerror})") from None
     try:
         write_csv(target, steps, seconds, metrics)
     except LogError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     if json_output:
         print_json({"source": str(run), "csv": str(target), "points": len(steps), "columns":
                     ["agent_steps", "seconds", *metrics]})

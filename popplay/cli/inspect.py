@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from popplay.cli import app
-from popplay.cli.common import CommandError, print_json
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import summarize
+from popplay.cli.app import app
+from popplay.cli.common import print_json
+from popplay.core.errors import UsageError
 
 
 @app.command("inspect")
@@ -18,17 +23,14 @@ def inspect(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
 ) -> None:
     """Domain, config, progress, population size, last quality, checkpoint time and library versions."""
-    from popplay.checkpoints.runfile import RunFileError, summarize_run
 
     try:
-        info = summarize_run(run)
+        info = summarize(run)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     if json_output:
         print_json(info)
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(title=f"{run}", show_header=False, title_justify="left")
     table.add_column(style="dim")

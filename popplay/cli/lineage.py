@@ -12,9 +12,16 @@ from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
+from rich.console import Console
+from rich.tree import Tree
 
-from popplay.cli import app
-from popplay.cli.common import CommandError
+from popplay.checkpoints.h5io import NoSpace, check_replaceable, write_file_atomically
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run
+from popplay.cli.app import app
+from popplay.core import registry
+from popplay.core.errors import PopplayError, UsageError
+from popplay.operators.evolution import RECORD_COLUMNS, Lineage
 
 PREFIX = "lineage_"
 
@@ -43,16 +50,15 @@ def lineage(
     """Who descends from whom: every copy, mutation and reset recorded during training.
     Founders are the initial agents (and agents reset after diverging); each node shows
     the generation (episode) it was born in, its slot and its learning parameters."""
-    from popplay.checkpoints.runfile import RunFileError, read_run
 
     if json_output:
         if format not in (Format.tree, Format.json):
-            raise CommandError(f"--json and --format {format.value} disagree; give one of them")
+            raise UsageError(f"--json and --format {format.value} disagree; give one of them")
         format = Format.json  # noqa: A001
     try:
-        stored = read_run(run)
+        stored = load_run(run)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     log, living = _load(stored, run, group)
     nodes = log.family(living, everyone=everyone)
     if group is not None:
@@ -75,49 +81,44 @@ def lineage(
         if text:
             typer.echo(text, nl=False)
         return
-    from popplay.checkpoints.h5io import NoSpace, OutputError, check_replaceable, write_file_atomically
 
-    check_replaceable(out, CommandError, kind="text")  # replaces an earlier export, never a run file
+    check_replaceable(out, UsageError, kind="text")  # replaces an earlier export, never a run file
     try:
         write_file_atomically(out, lambda handle: handle.write(text.encode()))
     except NoSpace:
-        raise CommandError(f"no space left on device: {out} was not written", 1) from None
+        raise PopplayError(f"no space left on device: {out} was not written", 1) from None
     except OSError as error:
-        raise CommandError(f"--out {out}: cannot write ({error.strerror or error})") from None
+        raise UsageError(f"--out {out}: cannot write ({error.strerror or error})") from None
 
 
 def _load(stored: Any, run: Path, group: int | None = None) -> tuple[Any, np.ndarray]:
     """The lineage log and the ids of the current population (one group of it), from /state."""
-    from popplay.evolution import Lineage
 
     state = stored.state
     if "agent_id" not in state:
-        raise CommandError(f"{run}: a {stored.domain} run has no agent ids to trace")
+        raise UsageError(f"{run}: a {stored.domain} run has no agent ids to trace")
     living = np.asarray(state["agent_id"], dtype=np.int64)
     if living.ndim == 0:
-        raise CommandError(f"{run}: damaged agent ids")
+        raise UsageError(f"{run}: damaged agent ids")
     if group is not None:
         groups = living.reshape(-1, living.shape[-1])
         if not 0 <= group < len(groups):
-            raise CommandError(f"--group must lie in [0, {len(groups) - 1}] for {run} (got {group})")
+            raise UsageError(f"--group must lie in [0, {len(groups) - 1}] for {run} (got {group})")
     columns = {name[len(PREFIX):]: value for name, value in state.items() if name.startswith(PREFIX)}
     if not columns:  # written before lineage was recorded: every agent is a founder
         log = Lineage.start(living)
         return log, (living.reshape(-1, living.shape[-1])[group] if group is not None else living.reshape(-1))
-    from popplay.evolution import RECORD_COLUMNS
 
     parameters = tuple(sorted(set(columns) - set(RECORD_COLUMNS) - {"next_id"}))
-    if stored.domain in ("knights", "cartpole"):  # their own order (α, λ, ε, noise), not alphabetical
-        from importlib import import_module
-
-        order = import_module(f"popplay.games.{stored.domain}").LINEAGE_PARAMETERS
+    order = registry.get(stored.domain).lineage_parameters if registry.known(stored.domain) else ()
+    if order:  # the domain's own order (α, λ, ε, noise), not alphabetical
         parameters = tuple(p for p in order if p in parameters) + tuple(p for p in parameters if p not in order)
     try:
         log = Lineage.from_arrays(columns, parameters)
     except ValueError as error:
-        raise CommandError(f"{run}: damaged lineage ({error})") from None
+        raise UsageError(f"{run}: damaged lineage ({error})") from None
     if living.size and (living.min() < 0 or living.max() >= max(log.next_id, 1)):
-        raise CommandError(f"{run}: damaged lineage (agent ids outside the log)")
+        raise UsageError(f"{run}: damaged lineage (agent ids outside the log)")
     return log, (living.reshape(-1, living.shape[-1])[group] if group is not None else living.reshape(-1))
 
 
@@ -151,8 +152,6 @@ def _label(node: Any, slot_of: dict[int, int]) -> str:
 
 def _tree_text(nodes: list[Any], log: Any, living: np.ndarray, run: Path, *, to_terminal: bool) -> str:
     """A rich tree; chains of gone agents with a single child are folded into one line."""
-    from rich.console import Console
-    from rich.tree import Tree
 
     by_id = {n.agent: n for n in nodes}
     children: dict[int, list[int]] = {n.agent: [] for n in nodes}

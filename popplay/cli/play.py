@@ -2,14 +2,27 @@
 from __future__ import annotations
 
 import os
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
+import numpy as np
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
-from popplay.cli import app
-from popplay.cli.common import CommandError
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.cli.app import app
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.core.errors import UsageError
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import parse_square, square_name
+
 
 def help_text(cols: int = 7) -> str:
     """How to enter moves; square numbers count from a1 = 0 along the rows (b1 c3 on a
@@ -36,26 +49,22 @@ def play(
     seed: Annotated[Optional[int], typer.Option(help="Seed of the starting positions (default: random).")] = None,
 ) -> None:
     """Play the run's best agent (it picks the move with the highest learned value)."""
-    from rich.console import Console
 
-    from popplay.checkpoints.runfile import RunFileError, read_run
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
 
     try:
-        stored = read_run(run)
+        stored = load_run(run)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     if stored.domain != "knights":
-        raise CommandError(f"{run}: a {stored.domain} run; play needs a knights run")
+        raise UsageError(f"{run}: a {stored.domain} run; play needs a knights run")
     try:
-        params = registry.params_from_config("knights", stored.config)
-        experiment = registry.build("knights", params, Backend("numba", "cpu"))
+        params = params_from_config("knights", stored.config, run_options=False)
+        experiment = registry.get("knights").build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
-        raise CommandError(f"{run}: damaged run file ({error})") from None
+        raise UsageError(f"{run}: damaged run file ({error})") from None
     if agent is not None and agent >= params.agents:
-        raise CommandError(f"--agent must be below {params.agents} (the run has {params.agents} agents)")
+        raise UsageError(f"--agent must be below {params.agents} (the run has {params.agents} agents)")
     chosen = agent if agent is not None else best_agent(stored.results, params.agents)
     console = Console(highlight=False)
     session = Session(params, state.networks.agent(chosen), chosen, console, human=1 if side == Side.x else -1,
@@ -65,7 +74,6 @@ def play(
 
 def best_agent(results: dict[str, Any], agents: int) -> int:
     """The agent with the best stored quality against the strongest opponent evaluated."""
-    import numpy as np
 
     for name in ("search", "greedy", "random"):
         values = results.get(f"quality_{name}")
@@ -111,7 +119,6 @@ class Session:
 
     def play_one(self, ask: Callable[[str], str], game_number: int) -> bool:
         """One game; False if the person quit."""
-        from popplay.games import knights as game
 
         p = self.params
         board = game.random_board(p.rows, p.cols, p.pieces, seed=self.seed, game=game_number)
@@ -147,7 +154,6 @@ class Session:
     def status_line(self, board: Any, plies: int, mover: int, captured: bool) -> str:
         """After a move: a capture, the pieces left, the plies towards the draw, and
         the agent's estimate of its chance to win (its value of the position)."""
-        from popplay.games import knights as game
 
         yours, agents = int((board == self.human).sum()), int((board == -self.human).sum())
         who = "You capture" if mover == self.human else "The agent captures"
@@ -159,7 +165,6 @@ class Session:
 
     def ask_move(self, ask: Callable[[str], str], board: Any, moves: list[tuple[int, int]]) -> tuple[int, int] | None:
         """Read a legal move; re-ask on anything else. None: the person quit."""
-        from rich.markup import escape
 
         p = self.params
         while True:
@@ -190,9 +195,7 @@ class Session:
 
 def parse_move(text: str, rows: int, cols: int) -> tuple[int, int]:
     """A move from 'b1 c3', 'b1c3', 'b1-c3' or square numbers ('1 16' on a 7-wide board)."""
-    import re
 
-    from popplay.games.knights import parse_square
 
     parts = [part for part in re.split(r"[\s,\-:>]+", text.strip().lower()) if part]
     if len(parts) == 1:
@@ -205,15 +208,11 @@ def parse_move(text: str, rows: int, cols: int) -> tuple[int, int]:
 
 
 def _move_name(move: tuple[int, int], cols: int) -> str:
-    from popplay.games.knights import square_name
-
     return f"{square_name(move[0], cols)}-{square_name(move[1], cols)}"
 
 
 def render_board(board: Any, last: tuple[int, int] | None = None) -> Any:
     """The board as a rich table: X and O pieces, the last move's squares highlighted."""
-    from rich.table import Table
-    from rich.text import Text
 
     rows, cols = board.shape
     table = Table(show_header=True, header_style="bold", box=None, padding=(0, 1), show_edge=False)

@@ -6,8 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.cli import app
-from popplay.cli.common import CommandError, print_json
+from popplay import plotting
+from popplay.cli.app import app
+from popplay.cli.common import print_json
+from popplay.core.errors import UsageError
+from popplay.reproduce import data as figure_data
+from popplay.reproduce import driver
 
 
 @app.command("plot", short_help="Draw the learning curves of a run file (or redraw a figure) as a PNG.")
@@ -23,12 +27,14 @@ def plot(
     steps and against learning seconds) as one PNG; a figure data file written by
     `popplay reproduce` is redrawn as its figure. Needs the plot extra:
     pip install "popplay\\[plot]"."""
-    from popplay.plotting import PlotInputError, PlotUnavailable, plot_file
-
     try:
-        result = plot_file(run, out)
-    except (PlotInputError, PlotUnavailable) as error:
-        raise CommandError(str(error)) from None
+        png = plotting.output_png(run, out)
+        if figure_data.file_format(run) == figure_data.FORMAT:
+            result = driver.redraw_file(run, png)
+        else:
+            result = plotting.plot_run_file(run, png)
+    except (plotting.PlotInputError, plotting.PlotUnavailable, figure_data.FigureFileError) as error:
+        raise UsageError(str(error)) from None
     if json_output:
         print_json({"kind": result.kind, "source": str(result.source), "png": str(result.png),
                     "domain": result.domain, "name": result.name})

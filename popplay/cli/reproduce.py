@@ -8,8 +8,11 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli import app
-from popplay.cli.common import BACKEND_HELP, DEVICE_HELP, BackendName, CommandError, DeviceName, print_json
+from popplay.cli.app import app
+from popplay.cli.common import BACKEND_HELP, DEVICE_HELP, BackendName, DeviceName, print_json
+from popplay.core.errors import UsageError
+from popplay.reproduce.driver import ReproduceConfig
+from popplay.reproduce.driver import reproduce as run_reproduce
 
 
 class Scale(str, Enum):
@@ -51,9 +54,6 @@ def reproduce(
     Learning time (Figure 3) is the time one trial takes alone, as in the report;
     quality is averaged over all trials. See docs/results.md.
     """
-    from popplay.reproduce.driver import ReproduceConfig
-    from popplay.reproduce.driver import reproduce as run_reproduce
-    from popplay.runner import UsageProblem
 
     config = ReproduceConfig(target=figure, scale=scale.value, out=out, seed=seed, backend=backend.value,
                              device=device.value)
@@ -64,8 +64,8 @@ def reproduce(
 
     try:
         outcome = run_reproduce(config, note=note)
-    except UsageProblem as error:
-        raise CommandError(str(error)) from None
+    except UsageError as error:
+        raise UsageError(str(error)) from None
     for item in outcome.figures:
         shown = f" and {item.png_path}" if item.png_path is not None else ""
         print(f"{item.figure}: wrote {item.data_path}{shown}", file=stream, flush=True)
@@ -74,4 +74,4 @@ def reproduce(
     else:
         print(f"done in {outcome.seconds:.1f}s ({outcome.scale} scale, {outcome.backend} on {outcome.device})")
     if outcome.plot_error:
-        raise CommandError(outcome.plot_error)
+        raise UsageError(outcome.plot_error)

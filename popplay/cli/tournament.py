@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from popplay.cli import app
-from popplay.cli.common import CommandError, DistTimeoutOption, NprocOption, print_json
+from popplay.cli.app import app, invocation
+from popplay.cli.common import DistTimeoutOption, NprocOption, print_json
+from popplay.core.errors import PopplayError, UsageError
+from popplay.core.limits import MemoryLimitError, check_fits
+from popplay.games.knights import games_bytes
+from popplay.training import ranks as sharded
 
 CONVENTION = ("Elo scale, fitted by maximum likelihood (Bradley-Terry, a draw counts half a win): "
               "P(i scores against j) = 1 / (1 + 10^((R_j - R_i) / 400)); mean rating 0, or the anchor at 0; "
@@ -45,11 +51,11 @@ def tournament(
 ) -> None:
     """Round robin: every pair plays G games (half moving first, all batched on the
     engine, greedy play); ranks by Elo rating from the win/draw matrices."""
-    from popplay.tournaments.entrants import EntrantError, describe_game, load_field
-    from popplay.tournaments.roundrobin import TAG_TOURNAMENT, round_robin
+    from popplay.tournaments.entrants import EntrantError, describe_game, load_field  # defers numba
+    from popplay.tournaments.roundrobin import TAG_TOURNAMENT, round_robin  # defers numba
 
     if games < 1:
-        raise CommandError(f"--games must be at least 1 (got {games})")
+        raise UsageError(f"--games must be at least 1 (got {games})")
     games += games % 2  # as `evaluate` does: each side moves first equally often
     seen: set[str] = set()
     kept = []
@@ -62,40 +68,39 @@ def tournament(
               file=sys.stderr)
     runs = kept
     if snapshot_every is not None and not snapshots:
-        raise CommandError("--snapshot-every applies with --snapshots only")
+        raise UsageError("--snapshot-every applies with --snapshots only")
     try:
         field = load_field(runs, snapshots=snapshots, snapshot_every=snapshot_every,
                            anchor=anchor.value if anchor is not None else None)
     except EntrantError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     if len(runs) > 1:  # a glob can match unrelated runs: never mix them silently
         counts = Counter(e.path for e in field.entrants if e.kind == "agent")
         print(f"Note: {len(runs)} run files enter one round robin: "
               + ", ".join(f"{path} ({count} players)" for path, count in counts.items()), file=sys.stderr)
     if len(field.players) < 2:
-        raise CommandError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
-    from popplay.distributed import train as sharded
-    from popplay.limits import MemoryLimitError, check_fits, knights_games_bytes
+        raise UsageError("a tournament needs at least two players (give more runs, --snapshots or --anchor)")
 
     players = len(field.players)
     try:  # every pair's games are played as one batch (on one rank, at worst)
-        check_fits(knights_games_bytes(players * (players - 1) // 2 * games), f"--games {games} for {players} players")
+        check_fits(games_bytes(players * (players - 1) // 2 * games), f"--games {games} for {players} players")
     except MemoryLimitError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     if sharded.wants_launch(nproc):  # ranks split the pairs (popplay.tournaments.roundrobin)
-        from popplay.cli import ARGV
+
+        ARGV = invocation()
 
         if ARGV is None or not any(a == "--nproc" or a.startswith("--nproc=") for a in ARGV):
-            raise CommandError("--nproc: start popplay from its command line (popplay.cli.main)")
+            raise UsageError("--nproc: start popplay from its command line (popplay.cli.main)")
         raise typer.Exit(sharded.launch_command(ARGV, nproc, timeout))
     try:
         with sharded.rank_session(nproc, timeout) as dist:
             result = round_robin(field.nets, field.players, games, params=field.params, seed=seed,
                                  tag=TAG_TOURNAMENT)
     except ValueError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
     except RuntimeError as error:
-        raise CommandError(str(error), exit_code=getattr(error, "exit_code", 1)) from None
+        raise PopplayError(str(error), getattr(error, "exit_code", 1)) from None
     if not dist.is_writer:
         return
     ratings = result.ratings(anchor=field.anchor)
@@ -121,9 +126,6 @@ def tournament(
 
 
 def _print_table(payload: dict[str, Any], runs: list[Path]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     names = payload["agents"]
     order = sorted(range(len(names)), key=lambda i: (-payload["ratings"][i], i))
     anchor = payload["anchor"]

@@ -6,11 +6,29 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                SeedsOption, TimeBudgetOption, given)
-from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    BackendName,
+    BackendOption,
+    CheckpointOption,
+    ConfigOption,
+    DeviceName,
+    DeviceOption,
+    DistTimeoutOption,
+    JsonOption,
+    LogDirOption,
+    NprocOption,
+    OutOption,
+    OverwriteOption,
+    ResumeOption,
+    SeedOption,
+    SeedsOption,
+    TimeBudgetOption,
+    given,
+)
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training
+from popplay.core.errors import UsageError
+from popplay.games.bandit.rules import BanditParams
 
 
 class Differentiation(str, Enum):
@@ -57,7 +75,6 @@ def train_bandit(
 ) -> None:
     """Train bandit populations: ε-greedy sample averages with count-weighted sharing,
     equations (1)–(4). Quality = fraction of trials whose block estimate picks the best arm."""
-    from popplay.games.bandit import BanditParams
 
     if resume is not None:
         stored = load_resume(ctx, "bandit", resume)
@@ -66,7 +83,7 @@ def train_bandit(
         params = resumed_params("bandit", stored, steps_per_agent=steps_per_agent)
         done = int(stored.state_counters.get("step", 0))
         if params.steps_per_agent < done:
-            raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
+            raise UsageError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
         check_schedule(params, domain="bandit", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
@@ -77,7 +94,7 @@ def train_bandit(
                      nproc=nproc, timeout=timeout)
         return
     if agent_steps < agents:
-        raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
+        raise UsageError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
                            "every agent needs at least one step")
     params = BanditParams(
         arms=arms, agents=agents, trials=trials, steps_per_agent=agent_steps // agents,

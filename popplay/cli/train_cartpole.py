@@ -6,11 +6,29 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                SeedsOption, TimeBudgetOption, given)
-from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    BackendName,
+    BackendOption,
+    CheckpointOption,
+    ConfigOption,
+    DeviceName,
+    DeviceOption,
+    DistTimeoutOption,
+    JsonOption,
+    LogDirOption,
+    NprocOption,
+    OutOption,
+    OverwriteOption,
+    ResumeOption,
+    SeedOption,
+    SeedsOption,
+    TimeBudgetOption,
+    given,
+)
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training
+from popplay.core.errors import UsageError
+from popplay.games.cartpole.rules import CartPolePopulationParams
 
 
 class Trace(str, Enum):
@@ -89,7 +107,6 @@ def train_cartpole(
     sharing, equations (5)–(8), optional differentiation, (9)–(10), and optional
     selective replication with variation before a share (--replicate-every). Quality =
     mean steps the shared greedy policy balances from random starts (ceiling --test-steps)."""
-    from popplay.games.cartpole import CartPolePopulationParams
 
     if resume is not None:
         stored = load_resume(ctx, "cartpole", resume)
@@ -98,7 +115,7 @@ def train_cartpole(
         params = resumed_params("cartpole", stored, steps_per_agent=steps_per_agent)
         done = int(stored.state_counters.get("step", 0))
         if params.steps_per_agent < done:
-            raise CommandError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
+            raise UsageError(f"--agent-steps ({agent_steps}) is below what {resume} has already learned "
                                f"({done * stored_agents} agent-steps per trial)")
         check_schedule(params, domain="cartpole", time_budget=stored.config.get("time_budget"),
                        agent_steps=agent_steps if given(ctx, "agent_steps") else None)
@@ -110,14 +127,14 @@ def train_cartpole(
                      nproc=nproc, timeout=timeout)
         return
     if agent_steps < agents:
-        raise CommandError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
+        raise UsageError(f"--agent-steps ({agent_steps}) must be at least --agents ({agents}): "
                            "every agent needs at least one step")
     if alpha <= 0.0:
-        raise CommandError(f"--alpha must be positive (got {alpha})")
+        raise UsageError(f"--alpha must be positive (got {alpha})")
     if failure_reward >= 0.0:
-        raise CommandError(f"--failure-reward must be negative (got {failure_reward})")
+        raise UsageError(f"--failure-reward must be negative (got {failure_reward})")
     if trace_cutoff >= 1.0:
-        raise CommandError(f"--trace-cutoff must be below 1 (got {trace_cutoff})")
+        raise UsageError(f"--trace-cutoff must be below 1 (got {trace_cutoff})")
     params = CartPolePopulationParams(
         agents=agents, trials=trials, steps_per_agent=agent_steps // agents, share_every=share_every,
         algorithm=algorithm.value, trace=trace.value, alpha=alpha, gamma=gamma, lam=lam, epsilon=epsilon,
@@ -130,7 +147,7 @@ def train_cartpole(
     try:
         params.validate()
     except ValueError as error:
-        raise CommandError(_option_message(str(error))) from None
+        raise UsageError(_option_message(str(error))) from None
     check_schedule(params, domain="cartpole", time_budget=time_budget, agent_steps=agent_steps)
     run_training("cartpole", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,

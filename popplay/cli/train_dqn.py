@@ -1,16 +1,36 @@
 """``popplay train dqn``: Double DQN with a learner and simulators (seed 003)."""
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from popplay.cli.common import (ENV_HELP, EVAL_HELP, TIMEOUT_HELP, CheckpointOption, CommandError, DeviceName,
-                                DeviceOption, EnvOption, EvalEpisodesOption, GammaOption, JsonOption, OutOption,
-                                OverwriteOption, RankTimeoutOption, ResumeOption, SeedOption, given, parse_hidden)
-from popplay.cli.train import train_app
+from popplay.checkpoints.validation import params_from_config
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    ENV_HELP,
+    EVAL_HELP,
+    TIMEOUT_HELP,
+    CheckpointOption,
+    DeviceName,
+    DeviceOption,
+    EnvOption,
+    EvalEpisodesOption,
+    GammaOption,
+    JsonOption,
+    OutOption,
+    OverwriteOption,
+    RankTimeoutOption,
+    ResumeOption,
+    SeedOption,
+    given,
+    parse_hidden,
+)
+from popplay.core.errors import UsageError
+from popplay.cli.train import load_resume, run_training
 
 
 class Topology(str, Enum):
@@ -62,8 +82,6 @@ def train_dqn(
     max_grad_norm: Annotated[float, typer.Option(help="Gradients are clipped to this norm.")] = 10.0,
     eval_episodes: EvalEpisodesOption = 100,
     timeout: RankTimeoutOption = 60.0,
-    slow_simulator: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per episode.")] = 0.0,
-    slow_learner: Annotated[float, typer.Option(hidden=True, help="Test hook: seconds of sleep per update.")] = 0.0,
     seed: SeedOption = 0,
     device: DeviceOption = DeviceName.auto,
     out: OutOption = None,
@@ -74,7 +92,7 @@ def train_dqn(
 ) -> None:
     """Train Double DQN: the online network picks the next action and the target network
     values it (seed 003 eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
-    from popplay.topologies.dqn import DQNParams
+    from popplay.deep.topologies.dqn import DQNParams  # defers gymnasium, torch
 
     if resume is not None:
         resume_deep(ctx, "dqn", resume, episodes=episodes, env_steps=env_steps, json_output=json_output,
@@ -86,8 +104,7 @@ def train_dqn(
         lr_updates=lr_updates, gamma=gamma, batch_size=batch_size,
         replay_capacity=replay, learning_starts=learning_starts, update_ratio=update_ratio,
         train_every=train_every, target_every=target_every, epsilon_start=epsilon_start, epsilon_end=epsilon_end,
-        epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout,
-        slow_simulator=slow_simulator, slow_learner=slow_learner)
+        epsilon_updates=epsilon_updates, max_grad_norm=max_grad_norm, eval_episodes=eval_episodes, timeout=timeout)
     run_deep("dqn", params, out=out, overwrite=overwrite, json_output=json_output, device=device,
              checkpoint_every=checkpoint_every)
 
@@ -105,16 +122,12 @@ def option_message(message: str) -> str:
 
 
 def load_deep_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
-    from popplay.checkpoints.runfile import RunFileError, read_run
-
+    """The run file to resume, locked before it is read (as for the populations)."""
     for param in ctx.command.params:
         if param.name not in DEEP_RESUME_ALLOWED and given(ctx, param.name):
-            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only --episodes, "
+            raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only --episodes, "
                                "--env-steps, --checkpoint-every, --device, --timeout and --json may be given")
-    try:
-        return read_run(path, expected_domain=domain)
-    except RunFileError as error:
-        raise CommandError(str(error)) from None
+    return load_resume(ctx, domain, path)
 
 
 def resume_deep(ctx: typer.Context, domain: str, path: Path, *, episodes: int, env_steps: int, json_output: bool,
@@ -124,90 +137,33 @@ def resume_deep(ctx: typer.Context, domain: str, path: Path, *, episodes: int, e
     params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
     if not given(ctx, "device"):  # the run continues where it ran
         device = DeviceName(stored.config.get("device", "cpu"))
-    run_deep(domain, params, out=path, overwrite=True, json_output=json_output, device=device,
+    run_deep(domain, params, out=stored.path, overwrite=True, json_output=json_output, device=device,
              checkpoint_every=checkpoint_every, resume=stored)
 
 
 def resumed_deep_params(domain: str, stored: Any, ctx: typer.Context, **budget: int) -> Any:
-    import dataclasses
-
-    from popplay.populations import registry
-
     try:
-        params = registry.params_from_config(domain, stored.config)
+        params = params_from_config(domain, stored.config, run_options=False)
     except (TypeError, ValueError) as error:
-        raise CommandError(f"{stored.path}: damaged config ({error})") from None
+        raise UsageError(f"{stored.path}: damaged config ({error})") from None
     new = {k: v for k, v in budget.items() if given(ctx, k)}
     if not new:
-        raise CommandError("--resume needs a new budget: --episodes or --env-steps")
+        raise UsageError("--resume needs a new budget: --episodes or --env-steps")
     return dataclasses.replace(params, **new)
 
 
 def run_deep(domain: str, params: Any, *, out: Optional[Path], overwrite: bool, json_output: bool,
              device: DeviceName, checkpoint_every: Optional[str], resume: Any = None) -> None:
-    """Shared tail of `train dqn` and `train reinforce`: validate, run, report."""
-    import sys
-
-    from popplay.cli.common import default_out, print_json, stop_on_signals
-    from popplay.console import reporter_for
-    from popplay.envs import EnvError
-    from popplay.topologies.run import DeepRunError, deep_device, train_deep
+    """Shared tail of the deep agents' commands: validate, then the one pipeline
+    (:func:`popplay.cli.train.run_training`)."""
+    from popplay.deep.envs import EnvError  # defers gymnasium
 
     try:
         params.validate()
-        resolved_device = deep_device(domain, device.value)
-    except ValueError as error:
-        raise CommandError(option_message(str(error))) from None
     except EnvError as error:
-        raise CommandError(str(error)) from None
-    except DeepRunError as error:
-        raise CommandError(str(error), error.exit_code) from None
-    target = out if out is not None else default_out(domain)
-    if params.ranks > 1:
-        from popplay.distributed.launch import in_rank
-
-        if not in_rank():
-            _launch(domain, params, target, overwrite, json_output, checkpoint_every, resume, resolved_device)
-            return
-    # Progress on stderr, as for the populations: stdout carries only the results.
-    reporter = reporter_for(sys.stderr, quiet=json_output and not sys.stderr.isatty())
-    try:
-        with stop_on_signals() as should_stop:
-            summary = train_deep(domain, params, out=target, overwrite=overwrite, checkpoint_every=checkpoint_every,
-                                 resume=resume, reporter=reporter, should_stop=should_stop, device=device.value)
-    except DeepRunError as error:
-        raise CommandError(str(error), error.exit_code) from None
-    finally:
-        reporter.close()
-    if summary is None:
-        return  # not rank 0
-    if json_output:
-        print_json(summary)
-    else:
-        quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
-        extra = f", running reward {summary['running_reward']:.1f}" if "running_reward" in summary else ""
-        print(f"{domain} on {summary['env']} ({summary['topology']}, {summary['ranks']} rank(s)): quality "
-              f"{quality} (mean of {summary['eval_episodes']} greedy episodes){extra} after {summary['episodes']:,} "
-              f"episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s "
-              f"({summary['env_steps_per_second']:,.0f} env-steps/s); wrote {summary['out']}")
-    if not summary["complete"]:
-        print(f"Stopped early; the run file {summary['out']} holds the state so far.", file=sys.stderr)
-        raise typer.Exit(130)
-
-
-def _launch(domain: str, params: Any, out: Path, overwrite: bool, json_output: bool, checkpoint_every: Optional[str],
-            resume: Any, device: str) -> None:
-    """Run this command as ``params.ranks`` local processes (rank 0 prints the results)."""
-    from popplay.checkpoints.runfile import RunFileError, check_writable
-    from popplay.topologies.launch import launch
-
-    if resume is None and Path(out).exists() and not overwrite:
-        raise CommandError(f"--out {out}: file exists (pass --overwrite to replace it)")
-    try:
-        check_writable(Path(out), overwrite=overwrite, resume=resume is not None)
-    except RunFileError as error:
-        raise CommandError(str(error)) from None
-    code = launch(domain, params, out=Path(out), overwrite=overwrite, checkpoint_every=checkpoint_every,
-                  json_output=json_output, resume=resume.path if resume is not None else None, device=device)
-    if code:
-        raise typer.Exit(code)
+        raise UsageError(str(error)) from None
+    except ValueError as error:
+        raise UsageError(option_message(str(error))) from None
+    run_training(domain, params, backend="auto", device=device.value, time_budget=None, out=out,
+                 overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every, resume=resume,
+                 timeout=float(getattr(params, "timeout", 60.0)))

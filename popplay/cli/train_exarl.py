@@ -6,10 +6,28 @@ from typing import Annotated, Any
 
 import typer
 
-from popplay.cli.common import (CheckpointOption, CommandError, DeviceName, DeviceOption, JsonOption, OutOption,
-                                OverwriteOption, ResumeOption, SeedOption)
-from popplay.cli.train import train_app
-from popplay.cli.train_dqn import EPISODES_HELP, ENV_HELP, ENV_STEPS_HELP, EVAL_HELP
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    CheckpointOption,
+    DeviceName,
+    DeviceOption,
+    JsonOption,
+    OutOption,
+    OverwriteOption,
+    ResumeOption,
+    SeedOption,
+    given,
+)
+from popplay.cli.train_dqn import (
+    ENV_HELP,
+    ENV_STEPS_HELP,
+    EPISODES_HELP,
+    EVAL_HELP,
+    load_deep_resume,
+    resumed_deep_params,
+    run_deep,
+)
+from popplay.core.errors import UsageError
 
 
 class Workflow(str, Enum):
@@ -43,17 +61,16 @@ def _widths(hidden: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in hidden.split(","))
     except ValueError:
-        raise CommandError(f"--hidden: expected comma-separated widths such as 256,256 (got {hidden!r})") from None
+        raise UsageError(f"--hidden: expected comma-separated widths such as 256,256 (got {hidden!r})") from None
 
 
 def _run(ctx: typer.Context, domain: str, make_params: Any, *, episodes: int, env_steps: int, resume: Any,
          out: Any, overwrite: bool, json_output: bool, device: DeviceName, checkpoint_every: Any) -> None:
-    from popplay.cli.train_dqn import load_deep_resume, resumed_deep_params, run_deep
 
     if resume is not None:
         stored = load_deep_resume(ctx, domain, resume)
         if stored.config.get("workflow", "sequential") != "sequential":
-            raise CommandError(f"--resume: a {stored.config['workflow']} run cannot be resumed in this version "
+            raise UsageError(f"--resume: a {stored.config['workflow']} run cannot be resumed in this version "
                                "(only sequential runs)")
         params = resumed_deep_params(domain, stored, ctx, episodes=episodes, env_steps=env_steps)
         run_deep(domain, params, out=resume, overwrite=True, json_output=json_output, device=device,
@@ -100,7 +117,7 @@ def train_a2c(
 ) -> None:
     """Train A2C (policy gradient with a learned baseline and an entropy bonus), with or
     without V-trace's off-policy correction."""
-    from popplay.topologies.exarl import A2CParams
+    from popplay.deep.topologies.exarl import A2CParams  # defers gymnasium, torch
 
     def make() -> Any:
         return A2CParams(env=env, workflow=workflow.value, copies=copies, n_steps=n_steps, sync_every=sync_every,
@@ -162,7 +179,7 @@ def _continuous_command(domain: str, doc: str) -> Any:
         checkpoint_every: CheckpointOption = None,
         resume: ResumeOption = None,
     ) -> None:
-        from popplay.topologies.exarl import DDPGParams, TD3Params
+        from popplay.deep.topologies.exarl import DDPGParams, TD3Params  # defers gymnasium, torch
 
         def make() -> Any:
             common = dict(env=env, workflow=workflow.value, sync_every=sync_every, episodes=episodes,
@@ -176,11 +193,10 @@ def _continuous_command(domain: str, doc: str) -> Any:
                 return TD3Params(clipped_double_q=clipped_double_q, policy_delay=policy_delay,
                                  target_smoothing=target_smoothing, target_noise=target_noise, noise_clip=noise_clip,
                                  **common)
-            from popplay.cli.common import given
 
             for name in ("clipped_double_q", "policy_delay", "target_smoothing", "target_noise", "noise_clip"):
                 if given(ctx, name):
-                    raise CommandError(f"--{name.replace('_', '-')} applies to td3 only")
+                    raise UsageError(f"--{name.replace('_', '-')} applies to td3 only")
             return DDPGParams(**common)
 
         _run(ctx, domain, make, episodes=episodes, env_steps=env_steps, resume=resume, out=out,

@@ -2,15 +2,34 @@
 from __future__ import annotations
 
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from popplay.cli.common import (EVAL_HELP, CommandError, EnvOption, GammaOption, JsonOption, OutOption, OverwriteOption,
-                                RankTimeoutOption, ResumeOption, SeedOption, given, parse_hidden)
-from popplay.cli.train import train_app
+from popplay.checkpoints.runfile import RunFileError, check_writable
+from popplay.checkpoints.validation import load_run
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    EVAL_HELP,
+    EnvOption,
+    GammaOption,
+    JsonOption,
+    OutOption,
+    OverwriteOption,
+    RankTimeoutOption,
+    ResumeOption,
+    SeedOption,
+    default_out,
+    given,
+    parse_hidden,
+    print_json,
+    stop_on_signals,
+)
+from popplay.core.errors import PopplayError, UsageError
+
 
 class Replay(str, Enum):
     local = "local"
@@ -54,10 +73,6 @@ def train_gorila(
     outlier_window: Annotated[int, typer.Option(min=2, help="Norms in the outlier guard's window.")] = 100,
     eval_episodes: Annotated[int, typer.Option(min=1, help=EVAL_HELP)] = 100,
     timeout: RankTimeoutOption = 30.0,
-    inject_stale_every: Annotated[int, typer.Option(
-        hidden=True, min=0, help="Test hook: every k-th gradient sent is labelled too stale.")] = 0,
-    inject_huge_every: Annotated[int, typer.Option(
-        hidden=True, min=0, help="Test hook: every k-th gradient computed is scaled by 1e30.")] = 0,
     seed: SeedOption = 0,
     out: OutOption = None,
     overwrite: OverwriteOption = False,
@@ -69,7 +84,7 @@ def train_gorila(
     learner does not stop the run, a lost shard stops it with its checkpoint. Under
     torchrun (world size = shards + learners + actors) every worker is one rank, and a
     lost rank ends the attempt (--max-restarts continues from the last checkpoint)."""
-    from popplay.topologies import gorila_torchrun
+    from popplay.deep.topologies import gorila_torchrun  # defers gymnasium, torch
 
     torchrun = gorila_torchrun.under_torchrun()
     try:
@@ -79,15 +94,14 @@ def train_gorila(
                target_every=target_every, epsilon_updates=epsilon_updates, actor_sync=actor_sync,
                learner_sync=learner_sync, max_staleness=max_staleness, outlier_k=outlier_k,
                outlier_window=outlier_window, eval_episodes=eval_episodes, timeout=timeout,
-               inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every, seed=seed, out=out,
+               seed=seed, out=out,
                overwrite=overwrite, json_output=json_output, resume=resume)
-    except CommandError as error:
+    except PopplayError as error:
         if torchrun and gorila_torchrun.rank() != 0:
             # Every worker finds the same problem; rank 0 alone says it (one line). Its
             # line must come first: once any worker exits, torchrun stops the others,
             # and a quiet rank that exits at once can stop rank 0 before it prints (CI
             # saw no line). Rank 0 exits within a second or two; torchrun then ends this one.
-            import time
 
             time.sleep(10)
             raise typer.Exit(error.exit_code) from None
@@ -98,11 +112,11 @@ def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learner
            episodes: int, env_steps: int, hidden: str, lr: float, gamma: float, batch_size: int,
            replay_capacity: int, learning_starts: int, update_ratio: float, target_every: int, epsilon_updates: int,
            actor_sync: int, learner_sync: int, max_staleness: int, outlier_k: float, outlier_window: int,
-           eval_episodes: int, timeout: float, inject_stale_every: int, inject_huge_every: int, seed: int,
+           eval_episodes: int, timeout: float, seed: int,
            out: Path | None, overwrite: bool, json_output: bool, resume: Path | None) -> None:
-    from popplay.cli.common import default_out, print_json, stop_on_signals
-    from popplay.topologies import gorila_torchrun
-    from popplay.topologies.gorila import GorilaConfig, GorilaJobLost, summary_text, train_gorila as run
+    from popplay.deep.topologies import gorila_torchrun  # defers gymnasium, torch
+    from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, summary_text  # defers gymnasium, torch
+    from popplay.deep.topologies.gorila import train_gorila as run  # defers gymnasium, torch
 
     resume_state = None
     if resume is not None:
@@ -112,7 +126,7 @@ def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learner
                   "shards": shards, "replay": replay.value, "timeout": timeout}
         base.update({name: value for name, value in chosen.items() if given(ctx, name)})
         if not (given(ctx, "episodes") or given(ctx, "env_steps")):
-            raise CommandError("--resume needs a new budget: --episodes or --env-steps")
+            raise UsageError("--resume needs a new budget: --episodes or --env-steps")
         base["eval_episodes"] = base.get("eval_episodes", eval_episodes)
         config = GorilaConfig.from_dict(base)
         resume_state = {**stored.state, "version": stored.state_counters["version"]}
@@ -125,26 +139,25 @@ def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learner
             learning_starts=learning_starts, update_ratio=update_ratio, target_every=target_every,
             epsilon_updates=epsilon_updates, actor_sync=actor_sync, learner_sync=learner_sync,
             max_staleness=max_staleness, outlier_k=outlier_k, outlier_window=outlier_window,
-            outlier_min_samples=min(20, outlier_window), eval_episodes=eval_episodes, timeout=timeout,
-            inject_stale_every=inject_stale_every, inject_huge_every=inject_huge_every)
+            outlier_min_samples=min(20, outlier_window), eval_episodes=eval_episodes, timeout=timeout)
     try:
         config.validate()
     except ValueError as error:
-        raise CommandError(_option_message(str(error))) from None
+        raise UsageError(_option_message(str(error))) from None
     if torchrun:
         problem = gorila_torchrun.layout_problem(config)  # before anything waits for a peer
         if problem is not None:
-            raise CommandError(problem)
+            raise UsageError(problem)
     try:
         _check_env(config.env)
     except ValueError as error:
-        raise CommandError(_option_message(str(error))) from None
+        raise UsageError(_option_message(str(error))) from None
     # A resumed run goes on in its own file unless told otherwise (as train dqn's does).
     target = out if out is not None else (resume if resume is not None else default_out("gorila"))
 
     def check_out(path: Path) -> None:
         if path.exists() and not overwrite and resume is None:
-            raise CommandError(f"--out {path}: file exists (pass --overwrite to replace it)")
+            raise UsageError(f"--out {path}: file exists (pass --overwrite to replace it)")
         _check_writable(path, overwrite=overwrite, resume=resume is not None)
 
     progress = 0.0 if json_output and not sys.stderr.isatty() else 2.0
@@ -159,7 +172,7 @@ def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learner
             summary = run(config, target, resume_state=resume_state, should_stop=should_stop, log=sys.stderr,
                           progress_every=progress)
     except GorilaJobLost as error:
-        raise CommandError(f"{error}: resume with --resume {target}", 3) from None
+        raise PopplayError(f"{error}: resume with --resume {target}", 3) from None
     summary.pop("started_at", None)
     if json_output:
         print_json(summary)
@@ -175,20 +188,18 @@ def _train(ctx: typer.Context, *, torchrun: bool, env: str, actors: int, learner
 
 
 def _load_resume(ctx: typer.Context, path: Path) -> Any:
-    from popplay.checkpoints.runfile import RunFileError, read_run
-
     for param in ctx.command.params:
         if param.name not in RESUME_ALLOWED and given(ctx, param.name):
-            raise CommandError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
+            raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget, "
                                "the layout (--actors, --learners, --shards, --replay), --timeout and --json may be given")
     try:
-        return read_run(path, expected_domain="gorila")
+        return load_run(path, expected_domain="gorila")
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
 
 
 def _check_env(env_id: str) -> None:
-    from popplay import envs
+    from popplay.deep import envs  # defers gymnasium
 
     vec = envs.make_vector(env_id, 1)
     try:
@@ -198,12 +209,10 @@ def _check_env(env_id: str) -> None:
 
 
 def _check_writable(path: Path, *, overwrite: bool, resume: bool) -> None:
-    from popplay.checkpoints.runfile import RunFileError, check_writable
-
     try:
         check_writable(path, overwrite=overwrite, resume=resume)
     except RunFileError as error:
-        raise CommandError(str(error)) from None
+        raise UsageError(str(error)) from None
 
 
 def _option_message(message: str) -> str:

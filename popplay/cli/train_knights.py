@@ -5,12 +5,28 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.cli.common import (BackendName, BackendOption, CheckpointOption, ConfigOption, CommandError, DeviceName,
-                                DeviceOption, JsonOption, LogDirOption, OutOption, OverwriteOption, ResumeOption, SeedOption,
-                                SeedsOption, given)
-from popplay.cli.common import DistTimeoutOption, NprocOption
-from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training, train_app
-from popplay.games.knights import KnightsParams
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    BackendName,
+    BackendOption,
+    CheckpointOption,
+    ConfigOption,
+    DeviceName,
+    DeviceOption,
+    DistTimeoutOption,
+    JsonOption,
+    LogDirOption,
+    NprocOption,
+    OutOption,
+    OverwriteOption,
+    ResumeOption,
+    SeedOption,
+    SeedsOption,
+    given,
+)
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, resumed_params, run_training
+from popplay.core.errors import UsageError
+from popplay.games.knights.rules import KnightsParams
 
 _D = KnightsParams()
 
@@ -80,7 +96,7 @@ def train_knights(
         params = resumed_params("knights", stored, episodes=episodes if given(ctx, "episodes") else None)
         done = int(stored.state_counters.get("episode", 0))
         if params.episodes < done:
-            raise CommandError(f"--episodes ({params.episodes}) is below what {resume} has already learned "
+            raise UsageError(f"--episodes ({params.episodes}) is below what {resume} has already learned "
                                f"({done} episodes)")
         run_training("knights", params, log_dir=log_dir,
                      backend=backend.value if given(ctx, "backend") else stored.config["backend"],
@@ -101,7 +117,7 @@ def train_knights(
         params.validate()
     except ValueError as error:
         name, _, rest = str(error).partition(" ")
-        raise CommandError(f"--{name.replace('_', '-')} {rest}") from None
+        raise UsageError(f"--{name.replace('_', '-')} {rest}") from None
     check_schedule(params, domain="knights", time_budget=time_budget)
     run_training("knights", params, log_dir=log_dir, backend=backend.value, device=device.value, time_budget=time_budget,
                  out=out, overwrite=overwrite, json_output=json_output, checkpoint_every=checkpoint_every,

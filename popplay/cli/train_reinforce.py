@@ -6,10 +6,22 @@ from typing import Annotated
 
 import typer
 
-from popplay.cli.common import (CheckpointOption, DeviceName, DeviceOption, EnvOption, EvalEpisodesOption, GammaOption,
-                                JsonOption, OutOption, OverwriteOption, RankTimeoutOption, ResumeOption, SeedOption,
-                                parse_hidden)
-from popplay.cli.train import train_app
+from popplay.cli.app import train_app
+from popplay.cli.common import (
+    CheckpointOption,
+    DeviceName,
+    DeviceOption,
+    EnvOption,
+    EvalEpisodesOption,
+    GammaOption,
+    JsonOption,
+    OutOption,
+    OverwriteOption,
+    RankTimeoutOption,
+    ResumeOption,
+    SeedOption,
+    parse_hidden,
+)
 from popplay.cli.train_dqn import resume_deep, run_deep
 
 
@@ -46,7 +58,7 @@ def train_reinforce(
 ) -> None:
     """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
     episode; the server sums the workers' gradients and steps Adam (seed 001)."""
-    from popplay.topologies.reinforce import ReinforceParams
+    from popplay.deep.topologies.reinforce import ReinforceParams  # defers gymnasium, torch
 
     if resume is not None:
         resume_deep(ctx, "reinforce", resume, episodes=episodes, env_steps=env_steps, json_output=json_output,

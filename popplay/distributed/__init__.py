@@ -10,7 +10,7 @@ Stable API (later changes only add to it)
 Launch (:mod:`popplay.distributed.launch`, no torch import):
 
 - ``launch_local(argv, nproc, *, timeout=60.0, threads_per_rank=None, describe_lost=None,
-  module="popplay.distributed.rank", stderr=None) -> int``: start ``nproc`` ranks of
+  module="popplay.cli.rank", stderr=None) -> int``: start ``nproc`` ranks of
   ``python -m MODULE "popplay rank R/N" ARGV...`` (the default module runs ``popplay ARGV``)
   on 127.0.0.1 with the torchrun environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, plus ``POPPLAY_LAUNCHED=1``,
@@ -22,7 +22,7 @@ Launch (:mod:`popplay.distributed.launch`, no torch import):
 - A rank's own ``Error: ...`` lines on stderr are held by the launcher and shown only when
   that rank is the cause; ranks other than 0 have stdout discarded.
 
-Training glue (:mod:`popplay.distributed.train`): ``wants_launch``, ``launch_training``,
+Training glue (:mod:`popplay.training.ranks`): ``wants_launch``, ``launch_training``,
 ``launch_command``, ``rank_session``, ``agreed_stop``, ``restarted_resume`` (torchrun
 ``--max-restarts``), ``summary_fields``.
 

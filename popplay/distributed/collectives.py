@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from popplay.core.backend import shard_layout
+from popplay.core.errors import PopplayError
 from popplay.distributed.group import Dist, current
 
 #: What a rank exits with when a collective failed because a peer vanished.
@@ -21,7 +23,7 @@ from popplay.distributed.launch import PEER_LOST_EXIT  # noqa: E402  (re-exporte
 _TRAFFIC = {"calls": 0, "bytes": 0, "seconds": 0.0}
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(PopplayError, RuntimeError):
     """A collective did not complete: a peer rank was lost or did not answer in time."""
 
     exit_code = PEER_LOST_EXIT
@@ -50,7 +52,7 @@ def shard(n: int, dist: Dist | None = None) -> slice:
 
 def _to_tensor(array: Any, dist: Dist) -> tuple[Any, bool, Any]:
     """(tensor on the group's device, was NumPy, original dtype)."""
-    import torch
+    import torch  # defers torch
 
     if isinstance(array, torch.Tensor):
         tensor, numpy_in, dtype = array, False, array.dtype
@@ -74,7 +76,10 @@ def _from_tensor(tensor: Any, numpy_in: bool, dtype: Any, like: Any = None) -> A
     return out
 
 
-def _run(dist: Dist, name: str, payload_bytes: int, fn: Any) -> Any:
+def guarded(dist: Dist, name: str, fn: Callable[[], Any], payload_bytes: int = 0) -> Any:
+    """``fn()`` (one c10d call named ``name``), its failure turned into one
+    :class:`CollectiveError` naming this rank, the operation and the group's timeout;
+    counted in :func:`traffic`. Every wait on another rank goes through here."""
     started = time.perf_counter()
     try:
         result = fn()
@@ -100,14 +105,14 @@ def all_gather_axis(local: Any, axis: int, dist: Dist | None = None) -> Any:
     dist = dist or current()
     if not dist.distributed:
         return local
-    import torch
-    import torch.distributed as c10d
+    import torch  # defers torch
+    import torch.distributed as c10d  # defers torch
 
     tensor, numpy_in, dtype = _to_tensor(local, dist)
     axis = axis % tensor.dim()
     front = torch.movedim(tensor, axis, 0).contiguous()
     parts = [torch.empty_like(front) for _ in range(dist.world_size)]
-    _run(dist, "all_gather", front.numel() * front.element_size(), lambda: c10d.all_gather(parts, front))
+    guarded(dist, "all_gather", lambda: c10d.all_gather(parts, front), front.numel() * front.element_size())
     whole = torch.movedim(torch.cat(parts, dim=0), 0, axis).contiguous()
     return _from_tensor(whole, numpy_in, dtype, like=local if not numpy_in else None)
 
@@ -139,8 +144,8 @@ def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None
     dist = dist or current()
     if not dist.distributed:
         return np.asarray(local)
-    import torch
-    import torch.distributed as c10d
+    import torch  # defers torch
+    import torch.distributed as c10d  # defers torch
 
     local = np.ascontiguousarray(local)
     counts = [int(c) for c in counts]
@@ -155,7 +160,7 @@ def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None
     if dist.rank != root:
         if counts[dist.rank] * row_bytes:
             payload = wire(local)
-            _run(dist, "send", payload.numel(), lambda: c10d.send(payload, dst=root))
+            guarded(dist, "send", lambda: c10d.send(payload, dst=root), payload.numel())
         return None
     out = np.empty((sum(counts),) + local.shape[1:], dtype=local.dtype)
     start = 0
@@ -166,7 +171,7 @@ def gather_rows(local: np.ndarray, counts: Any, root: int = 0, dist: Dist | None
             block[...] = local
         elif count * row_bytes:
             received = torch.empty(count * row_bytes, dtype=torch.uint8, device=dist.device)
-            _run(dist, "recv", 0, lambda: c10d.recv(received, src=rank))
+            guarded(dist, "recv", lambda: c10d.recv(received, src=rank), 0)
             block.reshape(-1).view(np.uint8)[:] = received.cpu().numpy()
     return out
 
@@ -176,21 +181,21 @@ def broadcast(array: Any, src: int = 0, dist: Dist | None = None) -> Any:
     dist = dist or current()
     if not dist.distributed:
         return array
-    import torch.distributed as c10d
+    import torch.distributed as c10d  # defers torch
 
     tensor, numpy_in, dtype = _to_tensor(array, dist)
     tensor = tensor.contiguous().clone()
-    _run(dist, "broadcast", tensor.numel() * tensor.element_size(), lambda: c10d.broadcast(tensor, src))
+    guarded(dist, "broadcast", lambda: c10d.broadcast(tensor, src), tensor.numel() * tensor.element_size())
     return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
 
 
 def _reduce_scalar(value: float, op_name: str, dtype: Any, dist: Dist) -> Any:
-    import torch
-    import torch.distributed as c10d
+    import torch  # defers torch
+    import torch.distributed as c10d  # defers torch
 
     tensor = torch.tensor([value], dtype=dtype, device=dist.device)
     op = {"max": c10d.ReduceOp.MAX, "sum": c10d.ReduceOp.SUM}[op_name]
-    _run(dist, f"all_reduce({op_name})", tensor.element_size(), lambda: c10d.all_reduce(tensor, op=op))
+    guarded(dist, f"all_reduce({op_name})", lambda: c10d.all_reduce(tensor, op=op), tensor.element_size())
     return tensor.item()
 
 
@@ -199,7 +204,7 @@ def any_flag(flag: bool, dist: Dist | None = None) -> bool:
     dist = dist or current()
     if not dist.distributed:
         return bool(flag)
-    import torch
+    import torch  # defers torch
 
     return bool(_reduce_scalar(1 if flag else 0, "max", torch.int64, dist))
 
@@ -209,7 +214,7 @@ def sum_int(value: int, dist: Dist | None = None) -> int:
     dist = dist or current()
     if not dist.distributed:
         return int(value)
-    import torch
+    import torch  # defers torch
 
     return int(_reduce_scalar(int(value), "sum", torch.int64, dist))
 
@@ -219,7 +224,7 @@ def max_float(value: float, dist: Dist | None = None) -> float:
     dist = dist or current()
     if not dist.distributed:
         return float(value)
-    import torch
+    import torch  # defers torch
 
     return float(_reduce_scalar(float(value), "max", torch.float64, dist))
 
@@ -230,15 +235,13 @@ def sum_int_array(array: Any, dist: Dist | None = None) -> Any:
     dist = dist or current()
     if not dist.distributed:
         return array
-    import torch
-    import torch.distributed as c10d
+    import torch.distributed as c10d  # defers torch
 
     tensor, numpy_in, dtype = _to_tensor(array, dist)
     if tensor.is_floating_point():
         raise TypeError("sum_int_array sums integers only (float sums depend on their order: use tree_sum)")
     tensor = tensor.contiguous().clone()
-    _run(dist, "all_reduce(sum)", tensor.numel() * tensor.element_size(),
-         lambda: c10d.all_reduce(tensor, op=c10d.ReduceOp.SUM))
+    guarded(dist, "all_reduce(sum)", lambda: c10d.all_reduce(tensor, op=c10d.ReduceOp.SUM), tensor.numel() * tensor.element_size())
     return _from_tensor(tensor, numpy_in, dtype, like=array if not numpy_in else None)
 
 
@@ -255,19 +258,18 @@ def chain(step: Callable[[Any], Any], start: Any, dist: Dist | None = None) -> A
     dist = dist or current()
     if not dist.distributed:
         return step(start)
-    import torch.distributed as c10d
+    import torch.distributed as c10d  # defers torch
 
     tensor, numpy_in, dtype = _to_tensor(start, dist)
     carried = tensor.contiguous().clone()
     size = carried.numel() * carried.element_size()
     if dist.rank > 0:
-        _run(dist, "recv", 0, lambda: c10d.recv(carried, src=dist.rank - 1))
+        guarded(dist, "recv", lambda: c10d.recv(carried, src=dist.rank - 1), 0)
     mine, _, _ = _to_tensor(step(_from_tensor(carried, numpy_in, dtype, like=start if not numpy_in else None)), dist)
     carried = mine.contiguous().clone()
     if dist.rank < dist.world_size - 1:
-        _run(dist, "send", size, lambda: c10d.send(carried, dst=dist.rank + 1))
-    _run(dist, "broadcast", size if dist.rank == dist.world_size - 1 else 0,
-         lambda: c10d.broadcast(carried, src=dist.world_size - 1))
+        guarded(dist, "send", lambda: c10d.send(carried, dst=dist.rank + 1), size)
+    guarded(dist, "broadcast", lambda: c10d.broadcast(carried, src=dist.world_size - 1), size if dist.rank == dist.world_size - 1 else 0)
     return _from_tensor(carried, numpy_in, dtype, like=start if not numpy_in else None)
 
 
@@ -276,13 +278,13 @@ def barrier(dist: Dist | None = None) -> None:
     dist = dist or current()
     if not dist.distributed:
         return
-    import torch
-    import torch.distributed as c10d
+    import torch  # defers torch
+    import torch.distributed as c10d  # defers torch
 
     # A tiny all_reduce instead of c10d.barrier: it honours the group timeout on
     # gloo and NCCL alike and needs no device guessing.
     token = torch.zeros(1, dtype=torch.int64, device=dist.device)
-    _run(dist, "barrier", token.element_size(), lambda: c10d.all_reduce(token))
+    guarded(dist, "barrier", lambda: c10d.all_reduce(token), token.element_size())
 
 
 # -- fixed-order reductions ---------------------------------------------------------
@@ -290,7 +292,7 @@ def barrier(dist: Dist | None = None) -> None:
 def _tree(x: Any, axis: int) -> Any:
     """The one-process pairwise tree over ``axis`` (kept, length 1): pairs (0, 1),
     (2, 3), ... at every level, an odd last element carried up unchanged."""
-    import torch
+    import torch  # defers torch
 
     x = torch.movedim(x, axis, 0)
     while x.shape[0] > 1:
@@ -311,7 +313,7 @@ def tree_sum(local: Any, axis: int = -2, dist: Dist | None = None) -> Any:
     the bits are those of one process summing all agents.
     """
     dist = dist or current()
-    import torch
+    import torch  # defers torch
 
     tensor, numpy_in, dtype = _to_tensor(local, dist) if not isinstance(local, torch.Tensor) else (local, False, local.dtype)
     axis = axis % tensor.dim()
@@ -322,3 +324,14 @@ def tree_sum(local: Any, axis: int = -2, dist: Dist | None = None) -> Any:
         whole = all_gather_axis(tensor, axis, dist)
     result = _tree(whole, axis)
     return _from_tensor(result, numpy_in, dtype, like=None if numpy_in else local)
+
+
+def population_shard(trials: int, agents: int, dist: Any) -> tuple[str, slice, slice]:
+    """This rank's part of a (trials, agents) population: the layout
+    (:func:`shard_layout`), its trials and its agents (contiguous blocks; the whole axis
+    where the layout does not split it)."""
+
+    layout = shard_layout(trials, dist.world_size)
+    if layout == "trials":
+        return layout, shard(trials, dist), slice(0, agents)
+    return layout, slice(0, trials), shard(agents, dist)

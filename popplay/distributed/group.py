@@ -9,7 +9,10 @@ Without those variables the job is one process and nothing is started.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import datetime
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Iterator
@@ -36,6 +39,17 @@ class Dist:
     def is_writer(self) -> bool:
         """Only rank 0 prints and writes files."""
         return self.rank == 0
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the launcher dies, so that a killed
+    launcher never leaves orphan ranks behind (best effort elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 _SINGLE = Dist()
@@ -79,13 +93,10 @@ def init_from_env(*, device: str = "cpu", timeout: float = DEFAULT_TIMEOUT) -> D
     if not timeout > 0:
         raise ValueError(f"timeout must be positive (got {timeout})")
     rank, world, local = found
-    from popplay.distributed.rank import die_with_parent
-
     die_with_parent()  # under torchrun too: a killed agent must not leave its workers running
-    import datetime
 
-    import torch
-    import torch.distributed as c10d
+    import torch  # defers torch
+    import torch.distributed as c10d  # defers torch
 
     if str(device).startswith("cuda"):
         backend = "nccl"
@@ -123,7 +134,7 @@ def shutdown() -> None:
     """Leave the process group (if any); the job is one process again afterwards."""
     global _current
     if _current.distributed:
-        import torch.distributed as c10d
+        import torch.distributed as c10d  # defers torch
 
         if c10d.is_initialized():
             try:
@@ -141,3 +152,15 @@ def session(*, device: str = "cpu", timeout: float = DEFAULT_TIMEOUT) -> Iterato
         yield dist
     finally:
         shutdown()
+
+
+def set_role(role: str) -> None:
+    """Show ``role`` as this process's name (``ps -e``, ``pgrep``, ``top``); Linux keeps
+    15 bytes. The launcher's command line already says ``popplay rank R/N``."""
+    name = role[:15].encode()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_NAME = 15
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

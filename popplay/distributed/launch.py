@@ -1,6 +1,6 @@
 """Start N local ranks as real processes and watch them (``--nproc N``).
 
-Every rank runs ``python -m popplay.distributed.rank "popplay rank R/N" ARGV...`` with
+Every rank runs ``python -m popplay.cli.rank "popplay rank R/N" ARGV...`` with
 the environment torchrun would give it, so the code under it cannot tell the two
 launchers apart. The role string is an argv element, so ``ps`` shows each rank's role.
 
@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, IO
+from typing import IO, Callable
 
 #: Exit code of a job that lost a rank (and of ``launch_local`` in that case).
 LOST_EXIT = 3
@@ -102,7 +102,7 @@ def _describe_status(code: int) -> str:
 
 
 def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_per_rank: int | None = None,
-                 describe_lost: Callable[[], str] | None = None, module: str = "popplay.distributed.rank",
+                 describe_lost: Callable[[], str] | None = None, module: str = "popplay.cli.rank",
                  stderr: IO[str] | None = None) -> int:
     """Run ``popplay ARGV`` as ``nproc`` local ranks and return the job's exit code.
 

@@ -1,1 +1,2 @@
-"""Domains: the rules of each game or environment, written once for every backend."""
+"""Population domains, one subpackage each (``bandit``, ``cartpole``, ``knights``): the
+rules of the game written once for every backend, their engines and their experiment."""

@@ -40,6 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from popplay.core.backend import Backend
+from popplay.games.bandit.experiment import BanditExperiment
+from popplay.games.bandit.rules import BanditParams
 from popplay.reproduce import timing
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context, Figure, register
@@ -81,8 +84,6 @@ def scale_for(ctx: Context) -> BanditScale:
 
 
 def _params(scale: BanditScale, seed: int, agents: int, trials: int, steps_per_agent: int, share_every: int) -> Any:
-    from popplay.games.bandit import BanditParams
-
     return BanditParams(arms=scale.arms, agents=agents, trials=trials, steps_per_agent=steps_per_agent,
                         share_every=share_every, epsilon=scale.epsilon, seed=seed)
 
@@ -93,7 +94,6 @@ def batch_curve(ctx: Context, scale: BanditScale, agents: int, share_every: int,
     A session keeps one batch per group and continues it (exactly, from its state)
     when a later figure needs more steps, so Figures 2 and 3 share their learning.
     """
-    from popplay.populations.bandit import BanditExperiment
 
     def make(steps: int) -> BanditExperiment:
         return BanditExperiment(_params(scale, ctx.seed, agents, scale.trials, steps, share_every), ctx.backend)
@@ -111,9 +111,6 @@ def single_agent_timing(ctx: Context, scale: BanditScale) -> tuple[np.ndarray, n
     uninterrupted run on the CPU (numba), the fastest of ``repeats``."""
 
     def measure() -> tuple[np.ndarray, np.ndarray]:
-        from popplay.populations.bandit import BanditExperiment
-        from popplay.populations.base import Backend
-
         cpu = Backend("numba", "cpu")  # Bell's single agent ran on the CPU
         steps = np.arange(1, scale.single_points + 1, dtype=np.int64) * scale.single_every
         seconds = timing.time_single_agent(
@@ -139,8 +136,6 @@ def timings(ctx: Context, scale: BanditScale) -> tuple[float, dict[int, tuple[np
     of the machine's CPU time that other processes used meanwhile)."""
 
     def measure() -> tuple[float, dict[int, tuple[np.ndarray, np.ndarray]], float]:
-        from popplay.populations.bandit import BanditExperiment
-
         ctx.note("bandit: timing one trial of each group alone (Figure 3's learning time)")
         watch = timing.OtherCpu()
         single = single_agent_timing(ctx, scale)

@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from popplay.core.backend import Backend
+from popplay.games.cartpole.rules import CartPolePopulationParams
 from popplay.reproduce import timing
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context, Figure, register
@@ -107,10 +109,9 @@ def scale_for(ctx: Context) -> CartPoleScale:
 
 def population_params(scale: CartPoleScale, seed: int, agents: int, trials: int, steps_per_agent: int,
                       share_every: int, bias: float, test_steps: int | None = None) -> Any:
-    """The :class:`popplay.games.cartpole.CartPolePopulationParams` of one curve: the
+    """The :class:`popplay.games.cartpole.rules.CartPolePopulationParams` of one curve: the
     package defaults but for these sizes (``popplay train cartpole`` with the same
     options runs the same experiment). A single agent is never differentiated."""
-    from popplay.games.cartpole import CartPolePopulationParams
 
     return CartPolePopulationParams(agents=agents, trials=trials, steps_per_agent=steps_per_agent,
                                     share_every=share_every, bias=bias if agents > 1 else 0.0,
@@ -175,7 +176,7 @@ def batch_curve(ctx: Context, scale: CartPoleScale, agents: int, share_every: in
     Run by the driver, a batch learns once as far as any chosen figure needs and
     drops its state (4096 agents x 1024 trials hold 7 GB of tables); figures computed
     directly keep it and continue it when a later figure needs more steps."""
-    from popplay.populations.cartpole import CartPoleExperiment
+    from popplay.games.cartpole.experiment import CartPoleExperiment  # defers numba
 
     bias = _effective_bias(agents, bias)
     planned = _planned_steps(ctx, scale, agents, bias)
@@ -216,8 +217,7 @@ def timings(ctx: Context, scale: CartPoleScale) -> Timings:
     machine's CPU time that other processes used meanwhile)."""
 
     def measure() -> Timings:
-        from popplay.populations.base import Backend
-        from popplay.populations.cartpole import CartPoleExperiment
+        from popplay.games.cartpole.experiment import CartPoleExperiment  # defers numba
 
         ctx.note("cartpole: timing one trial of each group alone (learning time of Figures 7-9)")
         watch = timing.OtherCpu()

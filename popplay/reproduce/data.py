@@ -21,8 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from popplay.checkpoints.h5io import (NoSpace, OutputError, check_hdf5_path, check_tree, decode_attr, encode_attr,
-                                      first_line, read_header, write_hdf5_atomically)
+from popplay.checkpoints.h5io import (
+    NoSpace,
+    OutputError,
+    check_hdf5_path,
+    check_tree,
+    decode_attr,
+    encode_attr,
+    first_line,
+    read_header,
+    write_hdf5_atomically,
+)
+from popplay.checkpoints.runfile import DIGEST, content_digest, library_versions
+from popplay.core.limits import available_bytes
 
 FORMAT = "popplay-figure"
 SCHEMA_VERSION = 1
@@ -63,7 +74,6 @@ class FigureData:
 def write_figure(path: Path, data: FigureData) -> None:
     """Write ``data`` to ``path`` atomically (built in memory, then a temporary file,
     fsync, rename; a full disk leaves the previous file)."""
-    from popplay.checkpoints.runfile import DIGEST, content_digest, library_versions
 
     def fill(f: Any) -> None:
         f.attrs["format"] = _attr(FORMAT)
@@ -104,7 +114,7 @@ def write_figure(path: Path, data: FigureData) -> None:
 
 def read_figure(path: Path) -> FigureData:
     """Read a figure data file, or raise :class:`FigureFileError` with a one-line reason."""
-    import h5py
+    import h5py  # defers h5py
 
     path = Path(path)
     _check_file(path)
@@ -121,7 +131,7 @@ def file_format(path: Path) -> str | None:
     """The ``format`` attribute of an HDF5 file (``popplay-run``, ``popplay-figure``),
     None if it has none; raises :class:`FigureFileError` for a missing or non-HDF5 file.
     Only the root attributes are read, so nothing the file links to is touched."""
-    import h5py
+    import h5py  # defers h5py
 
     path = Path(path)
     _check_file(path)
@@ -134,9 +144,8 @@ def file_format(path: Path) -> str | None:
 
 
 def _read(f: Any, path: Path) -> FigureData:
-    import h5py
+    import h5py  # defers h5py
 
-    from popplay.checkpoints.runfile import DIGEST, content_digest
 
     attrs = read_header(f, path, FigureFileError, "figure", FORMAT, SCHEMA_VERSION)
     _check_tree(f, path)
@@ -163,8 +172,6 @@ def _read(f: Any, path: Path) -> FigureData:
 
 
 def _check_tree(f: Any, path: Path) -> None:
-    from popplay.limits import available_bytes
-
     check_tree(f, path, FigureFileError, _MAX_ARRAY_BYTES, max_total_bytes=available_bytes() // 2)
 
 

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from popplay import plotting
 from popplay.checkpoints.h5io import probe_directory
-from popplay.reproduce.data import FigureData, FigureFileError, write_figure
-from popplay.reproduce.registry import SCALES, Figure, resolve
-from popplay.runner import UsageProblem
+from popplay.core.backend import BackendError, resolve_backend
+from popplay.core.errors import UsageError
+from popplay.reproduce.data import FigureFileError, read_figure, write_figure
+from popplay.reproduce.registry import SCALES, Figure, figures, resolve
 
 
 @dataclass(frozen=True)
@@ -72,33 +74,31 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
     """Compute every figure ``config.target`` names and write ``<figure>.h5`` (and,
     when matplotlib is installed, ``<figure>.png``) into ``config.out``.
 
-    Raises :class:`popplay.runner.UsageProblem` for bad input, before any learning.
+    Raises :class:`popplay.core.errors.UsageError` for bad input, before any learning.
     A missing matplotlib does not stop the computation: the data files are written
     and ``plot_error`` says how to draw them.
     """
-    from popplay import plotting
-    from popplay.populations.base import BackendError, resolve_backend
 
     try:
         chosen = resolve(config.target)
     except ValueError as error:
-        raise UsageProblem(str(error)) from None
+        raise UsageError(str(error)) from None
     if config.scale not in SCALES:
-        raise UsageProblem(f"--scale must be one of {', '.join(SCALES)} (got {config.scale!r})")
+        raise UsageError(f"--scale must be one of {', '.join(SCALES)} (got {config.scale!r})")
     try:
         backend = resolve_backend(config.backend, config.device)
     except BackendError as error:
-        raise UsageProblem(str(error)) from None
+        raise UsageError(str(error)) from None
     out = Path(config.out)
     if out.exists() and not out.is_dir():
-        raise UsageProblem(f"--out {out}: not a directory")
+        raise UsageError(f"--out {out}: not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UsageProblem(f"--out {out}: cannot create the directory ({error.strerror})") from None
+        raise UsageError(f"--out {out}: cannot create the directory ({error.strerror})") from None
     problem = probe_directory(out)
     if problem:
-        raise UsageProblem(f"--out {out}: cannot write there ({problem})")
+        raise UsageError(f"--out {out}: cannot write there ({problem})")
 
     plot_error = plotting.missing_matplotlib()
     if plot_error:
@@ -121,7 +121,7 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
                 png_path = out / f"{figure.name}.png"
                 plotting.draw_figure(figure, data, png_path)
         except (FigureFileError, OSError) as error:
-            raise UsageProblem(str(error)) from None
+            raise UsageError(str(error)) from None
         outcomes.append(FigureOutcome(figure.name, data_path, png_path, figure.summary(data),
                                       time.perf_counter() - began))
     result = ReproduceOutcome(outcomes, config.scale, time.perf_counter() - started, backend.name, backend.device)
@@ -132,13 +132,16 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
     return result
 
 
-def draw_data(data: FigureData, out: Path) -> Path:
-    """Draw a figure data file's figure again (``popplay plot FIGURE.h5``)."""
-    from popplay import plotting
-    from popplay.reproduce.registry import figures
-
+def redraw_file(path: Path, png: Path) -> plotting.PlotResult:
+    """Draw a figure data file's figure again (``popplay plot FIGURE.h5``). Raises
+    :class:`popplay.plotting.PlotInputError` or :class:`~popplay.plotting.PlotUnavailable`."""
+    try:
+        data = read_figure(path)
+    except FigureFileError as error:
+        raise plotting.PlotInputError(str(error)) from None
+    plotting.check_writable(png)
     figure: Figure | None = figures().get(data.figure)
     if figure is None:
-        raise UsageProblem(f"figure {data.figure!r} is not known to this popplay version")
-    plotting.draw_figure(figure, data, out)
-    return out
+        raise plotting.PlotInputError(f"{path}: figure {data.figure!r} is not known to this popplay version")
+    plotting.draw_figure(figure, data, png)
+    return plotting.PlotResult("figure", Path(path), png, data.domain, data.figure)

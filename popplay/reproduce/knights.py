@@ -49,8 +49,11 @@ from typing import Any
 
 import numpy as np
 
+from popplay.games.knights.rules import KnightsParams
+from popplay.operators.evolution import BIRTH_EVENTS, EVENTS
 from popplay.reproduce.data import FigureData, Group, round_finite
 from popplay.reproduce.registry import Context, Figure, register
+from popplay.training.loop import run as run_experiment
 
 OPPONENT = "greedy"  # the benchmark of the figure
 OPPONENTS = ("random", "greedy")  # measured at every evaluation point
@@ -115,7 +118,6 @@ def scale_for(ctx: Context) -> KnightsScale:
 def params_for(scale: KnightsScale, run: str, seed: int, episodes: int = 10**9) -> Any:
     """The run's :class:`KnightsParams` (``episodes``: effectively unbounded; the
     compute budget stops it)."""
-    from popplay.games.knights import KnightsParams
 
     rep = scale.replication
     replicate = {} if run == "none" else {
@@ -154,7 +156,6 @@ class RunCurves:
 
 def founder_count(lineage: Any, ids: np.ndarray) -> int:
     """How many founders (initial or reset agents) the agents ``ids`` descend from."""
-    from popplay.evolution import BIRTH_EVENTS
 
     records = lineage.records
     births = np.isin(records["event"], BIRTH_EVENTS) & (records["agent"] >= 0)
@@ -174,9 +175,7 @@ def learn(ctx: Context, scale: KnightsScale, run: str) -> RunCurves:
     at an evaluation point; record every evaluation point."""
 
     def make() -> RunCurves:
-        from popplay.evolution import EVENTS
-        from popplay.populations.knights import KnightsExperiment
-        from popplay.runner import run as run_experiment
+        from popplay.games.knights.experiment import KnightsExperiment  # defers numba
 
         experiment = KnightsExperiment(params_for(scale, run, ctx.seed), ctx.backend)
         names = [f"{o}_{s}" for o in OPPONENTS for s in ("best", "mean", "worst")]
@@ -229,7 +228,6 @@ def learn(ctx: Context, scale: KnightsScale, run: str) -> RunCurves:
 def compute_replication(ctx: Context) -> FigureData:
     scale = scale_for(ctx)
     rep = scale.replication
-    from popplay.games.knights import KnightsParams
 
     defaults = KnightsParams()
     data = FigureData(

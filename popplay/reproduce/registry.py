@@ -24,7 +24,7 @@ class Context(Protocol):
 
     scale: str
     seed: int
-    backend: Any  # popplay.populations.base.Backend
+    backend: Any  # popplay.core.backend.Backend
 
     def note(self, message: str) -> None:
         """Report progress to the user (one line)."""

@@ -50,10 +50,7 @@ def command_for(workers: int, updates: int, seed: int) -> str:
 
 def running_curve(workers: int, updates: int, seed: int) -> tuple[np.ndarray, int, float]:
     """The mean running reward after each update, the env-steps and the seconds of one run."""
-    from popplay.topologies.reinforce import ReinforceExperiment, ReinforceParams
-    from popplay.topologies.run import limit_threads
-
-    limit_threads()
+    from popplay.deep.topologies.reinforce import ReinforceExperiment, ReinforceParams  # defers gymnasium, torch
     params = ReinforceParams(env=ENV, topology="local", workers=workers, episodes=updates, seed=seed,
                              eval_episodes=0)
     experiment = ReinforceExperiment(params, backend=None)
@@ -66,7 +63,7 @@ def running_curve(workers: int, updates: int, seed: int) -> tuple[np.ndarray, in
 
 
 def compute_workers(ctx: Context) -> FigureData:
-    from popplay.topologies.reinforce import ReinforceParams
+    from popplay.deep.topologies.reinforce import ReinforceParams  # defers gymnasium, torch
 
     scale = SCALES[ctx.scale]
     defaults = ReinforceParams()

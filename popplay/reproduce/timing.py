@@ -33,8 +33,9 @@ import numpy as np
 
 from popplay.reproduce.data import FigureData, Group
 from popplay.reproduce.registry import Context
+from popplay.training.loop import run
 
-MakeExperiment = Callable[[int], Any]  # steps per agent -> a popplay.runner.Experiment
+MakeExperiment = Callable[[int], Any]  # steps per agent -> a popplay.core.experiment.Experiment
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,6 @@ def batch_curve(ctx: Context, key: str, make: MakeExperiment, steps_per_agent: i
     trial and agent). ``describe(result)`` gives the progress note of a run;
     ``per_point(experiment, state)`` adds values to every point (``CurveData.extra``).
     """
-    from popplay.runner import run
 
     def fresh() -> dict[str, Any]:
         return {"state": None, "curve": None, "seconds": 0.0, "steps": 0, "extra": {}}
@@ -140,9 +140,8 @@ def time_single_agent(make: MakeExperiment, steps: Sequence[int], repeats: int) 
     each point its own uninterrupted run of ``make(s)``, on one numba thread, the
     fastest of ``repeats``, made non-decreasing. ``make(s)`` must build a one-trial,
     one-agent experiment on the CPU that learns ``s`` steps in one phase."""
-    import numba
+    import numba  # defers numba
 
-    from popplay.runner import run
 
     best = np.full(len(steps), np.inf)
     threads = numba.get_num_threads()
@@ -166,7 +165,6 @@ def time_groups(makes: dict[Hashable, Callable[[], Any]], budget: float, repeats
 
     Rounds over the groups rather than a group's repeats back to back, so that a
     passing disturbance slows one repeat of several groups, not all of one group's."""
-    from popplay.runner import run
 
     runs: dict[Hashable, list[np.ndarray]] = {key: [] for key in makes}
     for _ in range(repeats):

@@ -14,8 +14,12 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from popplay.games import knights as game
-from popplay.games.knights import OPPONENTS, KnightsParams, Networks
+from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import OPPONENTS, KnightsParams, Networks
 from popplay.tournaments.roundrobin import stack_networks
 
 GAME_FIELDS = ("rows", "cols", "pieces", "jumps", "max_turns")
@@ -63,18 +67,15 @@ def _same_game(a: KnightsParams, b: KnightsParams) -> bool:
 
 def load_population(path: Path) -> tuple[KnightsParams, Any]:
     """A knights run's parameters and restored state; EntrantError otherwise."""
-    from popplay.checkpoints.runfile import RunFileError, read_run
-    from popplay.populations import registry
-    from popplay.populations.base import Backend
 
     try:
-        stored = read_run(Path(path), expected_domain="knights")
+        stored = load_run(Path(path), expected_domain="knights")
     except RunFileError as error:
         raise EntrantError(str(error)) from None
     try:
-        params = registry.params_from_config("knights", stored.config)
+        params = params_from_config("knights", stored.config, run_options=False)
         params.validate()
-        experiment = registry.build("knights", params, Backend("numba", "cpu"))
+        experiment = registry.get("knights").build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
         raise EntrantError(f"{path}: damaged knights run file ({error})") from None

@@ -3,7 +3,7 @@
 Every pair of players meets for ``games`` games, half with each side moving first,
 and all games of all pairs are played in one batch (in chunks of at most
 ``MAX_BATCH`` games to bound memory), never pair by pair. Players are network
-indices (>= 0) or benchmark bots (:data:`popplay.games.knights.OPPONENTS`: −1
+indices (>= 0) or benchmark bots (:data:`popplay.games.knights.rules.OPPONENTS`: −1
 random, −2 greedy, −3 search).
 
 Common random numbers: game j of every pair starts from the same position and uses
@@ -24,8 +24,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from popplay.games import knights as game
-from popplay.games.knights import KnightsParams, Networks
+from popplay.distributed import collectives
+from popplay.distributed.group import current
+from popplay.games.knights import engine
+from popplay.games.knights.rules import KnightsParams, Networks
 from popplay.tournaments.ratings import elo_ratings, elo_standard_errors, score_matrix
 
 # Random-stream families of tournaments (knights' own tags are 32-36).
@@ -83,13 +85,12 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
         params: the game (board, pieces, jumps, turn limit); knights defaults if None.
         seed, tag, base: the games' random streams: (seed, tag, 0, j) from counter ``base``.
         epsilon: exploration of network players (0: greedy play, as for quality).
-        backend: a :class:`popplay.populations.base.Backend`; numba on the CPU by default.
+        backend: a :class:`popplay.core.backend.Backend`; numba on the CPU by default.
         dist: the job (:func:`popplay.distributed.group.current` by default). With
             several ranks every rank must call this with the same arguments: each plays
             a contiguous block of the pairs and the counts are gathered in pair order
             (games are independent, so the result is that of one process).
     """
-    from popplay.distributed.group import current
 
     dist = current() if dist is None else dist
     players = np.asarray(players, dtype=np.int64).reshape(-1)
@@ -112,13 +113,12 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
     mine_lo, mine_hi = min(len(pairs), dist.rank * block), min(len(pairs), (dist.rank + 1) * block)
     for lo in range(mine_lo, mine_hi, step):  # chunks of many pairs: memory, not a loop over pairs
         hi = min(lo + step, mine_hi)
-        played = game.play_pairs(nets, pairs[lo:hi], games, params=params, seed=seed, tag=tag,
+        played = engine.play_pairs(nets, pairs[lo:hi], games, params=params, seed=seed, tag=tag,
                                  streams=np.zeros(hi - lo, dtype=np.int64), epsilon=epsilon, backend=backend,
                                  base=base)
         wins[lo:hi], draws[lo:hi], losses[lo:hi] = played.wins, played.draws, played.losses
         turns += played.turns
     if dist.distributed:
-        from popplay.distributed import collectives
 
         counts = np.zeros((3, block), dtype=np.int64)  # the last block may be short: padded
         counts[:, :mine_hi - mine_lo] = wins[mine_lo:mine_hi], draws[mine_lo:mine_hi], losses[mine_lo:mine_hi]

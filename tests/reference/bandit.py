@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from popplay.games.bandit import BanditParams
+from popplay.games.bandit.rules import BanditParams
 from popplay.rng import make_rng
 from popplay.xp import py
 

@@ -8,7 +8,7 @@ traces below the cutoff set to 0), equation (5) for the weights, equations (6)�
 (built level by level here, as a list of lists), equations (9)–(10), selective
 replication with variation before the share (truncation selection on failures,
 written here as a sort), and the greedy test of §2.5. It shares with the package
-only the random streams, the variation draws of ``popplay.evolution`` (keyed by
+only the random streams, the variation draws of ``popplay.operators.evolution`` (keyed by
 seed, generation and agent id) and the deterministic ``sin_cos`` (each tested on its
 own against ``math``). Every agent carries its own α, λ and ε.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from popplay.games.cartpole import CartPolePopulationParams, make_rules
+from popplay.games.cartpole.rules import CartPolePopulationParams, make_rules
 from popplay.rng import make_rng
 from popplay.xp import py
 
@@ -106,7 +106,7 @@ def initial_agent(params: CartPolePopulationParams, key: int) -> dict:
 def learn(agent: dict, params: CartPolePopulationParams, key: int, first_step: int, n_steps: int) -> int:
     """Advance one agent in place; return its failures.
 
-    TD(λ) in the deferred, clock-scaled form (``popplay.games.cartpole``, "Traces"):
+    TD(λ) in the deferred, clock-scaled form (``popplay.games.cartpole.rules``, "Traces"):
     e = ê·c with c ← γλc; D = Σ αδc and C = Σ c; Q = q + ê(D − D_start) and
     w gains αê(C − C_start) when a stretch of constant ê ends (bump, death, clear,
     clock restart below 2**-8, phase end); a trace dies when ê < cutoff/c.
@@ -236,7 +236,7 @@ def replicate(trials: list[list[dict]], starts: list[list[list[float]]], since: 
     next free id. Fitness: minus the failures since the last selection. A child's
     table becomes its own learned table plus (parent's start table − its own start
     table); it keeps its weights; α, λ, ε are the parent's times the variation."""
-    from popplay.evolution import gaussian_noise, vary_factors
+    from popplay.operators.evolution import gaussian_noise, vary_factors
 
     p = params
     for t, agents in enumerate(trials):

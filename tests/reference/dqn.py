@@ -1,8 +1,8 @@
 """Double DQN's update through torch's own machinery (for tests and the update timing
 in benchmarks/deep.py).
 
-This is how the learner updated before :mod:`popplay.agents.flat`: autograd through
-:func:`popplay.agents.dqn.dqn_loss` and :func:`popplay.agents.dqn.double_dqn_targets`,
+This is how the learner updated before :mod:`popplay.deep.agents.flat`: autograd through
+:func:`popplay.deep.agents.dqn.dqn_loss` and :func:`popplay.deep.agents.dqn.double_dqn_targets`,
 ``clip_grad_norm_`` and ``torch.optim.Adam(fused=True)``. It shares the learner's replay
 buffer and draws the same minibatches from its own copy of the sampling generator.
 """
@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from popplay.agents import dqn, networks
+from popplay.deep.agents import dqn
+from popplay.deep.agents import networks
 
 
 class AutogradDoubleDQN:

@@ -1,0 +1,139 @@
+"""The ``popplay`` command line: :func:`main` runs it. Each command module registers
+itself on :mod:`popplay.cli.app`'s apps when it is imported, here."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from importlib import import_module
+
+import typer
+
+from popplay.checkpoints import provenance
+from popplay.cli import (  # noqa: F401  (registration)
+    evaluate,
+    export,
+    inspect,
+    lineage,
+    play,
+    plot,
+    reproduce,
+    tournament,
+    train_bandit,
+    train_cartpole,
+    train_dqn,
+    train_exarl,
+    train_gorila,
+    train_knights,
+    train_reinforce,
+)
+from popplay.cli import train_plugin  # noqa: F401  (after the hand-written train commands: it fills the gaps)
+from popplay.cli.app import app, set_invocation
+from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line
+
+
+def _short_helps() -> None:
+    """Command lists show each docstring's first paragraph as one flowing sentence
+    (typer would keep the source's line breaks)."""
+    apps = [app] + [group.typer_instance for group in app.registered_groups if group.typer_instance]
+    for each in apps:
+        for info in each.registered_commands:
+            doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
+            if info.short_help is None and doc:
+                info.short_help = " ".join(doc.strip().split("\n\n")[0].split())
+
+
+_short_helps()
+
+
+def _click_exceptions(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` from whichever click typer runs on: typer 0.29 and newer vendor their own
+    copy (``typer._click``) and no longer depend on click; older releases use click itself,
+    which they then install. Importing click unconditionally broke fresh machines."""
+    found: list[type[BaseException]] = []
+    for module_name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            module = import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            found.append(getattr(module, name))
+    for module in (typer, getattr(typer, "exceptions", None)):
+        if module is not None and hasattr(module, name):
+            found.append(getattr(module, name))
+    return tuple(dict.fromkeys(found))
+
+
+_USAGE = _click_exceptions("UsageError")
+_EXIT = _click_exceptions("Exit")
+_ABORT = _click_exceptions("Abort")
+_CLICK = _click_exceptions("ClickException")
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C outside a run's own stop handling. Not a KeyboardInterrupt: typer 0.29
+    catches those and turns them into a silent exit 130, so nothing would say why."""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every failure becomes one ``Error: …`` line (exit 2 for usage)."""
+    set_invocation(sys.argv[1:] if argv is None else argv)
+    try:
+        previous = signal.signal(signal.SIGINT, _raise_interrupted)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        return _main(argv)
+    except _Interrupted:
+        print_error("interrupted")
+        return EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        provenance.set_command(list(argv) if argv is not None else sys.argv[1:])  # as typed, for run files
+        result = app(args=argv, prog_name="popplay", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except _USAGE as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # `popplay`, `popplay train`: the help is the answer
+            message = error.format_message()
+            if message.strip():  # plain (non-rich) help comes back as the message
+                print(message)
+            return EXIT_USAGE
+        print_error(error.format_message())
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return EXIT_INTERRUPTED
+    except PopplayError as error:
+        print_error(str(error))
+        return error.exit_code
+    except _EXIT as error:
+        return int(getattr(error, "exit_code", 0) or 0)
+    except _ABORT:
+        print_error("interrupted")
+        return EXIT_INTERRUPTED
+    except _CLICK as error:
+        print_error(error.format_message())
+        return int(getattr(error, "exit_code", 1))
+    except Exception as error:  # the last line of defence: no tracebacks for users
+        if os.environ.get("POPPLAY_DEBUG"):
+            raise
+        print_error(f"internal error: {type(error).__name__}: {error} (set POPPLAY_DEBUG=1 for a traceback)")
+        return 1
+
+
+def print_error(message: str) -> None:
+    """The one line a failure shows: ``Error: <message>`` on stderr."""
+    print(error_line(message), file=sys.stderr)
+
+
+def entry_point() -> None:
+    sys.exit(main())

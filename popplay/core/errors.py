@@ -1,0 +1,35 @@
+"""Failures users see as one line, each carrying the exit code its command ends with.
+
+Lower layers raise these and never import the command line; the command line
+(:func:`popplay.cli.main.main`) prints ``Error: <message>`` and exits with ``exit_code``.
+"""
+from __future__ import annotations
+
+#: Exit codes every command shares.
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_LOST = 3  # a multi-process job lost a rank
+EXIT_PEER_LOST = 75  # a rank stopped because a peer vanished or stopped answering
+EXIT_INTERRUPTED = 130
+
+
+class PopplayError(Exception):
+    """A failure to report as one line; ``exit_code`` is the command's exit code."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str = "", exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(PopplayError, ValueError):
+    """Bad input: an option, a setting, a file that cannot be used (exit code 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+def error_line(message: object) -> str:
+    """The one line a failure shows users: ``Error: <message>`` on a single line."""
+    return f"Error: {' '.join(str(message).split())}"

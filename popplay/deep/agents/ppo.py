@@ -1,0 +1,232 @@
+"""PPO (Schulman et al. 2017), the clipped-surrogate variant, for discrete actions.
+
+As stable-baselines3's ``PPO`` and CleanRL's ``ppo.py``: after each rollout, GAE(lambda)
+advantages ``A_t`` and returns ``R_t = A_t + V_old(s_t)``, then ``n_epochs`` passes over
+the rollout's rows in random minibatches, each one Adam step on
+
+    L = -mean[min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)]
+        + value_coef * mean[(R_t - V(s_t))^2] - entropy_coef * mean[H(pi(.|s_t))]
+
+with ``r_t = pi(a_t|s_t) / pi_old(a_t|s_t)`` and ``A_t`` normalised within the minibatch
+(``normalize_advantage``). The learning rate and ``eps`` decay linearly with the
+``progress_remaining`` (1 at the start of the run, 0 at its end) given to :meth:`PPO.learn`.
+
+Its hyper-parameters are :class:`popplay.deep.agents.ppo_params.PPOParams` (written once,
+for the command line, the run file and the agent). Rollouts
+(:class:`popplay.deep.agents.rollout.Rollout`) are time-major ``(T, B)``: column ``b`` is one copy of the environment. SB3's
+conventions hold: ``episode_start`` marks the rows that begin an episode (so the row
+before them ended one), and a time-limit cut is already bootstrapped by the caller into
+its reward (``r + gamma V(final_obs)``) and is treated like a termination afterwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from popplay.deep.agents import networks
+from popplay.deep.agents.rollout import Rollout
+
+
+class PPOLoss(NamedTuple):
+    loss: torch.Tensor  # scalar with gradient
+    policy_loss: torch.Tensor  # the other fields: without gradient
+    value_loss: torch.Tensor
+    entropy: torch.Tensor  # mean entropy of pi(.|s)
+    log_ratio: torch.Tensor  # (n,) log pi(a|s) - log pi_old(a|s)
+
+
+def gae(reward: torch.Tensor, value: torch.Tensor, episode_start: torch.Tensor, last_value: torch.Tensor,
+        last_episode_start: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(lambda) advantages and TD(lambda) returns of a ``(T, B)`` rollout (SB3's
+    ``RolloutBuffer.compute_returns_and_advantage``, over all columns at once)."""
+    T = reward.shape[0]
+    advantages = torch.empty_like(reward)
+    # the successor of row t is cut off where row t + 1 starts a new episode
+    next_non_terminal = torch.cat([1.0 - episode_start[1:], (1.0 - last_episode_start).unsqueeze(0)])
+    next_values = torch.cat([value[1:], last_value.unsqueeze(0)])
+    deltas = reward + gamma * next_values * next_non_terminal - value
+    carry = next_non_terminal * (gamma * lam)
+    last = torch.zeros_like(last_value)
+    for t in range(T - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        advantages[t] = last
+    return advantages, advantages + value
+
+
+def ppo_loss(policy: nn.Module, value: nn.Module, obs: torch.Tensor, action: torch.Tensor,
+             old_log_prob: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip_range: float,
+             config: Any, statistics: bool = True) -> PPOLoss:
+    """The loss above on one minibatch of ``n`` rows (``obs`` is ``(n, obs_dim)``).
+
+    Without ``statistics`` and with ``entropy_coef`` 0 the entropy is not computed
+    (its field is NaN): the minibatch loop skips what it does not report.
+    """
+    logp_all = torch.log_softmax(policy(obs), dim=-1)
+    logp = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    if config.entropy_coef:
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+    elif statistics:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+    else:
+        entropy = torch.tensor(float("nan"))
+    values = value(obs).squeeze(-1)
+    if config.normalize_advantage and advantages.shape[0] > 1:  # one row has no spread (SB3 #325)
+        std, mean = torch.std_mean(advantages)
+        advantages = (advantages - mean) / (std + 1e-8)
+    log_ratio = logp - old_log_prob
+    ratio = torch.exp(log_ratio)
+    policy_loss = -torch.min(advantages * ratio, advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)).mean()
+    value_loss = F.mse_loss(values, returns)
+    loss = policy_loss + config.value_coef * value_loss
+    if config.entropy_coef:
+        loss = loss - config.entropy_coef * entropy
+    return PPOLoss(loss, policy_loss.detach(), value_loss.detach(), entropy.detach(), log_ratio.detach())
+
+
+def ppo_statistics(log_ratio: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clip fraction, approximate KL(pi_old || pi)) as SB3 logs them (Schulman's k3 estimator)."""
+    ratio = torch.exp(log_ratio)
+    return ((ratio - 1.0).abs() > clip_range).float().mean(), ((ratio - 1.0) - log_ratio).mean()
+
+
+def _adam(params: list[nn.Parameter], lr: float, eps: float) -> torch.optim.Optimizer:
+    try:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    except (RuntimeError, TypeError):  # builds without a fused CPU Adam
+        return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+
+
+@dataclass(eq=False)
+class PPO:
+    """The learner's state: separate policy and value networks (tanh MLPs, SB3's
+    ``MlpPolicy`` for PPO), one Adam over both, and the generator that shuffles rows."""
+
+    config: Any  # a PPOParams (popplay.deep.agents.ppo_params, which builds this agent)
+    obs_dim: int
+    actions: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        self.config.validate()
+        self.policy = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden, "tanh")
+        self.value = networks.seeded_mlp(self.seed + 1, self.obs_dim, 1, self.config.hidden, "tanh")
+        self._params = [*self.policy.parameters(), *self.value.parameters()]
+        self.optimizer = _adam(self._params, self.config.lr, self.config.adam_eps)
+        self.shuffle = networks.generator(self.seed * 7919 + 3)
+        self.updates = 0  # optimiser steps
+        self.rollouts = 0  # learn calls
+        self.last_loss = float("nan")
+        self.last_clip_fraction = float("nan")
+        self.last_approx_kl = float("nan")
+        self.last_entropy = float("nan")
+
+    #: Learns from each rollout it is given, then drops it (no replay).
+    on_policy = True
+
+    def networks(self) -> nn.Module:
+        """Every learned network (for checksums of the learners' copies)."""
+        return nn.ModuleList([self.policy, self.value])
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"adam": self.optimizer}
+
+    # --- acting -----------------------------------------------------------------------
+    def act(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """Sampled actions of a ``(B, obs_dim)`` batch: (actions int64, log pi(a|s), V(s))."""
+        with torch.no_grad():
+            x = torch.as_tensor(obs, dtype=torch.float32)
+            logp_all = torch.log_softmax(self.policy(x), dim=-1)
+            # inverse CDF with one uniform per row, as REINFORCE's SampledPolicy draws
+            u = torch.rand(x.shape[0], 1, generator=generator)
+            action = (logp_all.exp().cumsum(dim=-1) < u).sum(dim=-1).clamp_(max=self.actions - 1)
+            log_prob = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+            values = self.value(x).squeeze(-1)
+        return action.numpy(), log_prob, values
+
+    def value_of(self, obs: np.ndarray) -> torch.Tensor:
+        """``V(s)`` of a ``(B, obs_dim)`` batch, shape ``(B,)``."""
+        with torch.no_grad():
+            return self.value(torch.as_tensor(obs, dtype=torch.float32)).squeeze(-1)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """The most probable action (ties: the lowest), for evaluation."""
+        with torch.no_grad():
+            return self.policy(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=-1).numpy()
+
+    # --- learning ---------------------------------------------------------------------
+    def learn(self, rollout: Rollout, progress_remaining: float = 1.0) -> dict[str, float]:
+        """``n_epochs`` passes of minibatch steps over ``rollout``; the last epoch's means."""
+        cfg = self.config
+        lr, clip_range = cfg.schedule(progress_remaining)
+        r = Rollout(*(torch.as_tensor(x) for x in rollout))
+        T, B = r.reward.shape
+        for name in ("action", "log_prob", "value", "episode_start"):
+            if tuple(getattr(r, name).shape) != (T, B):
+                raise ValueError(f"rollout.{name} has shape {tuple(getattr(r, name).shape)}, expected {(T, B)}")
+        if tuple(r.obs.shape) != (T, B, self.obs_dim):
+            raise ValueError(f"rollout.obs has shape {tuple(r.obs.shape)}, expected {(T, B, self.obs_dim)}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with torch.no_grad():
+            advantages, returns = gae(r.reward.float(), r.value.float(), r.episode_start.float(),
+                                      r.last_value.float().reshape(B), r.last_episode_start.float().reshape(B),
+                                      cfg.gamma, cfg.gae_lambda)
+        n = T * B
+        obs = r.obs.reshape(n, self.obs_dim).float()
+        action = r.action.reshape(n).long()
+        old_log_prob = r.log_prob.reshape(n).float()
+        advantages = advantages.reshape(n)
+        returns = returns.reshape(n)
+        stats: list[torch.Tensor] = []
+        for epoch in range(cfg.n_epochs):
+            last_epoch = epoch == cfg.n_epochs - 1
+            order = torch.randperm(n, generator=self.shuffle)
+            for start in range(0, n, cfg.batch_size):  # the last, partial minibatch is kept (SB3)
+                idx = order[start:start + cfg.batch_size]
+                out = ppo_loss(self.policy, self.value, obs[idx], action[idx], old_log_prob[idx],
+                               advantages[idx], returns[idx], clip_range, cfg, last_epoch)
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                if last_epoch:  # statistics only where they are reported: one sync at the end
+                    with torch.no_grad():
+                        clip_fraction, approx_kl = ppo_statistics(out.log_ratio, clip_range)
+                        stats.append(torch.stack([out.loss.detach(), out.policy_loss, out.value_loss,
+                                                  out.entropy, clip_fraction, approx_kl]))
+        self.updates += cfg.n_epochs * -(-n // cfg.batch_size)
+        self.rollouts += 1
+        *means, last_loss = torch.cat([torch.stack(stats).mean(0), stats[-1][:1]]).tolist()
+        result = dict(zip(("loss", "policy_loss", "value_loss", "entropy", "clip_fraction", "approx_kl"), means))
+        self.last_loss = last_loss  # the last minibatch's
+        self.last_clip_fraction = result["clip_fraction"]
+        self.last_approx_kl = result["approx_kl"]
+        self.last_entropy = result["entropy"]
+        return {**result, "lr": lr, "clip_range": clip_range}
+
+    # --- run-file arrays ------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**networks.module_arrays(self.policy, "policy"), **networks.module_arrays(self.value, "value"),
+                **networks.optimizer_arrays(self.optimizer, "adam"),
+                "rng.shuffle": networks.generator_array(self.shuffle)}
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.updates, "rollouts": self.rollouts, "last_loss": self.last_loss,
+                "last_clip_fraction": self.last_clip_fraction, "last_approx_kl": self.last_approx_kl,
+                "last_entropy": self.last_entropy}
+
+    def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
+        networks.load_module_arrays(self.policy, "policy", arrays)
+        networks.load_module_arrays(self.value, "value", arrays)
+        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        networks.load_generator(self.shuffle, arrays["rng.shuffle"])
+        self.updates = int(counters["updates"])
+        self.rollouts = int(counters["rollouts"])
+        for name in ("last_loss", "last_clip_fraction", "last_approx_kl", "last_entropy"):
+            setattr(self, name, float(counters.get(name, float("nan"))))

@@ -1,0 +1,126 @@
+"""popplay's cart-pole physics (:mod:`popplay.games.cartpole.rules`) as gymnasium environments.
+
+``popplay/CartPole-v1`` is a drop-in for gymnasium's ``CartPole-v1``: frictionless
+(both friction coefficients 0), force ±10 N, τ = 0.02 s, failure beyond ±2.4 m or ±12°,
+reward 1 for every step including the failing one, starts uniform in ±0.05 drawn from
+the environment's ``np_random`` exactly as gymnasium draws them, 500 steps at most.
+The dynamics are :func:`popplay.games.cartpole.rules.make_rules`'s (our own sin/cos), which
+agree with gymnasium's to rounding; ``tests/test_deep_envs.py`` checks that step by step.
+
+:class:`CartPoleVectorEnv` steps N copies in one numba loop and resets a finished copy
+in the same step (gymnasium's ``AutoresetMode.SAME_STEP``: the last observation of the
+finished episode is in ``info["final_obs"]``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from popplay.games.cartpole.rules import CartPoleParams
+
+PHYSICS = CartPoleParams(cart_friction=0.0, pole_friction=0.0)
+MAX_EPISODE_STEPS = 500
+_START = 0.05
+
+
+def _observation_space() -> spaces.Box:
+    # Twice the failure limits, as gymnasium does, so a failing observation stays inside.
+    high = np.array([PHYSICS.track_limit * 2, np.inf, PHYSICS.angle_limit * 2, np.inf], dtype=np.float32)
+    return spaces.Box(-high, high, dtype=np.float32)
+
+
+class CartPoleEnv(gymnasium.Env):
+    """One cart-pole (the TimeLimit wrapper from the registration adds the 500-step cut)."""
+
+    metadata: dict[str, Any] = {"render_modes": [], "render_fps": 50}
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        from popplay.deep.envs._cartpole_numba import step_many  # defers numba
+
+        self._step_many = step_many
+        self._phys = PHYSICS.vector()
+        self.action_space = spaces.Discrete(2)
+        self.observation_space = _observation_space()
+        self._state = np.zeros((1, 4), dtype=np.float64)
+        self._action = np.zeros(1, dtype=np.int64)
+        self._failed = np.zeros(1, dtype=np.bool_)
+        self._done = True
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._state[0] = self.np_random.uniform(low=-_START, high=_START, size=(4,))
+        self._done = False
+        return self._state[0].astype(np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("call reset() before step() (the episode has ended)")
+        if not self.action_space.contains(action):
+            raise ValueError(f"action must be 0 or 1 (got {action!r})")
+        self._action[0] = int(action)
+        self._step_many(self._state, self._action, self._phys, self._failed)
+        terminated = bool(self._failed[0])
+        self._done = terminated
+        return self._state[0].astype(np.float32), 1.0, terminated, False, {}
+
+
+class CartPoleVectorEnv(VectorEnv):
+    """N cart-poles stepped together; finished copies restart in the same step."""
+
+    metadata: dict[str, Any] = {"render_modes": [], "render_fps": 50,
+                                "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = MAX_EPISODE_STEPS,
+                 render_mode: str | None = None) -> None:
+        from popplay.deep.envs._cartpole_numba import step_many  # defers numba
+
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1 (got {num_envs})")
+        self._step_many = step_many
+        self._phys = PHYSICS.vector()
+        self.num_envs = num_envs
+        self.max_episode_steps = max_episode_steps
+        self.render_mode = render_mode
+        self.single_action_space = spaces.Discrete(2)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.single_observation_space = _observation_space()
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self._state = np.zeros((num_envs, 4), dtype=np.float64)
+        self._steps = np.zeros(num_envs, dtype=np.int64)
+        self._failed = np.zeros(num_envs, dtype=np.bool_)
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[np.ndarray, dict[str, Any]]:
+        if isinstance(seed, (list, tuple)):
+            # One stream for all copies, determined by every copy's seed.
+            seed = int(np.random.SeedSequence([int(s) for s in seed]).generate_state(1)[0])
+        super().reset(seed=seed)
+        self._state[:] = self.np_random.uniform(low=-_START, high=_START, size=(self.num_envs, 4))
+        self._steps[:] = 0
+        return self._state.astype(np.float32), {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        if ((actions != 0) & (actions != 1)).any():
+            raise ValueError("actions must be 0 or 1")
+        self._step_many(self._state, actions, self._phys, self._failed)
+        self._steps += 1
+        terminated = self._failed.copy()
+        truncated = (self._steps >= self.max_episode_steps) & ~terminated
+        reward = np.ones(self.num_envs, dtype=np.float32)
+        done = terminated | truncated
+        info: dict[str, Any] = {}
+        if done.any():
+            final = self._state.astype(np.float32)
+            info["final_obs"] = np.array([final[i] if done[i] else None for i in range(self.num_envs)],
+                                         dtype=object)
+            info["_final_obs"] = done.copy()
+            self._state[done] = self.np_random.uniform(low=-_START, high=_START, size=(int(done.sum()), 4))
+            self._steps[done] = 0
+        return self._state.astype(np.float32), reward, terminated, truncated, info

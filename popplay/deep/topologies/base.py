@@ -1,0 +1,169 @@
+"""The experiment plumbing every deep run repeats: parameters that turn into an
+agent's config and a run file's dict, the runner's budget and progress methods, and
+the episode curves and topology counters of the run file.
+
+DQN, REINFORCE and the EXARL agents (``exarl._Experiment``) use these.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from popplay.deep import envs
+from popplay.deep.agents.config import HiddenConfig
+from popplay.deep.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
+from popplay.distributed.group import current
+
+ENV_HELP = "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, popplay/CartPole-v1, ...)."
+EPISODES_HELP = "Budget: episodes summed over all simulators (0: none; with --env-steps, whichever comes first)."
+ENV_STEPS_HELP = "Budget: environment steps summed over all simulators (0: none)."
+EVAL_HELP = "Greedy episodes played at the end for `quality` (0: skip)."
+TIMEOUT_HELP = "Seconds any wait for another rank may take before the job ends with an error."
+GAMMA_HELP = "Discount γ."
+SEED_HELP = "Seed of every random stream."
+
+
+class DeepParams(HiddenConfig):
+    """Mix-in for the frozen parameter dataclasses of deep runs (``hidden`` field)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))  # type: ignore[attr-defined]
+
+
+def config_from(params: Any, config_type: type) -> Any:
+    """``config_type`` built from the fields of ``params`` that it has."""
+    names = {f.name for f in dataclasses.fields(config_type)}
+    return config_type(**{k: v for k, v in dataclasses.asdict(params).items() if k in names})
+
+
+def check_at_least_one(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1 (got {value})")
+
+
+def check_evaluation_and_timeout(eval_episodes: int, timeout: float | None = None) -> None:
+    if eval_episodes < 0:
+        raise ValueError(f"eval_episodes must be non-negative (got {eval_episodes})")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive (got {timeout})")
+
+
+class DeepExperiment:
+    """The runner's budget, progress and step-count methods of a deep experiment.
+
+    The state carries ``env_steps``; ``_done`` gives the count the ``episodes`` budget
+    is in (episodes, or server updates for REINFORCE).
+    """
+
+    params: Any
+
+    def _open(self, params: Any, backend: Any, copies: int = 1) -> None:
+        """Validate ``params`` and open ``copies`` environments (``self.info`` describes them)."""
+        # One torch thread per process: the networks are tiny, and on a shared machine
+        # intra-op threads spin against each other (measured: 10x slower with two).
+        torch.set_num_threads(1)
+        params.validate()
+        self.params = params
+        self.backend = backend
+        self.config = params.agent_config()
+        self._env = envs.make_vector(params.env, copies)
+        self.info = envs.describe(self._env, params.env)
+
+    def _done(self, state: Any) -> int:
+        return state.episodes
+
+    def _note(self, state: Any) -> None:
+        # budget_agent_steps has no state argument: it estimates from the last seen.
+        self._last = (self._done(state), state.env_steps)
+
+    def warmup(self) -> None:
+        pass
+
+    def finished(self, state: Any, *, time_mode: bool) -> bool:
+        return budget_reached(self._done(state), state.env_steps, self.params.episodes, self.params.env_steps)
+
+    def agent_steps(self, state: Any) -> int:
+        return state.env_steps
+
+    def total_agent_steps(self, state: Any) -> int:
+        return state.env_steps
+
+    def budget_agent_steps(self) -> int:
+        s = getattr(self, "_last", (0, 0))
+        return estimated_budget_steps(s[0], s[1], self.params.episodes, self.params.env_steps)
+
+    #: What the ``episodes`` budget counts, as the console labels it.
+    episode_unit = "episodes"
+
+    @property
+    def progress_unit(self) -> str:
+        """The console's label for :meth:`progress` (not agent-steps per trial)."""
+        return "env-steps" if self.params.env_steps and not self.params.episodes else self.episode_unit
+
+    def budget_progress(self) -> int:
+        """The budget in :attr:`progress_unit`."""
+        return self.params.env_steps if self.progress_unit == "env-steps" else self.params.episodes
+
+    def progress(self, state: Any) -> int:
+        """The budget's unit count, or environment steps with an --env-steps budget
+        alone (the unit of --checkpoint-every)."""
+        self._note(state)
+        return state.env_steps if self.params.env_steps and not self.params.episodes else self._done(state)
+
+    @staticmethod
+    def role(params: Any, rank: int) -> str:
+        """What rank ``rank`` of a multi-process run does (``ps`` shows it)."""
+        return "learner" if rank == 0 else f"simulator {rank}"
+
+    @staticmethod
+    def serve(dist: Any, params: Any, resume: Any) -> None:
+        """The work of a rank other than 0 until rank 0 tells it to stop."""
+        raise NotImplementedError
+
+    def summary_fields(self, state: Any, seconds: float) -> dict[str, Any]:
+        """What a deep run reports beside the curves: ``quality`` from greedy episodes
+        played at the end, environment steps and episodes, the topology and its ranks."""
+        quality = self.quality(state)
+        return {"env": self.params.env, "topology": getattr(self.params, "topology", "parameter-server"),
+                "ranks": self.params.ranks, "quality": None if math.isnan(quality) else quality,
+                "eval_episodes": self.params.eval_episodes, "env_steps": int(state.env_steps),
+                "episodes": int(state.episodes),
+                "env_steps_per_second": state.env_steps / seconds if seconds > 0 else 0.0,
+                "backend": current().backend, **self.summary_extras(state)}
+
+    def static_arrays(self) -> dict[str, Any]:
+        return {}
+
+    def results(self, state: Any) -> dict[str, Any]:
+        return {}
+
+
+def count_episodes(state: Any, returns: Any, lengths: Any, steps: int) -> None:
+    """Add finished episodes to the state's counters and curves."""
+    state.episodes += len(returns)
+    state.env_steps += steps
+    state.returns.extend(float(r) for r in returns)
+    state.lengths.extend(int(n) for n in lengths)
+
+
+def curve_arrays(state: Any) -> dict[str, Any]:
+    return {"episode_returns": np.asarray(state.returns, dtype=np.float64),
+            "episode_lengths": np.asarray(state.lengths, dtype=np.int64)}
+
+
+def restore_curves(state: Any, arrays: dict[str, Any]) -> None:
+    state.returns = [float(r) for r in arrays["episode_returns"]]
+    state.lengths = [int(n) for n in arrays["episode_lengths"]]
+
+
+def topology_counters(extra: dict[str, Any]) -> dict[str, Any]:
+    return {f"topology_{k}": v for k, v in extra.items()}
+
+
+def topology_extra(counters: dict[str, Any]) -> dict[str, Any]:
+    return {k[len("topology_"):]: v for k, v in counters.items() if k.startswith("topology_")}

@@ -1,0 +1,665 @@
+"""Gorila (seed 002, Nair et al. 2015): actors, learners and a sharded parameter server
+as separate processes, asynchronous, over c10d/gloo point-to-point messages.
+
+Layout of a job of ``S + L + A`` ranks (bundled mode with local replay: actor ``a``
+feeds learner ``a % L``, whose replay memory holds its actors' experience)::
+
+    ranks 0 .. S-1            shard s: slice s of the flat parameter vector, AdaGrad
+    ranks S .. S+L-1          learner l: replay, Double DQN gradients, outlier guard
+    ranks S+L .. S+L+A-1      actor a: own environment, own copy of the Q-network
+
+Messages (tensors only, tags keep the streams apart; see :mod:`gorila_ranks`):
+
+- client → shard: a request header ``[kind, version, sender, 0]`` (``PULL``: send me your
+  slice; ``GRAD``: a gradient slice follows, computed from the shard's version
+  ``version``); shard → client: ``[version, ...]`` then its slice.
+- actor → learner: ``[n, env_steps, episodes, 0]`` then ``n`` transitions as one
+  float32 block ``[obs, action, reward, next_obs, terminated]``.
+- learner → learner (global replay): ``[rows, 0, 0, 0]``; the answer ``[rows, size, 0,
+  0]`` then ``rows`` transitions drawn from the answering learner's part of the memory.
+
+Control (who has finished, who was lost, stop) goes through the c10d ``TCPStore``
+that this launcher hosts: the launcher, not a rank, is the one that sees a process
+die (``waitpid``), and hosting the store here means no rank's death takes the
+rendezvous with it. gloo cannot tell a pending receive that its peer died (the
+receive just waits), so every rank polls the store between messages instead.
+
+Why not :func:`popplay.distributed.launch.launch_local`: it stops the whole job when
+any rank is lost, by design; Gorila must keep going without a lost actor or learner
+and stop only for a lost shard. The rank environment is the same
+(:func:`popplay.distributed.launch.rank_environment`, torchrun's variables). Under
+``torchrun`` itself the ranks are torchrun's workers (:mod:`gorila_torchrun`): its
+agent hosts the store and ends the attempt when any rank is lost.
+
+Each rank writes its own files into the run directory atomically (``shard-S.npz``:
+the slice, accumulator, version and guard counts, every ``checkpoint_every`` applied
+gradients; ``learner-L.npz``, ``actor-A.npz``: counters and curves); the launcher
+assembles them into ``checkpoint.npz`` (the whole vector, resumable with any layout)
+and the result. Nothing is pickled (``np.load(..., allow_pickle=False)``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import IO, Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as c10d
+
+from popplay.checkpoints.runfile import write_run
+from popplay.core.options import option
+from popplay.core.registry import DEEP, DomainSpec, register
+from popplay.deep import envs
+from popplay.deep.agents import networks
+from popplay.deep.agents.dqn import greedy_policy
+from popplay.deep.envs.rollout import evaluate
+from popplay.distributed.launch import rank_environment
+
+ROLE_PREFIX = "popplay gorila"
+PEER_LOST_EXIT = 75  # a rank that stopped because a peer it needs was lost
+_GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
+
+
+@dataclass(frozen=True)
+class GorilaConfig:
+    """Train DQN the Gorila way: actors and learners as processes around a sharded
+    AdaGrad parameter server; stale and outlier gradients are dropped; a lost actor or
+    learner does not stop the run, a lost shard stops it with its checkpoint. Under
+    torchrun (world size = shards + learners + actors) every worker is one rank, and a
+    lost rank ends the attempt (--max-restarts continues from the last checkpoint)."""
+
+    env: str = option("CartPole-v1", "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, "
+                                     "popplay/CartPole-v1, ...).")
+    actors: int = option(2, "Actor processes (own environment, own Q-network copy).", min=1, on_resume=True)
+    learners: int = option(1, "Learner processes (see --replay).", min=1, on_resume=True)
+    shards: int = option(1, "Parameter-server shards (AdaGrad on a slice each).", min=1, on_resume=True)
+    # over all actors (each plays its share, whole episodes); 0: none
+    env_steps: int = option(20_000, "Budget: environment steps over all actors (0: none).", min=0, budget=True)
+    # over all actors (each plays its share); 0: none; both: whichever first
+    episodes: int = option(0, "Budget: episodes over all actors (0: none).", min=0, budget=True)
+    seed: int = option(0, "Seed of every random stream.")
+    hidden: tuple[int, ...] = option((64, 64), "Hidden layer widths of the Q network, comma separated.")
+    lr: float = option(0.01, "AdaGrad learning rate (on the shards).")
+    adagrad_eps: float = 1e-8
+    initial_accumulator: float = 0.1
+    gamma: float = option(0.99, "Discount γ.", min=0.0, max=1.0)
+    batch_size: int = option(64, "Minibatch of each learner update.", min=1)
+    replay_capacity: int = option(50_000, "Replay capacity of each learner (its part, with global replay).", min=1)
+    learning_starts: int = option(500, "Transitions in replay before learning (global: over all parts).", min=0)
+    update_ratio: float = option(0.25, "Learner updates per transition received.")
+    max_grad_norm: float = 10.0
+    target_every: int = option(200, "G: server updates between target refreshes.", min=1)
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_updates: int = option(4_000, "Server updates over which ε falls to 0.05.", min=1)
+    actor_sync: int = option(100, "N: actor steps between parameter refreshes.", min=1)
+    learner_sync: int = option(4, "Learner updates between parameter refreshes.", min=1)
+    chunk: int = 50  # transitions per actor → learner message
+    max_staleness: int = option(20, "Drop a gradient computed from parameters more than this many shard updates "
+                                    "old.", min=0)
+    outlier_k: float = option(6.0, "Drop gradients whose norm is over mean + k·std of the last --outlier-window "
+                                   "norms.")
+    outlier_window: int = option(100, "Norms in the outlier guard's window.", min=2)
+    outlier_min_samples: int = 20
+    checkpoint_every: int = 200  # applied gradients between a shard's checkpoints
+    timeout: float = option(30.0, "Seconds any wait for another rank may take before the job ends with an error.",
+                            on_resume=True)
+    eval_episodes: int = option(100, "Greedy episodes played at the end for `quality`.", min=1)
+    resume: str = ""  # a checkpoint.npz to start the parameters from (any layout)
+    # "local": actor a feeds learner a mod L, which samples only that memory; "global":
+    # the same placement, but every learner samples each minibatch from all the parts
+    # (one memory distributed over the learners).
+    replay: str = option(
+        "local", "local: actor a feeds learner a mod L, which samples only that memory (the seed's bundles); "
+                 "global: one memory distributed over the learners (each holds its actors' part) and every "
+                 "minibatch drawn from all of it.", choices=("local", "global"), name="--replay", on_resume=True)
+
+    @classmethod
+    def from_options(cls, values: dict[str, Any]) -> "GorilaConfig":
+        """The command line's settings: the outlier guard starts judging after at most
+        20 norms (fewer when its window is smaller)."""
+        return cls(**values, outlier_min_samples=min(20, int(values.get("outlier_window", 100))))
+
+    @property
+    def world_size(self) -> int:
+        return self.shards + self.learners + self.actors
+
+    def validate(self) -> None:
+        for name in ("actors", "learners", "shards", "batch_size", "replay_capacity", "target_every",
+                     "epsilon_updates", "actor_sync", "learner_sync", "chunk", "checkpoint_every",
+                     "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.actors < self.learners:
+            raise ValueError(f"every learner needs an actor: --actors {self.actors} < --learners {self.learners}")
+        if self.env_steps < 0 or self.episodes < 0:
+            raise ValueError("env_steps and episodes must be non-negative")
+        if self.env_steps == 0 and self.episodes == 0:
+            raise ValueError("episodes or env_steps must be positive (a budget is needed)")
+        if 0 < self.env_steps < self.actors or 0 < self.episodes < self.actors:
+            raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
+        if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
+            raise ValueError("lr, timeout, update_ratio and outlier_k must be positive")
+        if self.replay not in ("local", "global"):
+            raise ValueError(f"replay must be local or global (got {self.replay!r})")
+        if self.max_staleness < 0 or self.learning_starts < 0:
+            raise ValueError("max_staleness and learning_starts must be non-negative")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GorilaConfig":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        if "hidden" in values:
+            values["hidden"] = tuple(int(h) for h in values["hidden"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Role:
+    kind: str  # "shard", "learner", "actor"
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.index}"
+
+
+def role_of(rank: int, config: GorilaConfig) -> Role:
+    if rank < config.shards:
+        return Role("shard", rank)
+    if rank < config.shards + config.learners:
+        return Role("learner", rank - config.shards)
+    if rank < config.world_size:
+        return Role("actor", rank - config.shards - config.learners)
+    raise ValueError(f"rank {rank} is outside a job of {config.world_size}")
+
+
+def shard_rank(s: int, config: GorilaConfig) -> int:
+    return s
+
+
+def learner_rank(l: int, config: GorilaConfig) -> int:
+    return config.shards + l
+
+
+def actor_rank(a: int, config: GorilaConfig) -> int:
+    return config.shards + config.learners + a
+
+
+def learners_of_actor(a: int, config: GorilaConfig) -> list[int]:
+    """Where actor ``a``'s transitions may go, in order: its bundle's learner (``a mod L``)
+    alone with local replay. With global replay the same learner first (it holds that
+    part of the one distributed memory), then the others in turn: a lost learner's
+    actors go on feeding the next live part of the store."""
+    first = a % config.learners
+    if config.replay == "global":
+        return [(first + i) % config.learners for i in range(config.learners)]
+    return [first]
+
+
+def actors_of_learner(l: int, config: GorilaConfig) -> list[int]:
+    return [a for a in range(config.actors) if l in learners_of_actor(a, config)]
+
+
+def _share(total: int, a: int, parts: int) -> int:
+    base, extra = divmod(total, parts)
+    return base + (1 if a < extra else 0)
+
+
+def actor_budget(a: int, config: GorilaConfig) -> tuple[int, int]:
+    """Actor ``a``'s share of ``(env_steps, episodes)`` (0: no such budget)."""
+    return _share(config.env_steps, a, config.actors), _share(config.episodes, a, config.actors)
+
+
+# --- files ---------------------------------------------------------------------------
+
+def save_npz(path: Path, **arrays: Any) -> None:
+    """Write arrays atomically (a killed writer leaves the previous file whole)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a text file atomically (ranks may read it while it is replaced)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def assemble_checkpoint(run_dir: Path, config: GorilaConfig) -> dict[str, np.ndarray]:
+    """The whole parameter vector and accumulator from the shards' latest files."""
+    parts = [load_npz(run_dir / f"shard-{s}.npz") for s in range(config.shards)]
+    parts.sort(key=lambda p: int(p["start"]))
+    return {
+        "params": np.concatenate([p["params"] for p in parts]).astype(np.float32),
+        "accumulator": np.concatenate([p["accumulator"] for p in parts]).astype(np.float32),
+        "version": np.int64(max(int(p["version"]) for p in parts)),
+        "shard_versions": np.array([int(p["version"]) for p in parts], dtype=np.int64),
+        "hidden": np.array(config.hidden, dtype=np.int64),
+    }
+
+
+def _spaces(env_id: str) -> dict[str, int]:
+    """Observation width and number of actions, measured once for every rank."""
+
+    env = envs.make_vector(env_id, 1)
+    try:
+        info = envs.describe(env, env_id)
+        envs.require_discrete(info, "gorila (DQN)")
+        return {"obs_dim": info.obs_dim, "actions": int(info.actions)}
+    finally:
+        env.close()
+
+
+# --- the launcher --------------------------------------------------------------------
+
+@dataclass
+class _Proc:
+    rank: int
+    role: Role
+    process: subprocess.Popen
+    exit_code: int | None = None
+
+
+class GorilaJobLost(RuntimeError):
+    """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == PEER_LOST_EXIT:
+        return "stopped: a peer it needs was lost"
+    return f"exit code {code}"
+
+
+def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[], bool] | None = None,
+               log: IO[str] | None = None, on_start: Callable[[dict[int, int]], None] | None = None,
+               progress_every: float = 0.0) -> dict[str, Any]:
+    """Run a whole Gorila job as local processes; return the summary.
+
+    Raises :class:`GorilaJobLost` (after writing ``checkpoint.npz``) when a shard dies;
+    a lost actor or learner is reported in the summary's ``lost`` and the run goes on.
+    ``should_stop`` is polled; once true every rank finishes what it holds and stops.
+    """
+
+
+
+    config.validate()
+    out = log if log is not None else sys.stderr
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.json"
+    config_path.write_text(json.dumps({**config.to_dict(), **_spaces(config.env)}, indent=1))
+    world = config.world_size
+    store = c10d.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=config.timeout))
+    procs: list[_Proc] = []
+    lost: list[str] = []
+    start = time.monotonic()
+    started_at = time.time()
+    next_progress = start + progress_every
+    stop_sent = False
+    stop_kill_at: float | None = None
+    shard_lost: str | None = None
+    kill_at: float | None = None
+    try:
+        for rank in range(world):
+            role = role_of(rank, config)
+            env = rank_environment(rank, world, store.port, 1)
+            env["POPPLAY_ROLE"] = f"{ROLE_PREFIX} {role}"
+            process = subprocess.Popen(
+                [sys.executable, "-m", "popplay.deep.topologies.gorila_ranks", f"{ROLE_PREFIX} {role}", str(config_path)],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+                start_new_session=True)
+            procs.append(_Proc(rank, role, process))
+        if on_start is not None:
+            on_start({p.rank: p.process.pid for p in procs})
+        while True:
+            running = 0
+            for p in procs:
+                if p.exit_code is not None:
+                    continue
+                code = p.process.poll()
+                if code is None:
+                    running += 1
+                    continue
+                p.exit_code = code
+                # Finished or lost alike: whoever waits for this client stops waiting.
+                if p.role.kind != "shard":
+                    store.add("finished/clients", 1)
+                if p.role.kind == "actor":
+                    for l in learners_of_actor(p.role.index, config):
+                        store.add(f"finished/actors-of-{l}", 1)
+                if code != 0:
+                    store.set(f"lost/{p.rank}", str(code))
+                    lost.append(f"{p.role} ({_describe(code)})")
+                    if p.role.kind == "shard" and shard_lost is None:
+                        shard_lost = f"{p.role} was lost ({_describe(code)})"
+                        store.set("stop", "shard lost")
+                    elif shard_lost is None:
+                        out.write(f"gorila: {p.role} lost ({_describe(code)}); the run goes on\n")
+                        out.flush()
+            if running == 0:
+                break
+            if stop_sent and shard_lost is None:
+                # Every rank finishes what it holds on "stop"; one that is still here
+                # long after (an actor whose last send hangs, up to --timeout) is killed,
+                # clients first, so that the shards still see them finished and save.
+                now = time.monotonic()
+                if stop_kill_at is None:
+                    stop_kill_at = now + 2 * config.timeout + _GRACE_SECONDS
+                elif now > stop_kill_at:
+                    stragglers = [p for p in procs if p.exit_code is None and p.process.poll() is None]
+                    clients = [p for p in stragglers if p.role.kind != "shard"]
+                    for p in clients or stragglers:
+                        p.process.kill()
+                    stop_kill_at = now + _GRACE_SECONDS
+            if shard_lost is not None:
+                # The survivors see "stop" (or a dead peer) and leave; the shards save
+                # once more on the way out. Whoever is stuck in a wait is killed.
+                if kill_at is None:
+                    kill_at = time.monotonic() + min(config.timeout, _GRACE_SECONDS)
+                elif time.monotonic() > kill_at:
+                    for p in procs:
+                        if p.process.poll() is None:
+                            p.process.kill()
+            if progress_every > 0 and time.monotonic() >= next_progress:
+                out.write(progress_line(config, run_dir, lost) + "\n")
+                out.flush()
+                next_progress = time.monotonic() + progress_every
+            if not stop_sent and should_stop is not None and should_stop():
+                store.set("stop", "requested")
+                stop_sent = True
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.process.poll() is None:
+                p.process.kill()
+            p.process.wait()
+            if p.exit_code is None:
+                p.exit_code = p.process.returncode
+    seconds = time.monotonic() - start
+    try:
+        checkpoint = assemble_checkpoint(run_dir, config)
+    except OSError:  # a shard died before its first save (it saves before serving anyone)
+        reason = shard_lost or "; ".join(f"{p.role}: {_describe(p.exit_code or 0)}" for p in procs
+                                         if p.role.kind == "shard" and p.exit_code)
+        raise GorilaJobLost(f"{reason or 'a shard wrote no checkpoint'}; stopped the job after {seconds:.1f} s "
+                            "before any checkpoint was written") from None
+    save_npz(run_dir / "checkpoint.npz", **checkpoint)
+    if shard_lost is not None:
+        raise GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; the last checkpoint "
+                            f"(server version {int(checkpoint['version'])}) is {run_dir / 'checkpoint.npz'}",
+                            summarize(config, run_dir, checkpoint, seconds, lost, stopped=True,
+                                      started_at=started_at, evaluate=False))
+    return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
+
+
+def _try_load(path: Path) -> dict[str, np.ndarray] | None:
+    try:
+        return load_npz(path)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _all(dirs: Sequence[Path], kind: str, count: int) -> list[dict[str, np.ndarray]]:
+    """The readable ``KIND-i.npz`` files of every directory (attempts oldest first)."""
+    return [x for d in dirs for i in range(count) if (x := _try_load(Path(d) / f"{kind}-{i}.npz")) is not None]
+
+
+def played(dirs: Sequence[Path], config: GorilaConfig) -> tuple[int, int]:
+    """``(env_steps, episodes)`` the actors' files in ``dirs`` record as played."""
+    actors = _all(dirs, "actor", config.actors)
+    return sum(int(x["env_steps"]) for x in actors), sum(int(x["returns"].size) for x in actors)
+
+
+def progress_line(config: GorilaConfig, run_dir: Path, lost: list[str], earlier: Sequence[Path] = ()) -> str:
+    """One console line from the ranks' latest files (``earlier``: the directories of
+    earlier attempts of a torchrun job, whose env-steps count too)."""
+    actors = _all([*earlier, run_dir], "actor", config.actors)
+    shards = _all([run_dir], "shard", config.shards)
+    learners = _all([*earlier, run_dir], "learner", config.learners)
+    steps = sum(int(x["env_steps"]) for x in actors)
+    recent = np.concatenate([x["returns"][-20:] for x in actors]) if actors else np.zeros(0)
+    version = min((int(x["version"]) for x in shards), default=0)
+    stale = sum(int(x["discarded"]) for x in shards)
+    outliers = sum(int(x["outliers"]) for x in learners)
+    mean = f"{recent.mean():.1f}" if recent.size else "-"
+    return (f"gorila: {steps:,} env-steps, return {mean}, server updates {version:,} (checkpointed), "
+            f"stale dropped {stale}, outliers dropped {outliers}, lost {len(lost)}")
+
+
+def episode_curve(run_dir: Path, config: GorilaConfig, started_at: float,
+                  earlier: Sequence[Path] = ()) -> dict[str, np.ndarray]:
+    """Every actor's episodes merged by the time they ended: return, actor, the env-steps
+    summed over all actors up to then, and seconds since the start (``earlier``: earlier
+    attempts' directories, whose episodes come first)."""
+    rows = []
+    for d, a in ((d, a) for d in [*earlier, run_dir] for a in range(config.actors)):
+        data = _try_load(Path(d) / f"actor-{a}.npz")
+        if data is None:
+            continue
+        n = data["returns"].size
+        rows.append((data["ended_at"][:n], data["returns"], data["lengths"][:n], np.full(n, a, dtype=np.int64)))
+    if not rows:
+        return {"env_steps": np.zeros(0, np.int64), "return": np.zeros(0), "actor": np.zeros(0, np.int64),
+                "seconds": np.zeros(0)}
+    ended, returns, lengths, actor = (np.concatenate(parts) for parts in zip(*rows))
+    order = np.argsort(ended, kind="stable")
+    return {"env_steps": np.cumsum(lengths[order]).astype(np.int64), "return": returns[order].astype(np.float64),
+            "actor": actor[order], "seconds": (ended[order] - started_at).astype(np.float64)}
+
+
+def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndarray], seconds: float,
+              lost: list[str], stopped: bool, started_at: float = 0.0, evaluate: bool = True,
+              earlier: Sequence[Path] = (), launch: str = "local") -> dict[str, Any]:
+    """The run's summary from the ranks' files. ``earlier``: the directories of earlier
+    attempts of a torchrun job (``--max-restarts``): their counts add in, so the
+    summary covers the whole job; the parameters are ``checkpoint``'s."""
+    dirs = [*earlier, run_dir]
+    shards = [load_npz(run_dir / f"shard-{s}.npz") for s in range(config.shards)]
+    shards_before = _all(earlier, "shard", config.shards)
+    learners = _all(dirs, "learner", config.learners)
+    actors = _all(dirs, "actor", config.actors)
+    every_shard = shards + shards_before
+    histogram = np.sum([s["staleness_histogram"] for s in every_shard], axis=0)
+    env_steps = int(sum(int(a["env_steps"]) for a in actors))
+    curve = episode_curve(run_dir, config, started_at, earlier)
+    pulls = [sum(int(x["pulls"]) for d in dirs if (x := _try_load(Path(d) / f"shard-{s}.npz")) is not None)
+             for s in range(config.shards)]
+    returns = curve["return"]
+    quality = evaluate_checkpoint(config, checkpoint) if evaluate else math.nan
+    return {
+        "topology": "gorila",
+        "replay": config.replay,
+        "env": config.env,
+        "actors": config.actors, "learners": config.learners, "shards": config.shards,
+        "quality": None if math.isnan(quality) else quality,
+        "eval_episodes": config.eval_episodes,
+        "env_steps": env_steps,
+        "episodes": int(returns.size),
+        "return": float(returns[-100:].mean()) if returns.size else None,
+        "seconds": seconds,
+        "env_steps_per_second": env_steps / seconds if seconds > 0 else 0.0,
+        "server_versions": checkpoint["shard_versions"].tolist(),
+        "gradients_applied": int(sum(int(s["accepted"]) for s in every_shard)),
+        "stale_discarded": int(sum(int(s["discarded"]) for s in every_shard)),
+        "staleness_histogram": histogram.tolist(),
+        "outliers_discarded": int(sum(int(x["outliers"]) for x in learners)),
+        "learner_updates": int(sum(int(x["updates"]) for x in learners)),
+        "gradients_sent": int(sum(int(x["sent"]) for x in learners)),
+        "pulls_per_shard": pulls,
+        "transitions_received": int(sum(int(x["received"]) for x in learners)),
+        # Global replay: minibatch rows fetched from other learners' parts of the store.
+        "replay_rows_remote": int(sum(int(x["remote_rows"]) for x in learners if "remote_rows" in x)),
+        "lost": lost,
+        "launch": launch,  # "local" (this launcher) or "torchrun"
+        "restarts": len(earlier),  # attempts of a torchrun job that a lost rank ended
+        "complete": not stopped and not lost,
+        "started_at": started_at,
+        "run_dir": str(run_dir),
+    }
+
+
+def summary_text(summary: dict[str, Any], config: GorilaConfig) -> str:
+    """The console's one-line account of a finished run (``--json`` prints the summary)."""
+    quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
+    restarts = f" and {summary['restarts']} restart(s)" if summary.get("restarts") else ""
+    return (f"gorila on {summary['env']} ({config.actors} actors, {config.learners} learners, {config.shards} "
+            f"shards{restarts}): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
+            f"{summary['episodes']:,} episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s; "
+            f"{summary['gradients_applied']:,} gradient slices applied, {summary['stale_discarded']} stale and "
+            f"{summary['outliers_discarded']} outlier gradients dropped; staleness histogram "
+            f"{summary['staleness_histogram']}; wrote {summary['out']}")
+
+
+def evaluate_checkpoint(config: GorilaConfig, checkpoint: dict[str, np.ndarray]) -> float:
+    """Mean return of greedy episodes of the checkpoint's Q-network."""
+    returns = greedy_returns(config, checkpoint["params"], config.eval_episodes, config.seed)
+    return float(returns.mean()) if returns.size else float("nan")
+
+
+def greedy_returns(config: GorilaConfig, params: np.ndarray, episodes: int, seed: int) -> np.ndarray:
+    if episodes == 0:
+        return np.zeros(0)
+    env = envs.make_vector(config.env, 1)
+    try:
+        info = envs.describe(env, config.env)
+        net = networks.mlp(info.obs_dim, info.actions, tuple(config.hidden))
+        networks.load_flat_parameters(net, torch.as_tensor(np.asarray(params, dtype=np.float32)))
+        return evaluate(env, greedy_policy(net), episodes, seed)
+    finally:
+        env.close()
+
+
+# --- run files -------------------------------------------------------------------------
+
+DOMAIN = "gorila"
+
+
+def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.ndarray] | None = None,
+                 should_stop: Callable[[], bool] | None = None, log: IO[str] | None = None,
+                 progress_every: float = 0.0) -> dict[str, Any]:
+    """:func:`run_gorila` into a run file ``out`` (domain ``gorila``; the ranks' files
+    live in ``OUT.parts/`` while it runs). ``resume_state``: a run file's state (the
+    parameter vector and accumulator), taken up with this config's layout. A lost shard
+    still writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
+
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    if parts.exists():
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True)
+    if resume_state is not None:
+        save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
+        config = _replace(config, resume=str(parts / "resume.npz"))
+    try:
+        summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
+                             progress_every=progress_every)
+    except GorilaJobLost as error:
+        if not error.summary:  # nothing to keep
+            shutil.rmtree(parts, ignore_errors=True)
+            raise
+        write_gorila_run(out, config, parts, error.summary)
+        shutil.rmtree(parts, ignore_errors=True)
+        version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
+        raise GorilaJobLost(f"{str(error).split('; the last checkpoint')[0]}; the run file {out} holds the last "
+                            f"checkpoint (server version {version})", error.summary) from None
+    write_gorila_run(out, config, parts, summary)
+    shutil.rmtree(parts, ignore_errors=True)
+    summary["out"] = str(out)
+    summary.pop("run_dir", None)
+    return summary
+
+
+def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:
+    return dataclasses.replace(config, **changes)
+
+
+def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any],
+                     earlier: Sequence[Path] = (), checkpoint: dict[str, np.ndarray] | None = None) -> None:
+    """The run file from the ranks' files in ``parts`` (and earlier attempts' in
+    ``earlier``) and the checkpoint (default: ``parts/checkpoint.npz``)."""
+
+    if checkpoint is None:
+        checkpoint = load_npz(parts / "checkpoint.npz")
+    started = float(summary.get("started_at", 0.0))
+    curve = episode_curve(parts, config, started, earlier)
+    stored = {k: v for k, v in config.to_dict().items() if k != "resume"}
+    scalars = {k: v for k, v in summary.items()
+               if isinstance(v, (int, float, bool, str)) and v is not None and k not in ("run_dir",)}
+    write_run(out, domain=DOMAIN, config=stored,
+              state={"params": checkpoint["params"], "accumulator": checkpoint["accumulator"],
+                     "shard_versions": checkpoint["shard_versions"]},
+              state_counters={"version": int(checkpoint["version"]), "env_steps": int(summary["env_steps"]),
+                              "episodes": int(summary["episodes"])},
+              static={}, curves=curve,
+              results={"staleness_histogram": np.asarray(summary["staleness_histogram"], dtype=np.int64)},
+              result_attrs={**scalars, "lost": json.dumps(summary["lost"]),
+                            "server_versions": json.dumps(summary["server_versions"])},
+              attrs={"learning_seconds": float(summary["seconds"])}, complete=bool(summary["complete"]))
+
+
+@dataclass
+class GorilaState:
+    params: np.ndarray
+    version: int
+    env_steps: int
+    episodes: int
+    returns: np.ndarray
+
+
+class GorilaExperiment:
+    """What ``popplay evaluate`` needs of a Gorila run file (the registry's interface)."""
+
+    def __init__(self, params: GorilaConfig, backend: Any = None) -> None:
+        self.params = params
+
+    def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> GorilaState:
+        return GorilaState(np.asarray(arrays["params"], dtype=np.float32), int(counters["version"]),
+                           int(counters["env_steps"]), int(counters["episodes"]), np.zeros(0))
+
+    def returns_of_greedy(self, state: GorilaState, episodes: int, seed: int) -> np.ndarray:
+        return greedy_returns(self.params, state.params, episodes, seed)
+
+    def summary_extras(self, state: GorilaState) -> dict[str, Any]:
+        return {"server_version": state.version}
+
+
+SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, experiment=GorilaExperiment, kind=DEEP, steps_label="environment steps",
+                           summary="Gorila's actors, learners and sharded parameter server (seed 002)."))

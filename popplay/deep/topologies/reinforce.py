@@ -1,0 +1,229 @@
+"""REINFORCE with a synchronous parameter server (seed 001).
+
+Every update the server (rank 0) broadcasts the policy's parameters; each worker
+(ranks 1..N) plays one episode in its own environment with them, computes the
+gradient of its REINFORCE loss (:mod:`popplay.deep.agents.reinforce`) and sends it back;
+the server gathers the gradients, sums them in worker order and steps Adam. With
+``topology="local"`` the same workers run one after another inside one process (the
+same episodes, the same sum; what the reproduction uses on a small machine and what
+``--resume`` continues exactly).
+
+Worker w's episode u is reset with ``episode_seed(seed, w + 1, u)`` and samples its
+actions from its own generator, so a run depends only on the seed and the number of
+workers, not on which process plays which worker. The running reward is seed 001's,
+R ← 0.05·reward + 0.95·R, kept per worker; ``running_reward`` is their mean.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from popplay.core.options import option
+from popplay.core.registry import DEEP, DomainSpec, register
+from popplay.deep import envs
+from popplay.deep.agents import networks
+from popplay.deep.agents.dqn import greedy_policy
+from popplay.deep.agents.reinforce import ReinforceConfig, policy_network, worker_episode, worker_generator
+from popplay.deep.topologies.base import (
+    ENV_HELP,
+    EVAL_HELP,
+    GAMMA_HELP,
+    SEED_HELP,
+    TIMEOUT_HELP,
+    DeepExperiment,
+    DeepParams,
+    check_at_least_one,
+    check_evaluation_and_timeout,
+    topology_counters,
+    topology_extra,
+)
+from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
+from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
+from popplay.distributed.group import current
+
+REINFORCE_TOPOLOGIES = ("server", "local")
+
+
+@dataclass(frozen=True)
+class ReinforceParams(DeepParams):
+    """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
+    episode; the server sums the workers' gradients and steps Adam (seed 001)."""
+
+    env: str = option("CartPole-v1", ENV_HELP)
+    topology: str = option(
+        "server", "server: rank 0 is the parameter server, ranks 1..N the workers (real processes); local: the "
+                  "same workers one after another in this process (same episodes, same summed gradient).",
+        choices=REINFORCE_TOPOLOGIES)
+    workers: int = option(1, "Worker ranks; each plays one episode per update.", min=1)
+    episodes: int = option(200, "Budget: server updates (every worker plays one episode per update; 0: none).",
+                           min=0, budget=True)
+    env_steps: int = option(0, "Budget: environment steps summed over workers (0: none).", min=0, budget=True)
+    seed: int = option(0, SEED_HELP)
+    hidden: tuple[int, ...] = option((128,), "Hidden layer widths of the policy, comma separated.")
+    lr: float = option(1e-2, "Adam learning rate at the server.")
+    gamma: float = option(0.99, GAMMA_HELP, min=0.0, max=1.0)
+    max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # seed 001's max_iters
+    eval_episodes: int = option(100, EVAL_HELP, min=0)
+    timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
+
+    def agent_config(self) -> Any:
+        return ReinforceConfig(hidden=self.hidden, lr=self.lr, gamma=self.gamma)
+
+    def validate(self) -> None:
+        if self.topology not in REINFORCE_TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(REINFORCE_TOPOLOGIES)} (got {self.topology!r})")
+        check_at_least_one(workers=self.workers, max_steps=self.max_steps)
+        check_evaluation_and_timeout(self.eval_episodes, self.timeout)
+        check_budget(self.episodes, self.env_steps)
+        self.agent_config().validate()
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.topology == "local" else 1 + self.workers
+
+
+@dataclass
+class ReinforceState:
+    policy: Any
+    optimizer: Any
+    generators: list[Any]  # one per worker (local topology; ranks keep their own)
+    updates: int = 0
+    episodes: int = 0
+    env_steps: int = 0
+    running: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per worker
+    running_curve: list[float] = field(default_factory=list)  # mean running reward after each update
+    returns: list[float] = field(default_factory=list)  # every episode, worker order within an update
+    last_gradient: Any = None  # the summed gradient of the last update
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ReinforceExperiment(DeepExperiment):
+    """The runner's view of a REINFORCE run; one phase is one server update."""
+
+    domain = "reinforce"
+
+    def __init__(self, params: ReinforceParams, backend: Any) -> None:
+        self._open(params, backend)
+        envs.require_discrete(self.info, "reinforce")
+        self._dist: Any = None  # the process group when the workers are ranks
+        if params.topology == "server":
+
+            if current().distributed:
+                self._dist = current()
+        self._closed = False
+
+    @staticmethod
+    def role(params: Any, rank: int) -> str:
+        return "server" if rank == 0 else f"worker {rank}"
+
+    @staticmethod
+    def serve(dist: Any, params: Any, resume: Any) -> None:
+        worker_loop(dist, params, resume)
+
+    def close(self, state: ReinforceState) -> None:
+        """Tell the workers to stop (once; nothing to do in one process)."""
+        if self._dist is not None and not self._closed:
+
+            server_stop(self._dist, state.policy)
+        self._closed = True
+
+    def initial_state(self) -> ReinforceState:
+        policy = policy_network(self.params.seed, self.info.obs_dim, int(self.info.actions), self.config)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=self.config.lr)
+        return ReinforceState(policy=policy, optimizer=optimizer,
+                              generators=[worker_generator(self.params.seed, w) for w in range(self.params.workers)],
+                              running=np.zeros(self.params.workers))
+
+    def _done(self, state: ReinforceState) -> int:
+        return state.updates  # the episodes budget counts server updates
+
+    def phase(self, state: ReinforceState, *, time_left: float | None) -> ReinforceState:
+        p = self.params
+        if self._dist is not None:
+
+            grads, rewards, steps = server_round(self._dist, state.policy, p.workers, p.timeout)
+        else:
+            grads, rewards, steps = [], [], []
+            for w in range(p.workers):
+                g, r, n = worker_episode(state.policy, self._env, state.generators[w], p.seed, w, state.updates,
+                                         p.gamma, p.max_steps)
+                grads.append(g)
+                rewards.append(r)
+                steps.append(n)
+        total = grads[0].clone()
+        for g in grads[1:]:  # worker order: the same bits however the workers ran
+            total += g
+        networks.set_flat_gradients(state.policy, total)
+        state.optimizer.step()
+        state.last_gradient = total
+        for w, r in enumerate(rewards):
+            state.running[w] = 0.05 * r + 0.95 * state.running[w]
+        state.updates += 1
+        state.episodes += len(rewards)
+        state.env_steps += int(sum(steps))
+        state.returns.extend(float(r) for r in rewards)
+        state.running_curve.append(float(state.running.mean()))
+        return state
+
+    def measure(self, state: ReinforceState) -> dict[str, float]:
+        return {"running_reward": float(state.running.mean()), "return": recent_mean(state.returns)}
+
+    def state_arrays(self, state: ReinforceState) -> dict[str, Any]:
+        self._note(state)
+        out = {**networks.module_arrays(state.policy, "policy"),
+               **networks.optimizer_arrays(state.optimizer, "adam"),
+               "running": state.running.astype(np.float64),
+               "running_curve": np.asarray(state.running_curve, dtype=np.float64),
+               "episode_returns": np.asarray(state.returns, dtype=np.float64)}
+        for w, g in enumerate(state.generators):
+            out[f"rng.worker{w}"] = networks.generator_array(g)
+        if state.last_gradient is not None:
+            out["last_gradient"] = state.last_gradient.numpy().astype(np.float32)
+        return out
+
+    def state_counters(self, state: ReinforceState) -> dict[str, Any]:
+        return {"updates": state.updates, "episodes": state.episodes, "env_steps": state.env_steps,
+                **topology_counters(state.extra)}
+
+    def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ReinforceState:
+        state = self.initial_state()
+        networks.load_module_arrays(state.policy, "policy", arrays)
+        networks.load_optimizer_arrays(state.optimizer, "adam", arrays)
+        running = np.asarray(arrays["running"], dtype=np.float64)
+        if running.shape != (self.params.workers,):
+            raise ValueError(f"running rewards of {running.shape[0]} workers stored for {self.params.workers}")
+        state.running = running.copy()
+        state.running_curve = [float(v) for v in arrays["running_curve"]]
+        state.returns = [float(v) for v in arrays["episode_returns"]]
+        for w, g in enumerate(state.generators):
+            networks.load_generator(g, arrays[f"rng.worker{w}"])
+        if "last_gradient" in arrays:
+            state.last_gradient = torch.as_tensor(arrays["last_gradient"])
+        state.updates = int(counters["updates"])
+        state.episodes = int(counters["episodes"])
+        state.env_steps = int(counters["env_steps"])
+        state.extra = topology_extra(counters)
+        self._note(state)
+        return state
+
+    def summary_extras(self, state: ReinforceState) -> dict[str, Any]:
+        return {"running_reward": float(state.running.mean()), "updates": state.updates, "workers": self.params.workers,
+                "return": recent_mean(state.returns)}
+
+    def quality(self, state: ReinforceState, episodes: int | None = None) -> float:
+        n = self.params.eval_episodes if episodes is None else episodes
+        if n == 0:
+            return float("nan")
+        return float(self.returns_of_greedy(state, n, self.params.seed).mean())
+
+    def returns_of_greedy(self, state: ReinforceState, episodes: int, seed: int) -> np.ndarray:
+        """Greedy: the most probable action (evaluation only; training samples)."""
+
+        return greedy_quality(self.params.env, greedy_policy(state.policy), episodes, seed)[1]
+
+
+SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, experiment=ReinforceExperiment, kind=DEEP, steps_label="environment steps",
+                           summary="REINFORCE with a synchronous parameter server (seed 001)."))

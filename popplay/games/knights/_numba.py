@@ -1,0 +1,410 @@
+"""Numba kernels of knights (private; see :mod:`popplay.games.knights.rules`).
+
+Weights are fixed for the length of a call, so games are independent: each thread
+plays whole games, one after the other, keeping the board, the sorted piece lists and
+the learner's history in small scratch arrays (they stay in L1).
+
+Evaluating the after-states of a ply costs H exponentials per move and almost no
+arithmetic: a move changes the input planes in two or three places, so its hidden
+pre-activations are the current ones minus the from-square column, plus the
+to-square column, minus the captured piece's column. Only the output pre-activation
+is compared (σ is monotone).
+
+Learning uses the forward view of TD(λ) with weights fixed during the game:
+Σ_t δ_t e_t with e_t = Σ_{k≤t} λ^{t−k} ∇V(s_k) equals Σ_k c_k ∇V(s_k) with
+c_k = δ_k + λ c_{k+1}, so the game's history (values, hidden activations and the
+≤ 2k active inputs of each after-state) is enough and the dense eligibility trace
+over every weight is never formed: ∇V touches only the active inputs' rows.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from popplay.games.knights.rules import KIND_GREEDY, KIND_NET, KIND_RANDOM, SEARCH_WIN, make_rules
+from popplay.xp import nb
+
+_rules = make_rules(nb)
+_draw = _rules.rng.draw
+_mix_counter = _rules.rng.mix_counter
+_uniform53 = _rules.rng.uniform53
+_sigmoid = _rules.sigmoid
+_pick = _rules.pick
+_explores = _rules.explores
+_choice = _rules.choice
+_lambda_return_error = _rules.lambda_return_error
+_reward = _rules.reward
+
+
+@numba.njit(cache=True)
+def mixed_counters(base, n):
+    """mix_counter(base + i) for i < n (shared by every game of a call)."""
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out[i] = _mix_counter(base + i)
+    return out
+
+
+@numba.njit(cache=True)
+def _setup(key, mixed, k, squares, perm, board, pieces, counts):
+    """The starting position: a partial Fisher-Yates shuffle of the squares."""
+    for s in range(squares):
+        perm[s] = s
+        board[s] = 0
+    for i in range(2 * k):
+        j = i + _pick(_uniform53(_draw(key, mixed[i])), squares - i)
+        tmp = perm[i]
+        perm[i] = perm[j]
+        perm[j] = tmp
+    for side in range(2):
+        for p in range(k):
+            sq = perm[side * k + p]
+            q = p
+            while q > 0 and pieces[side, q - 1] > sq:
+                pieces[side, q] = pieces[side, q - 1]
+                q -= 1
+            pieces[side, q] = sq
+            board[sq] = 1 - 2 * side
+        counts[side] = k
+
+
+@numba.njit(cache=True)
+def _moves(board, pieces, counts, side, jumps, mf, mt, mc):
+    """Legal moves of ``side`` in canonical order (from-square, then offset)."""
+    mover = 1 - 2 * side
+    n_jumps = jumps.shape[1]
+    n = 0
+    for p in range(counts[side]):
+        f = pieces[side, p]
+        for j in range(n_jumps):
+            t = jumps[f, j]
+            if t < 0:
+                continue
+            v = board[t]
+            if v == mover:
+                continue
+            mf[n] = f
+            mt[n] = t
+            mc[n] = v != 0
+            n += 1
+    return n
+
+
+@numba.njit(cache=True)
+def _preactivation(w1, b1, q, pieces, counts, side, squares, z):
+    """Hidden pre-activations of network ``q`` for the position seen by ``side``
+    (its pieces in the first plane), summed in input order like a dense product."""
+    hidden = z.shape[0]
+    for h in range(hidden):
+        z[h] = b1[q, h]
+    for p in range(counts[side]):
+        sq = pieces[side, p]
+        for h in range(hidden):
+            z[h] += w1[q, sq, h]
+    other = 1 - side
+    for p in range(counts[other]):
+        sq = squares + pieces[other, p]
+        for h in range(hidden):
+            z[h] += w1[q, sq, h]
+
+
+@numba.njit(cache=True)
+def _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
+    """Index of the move with the highest after-state value (first maximum)."""
+    hidden = z0.shape[0]
+    best = -np.inf
+    best_i = 0
+    last_f = -1
+    for i in range(n):
+        f = mf[i]
+        if f != last_f:
+            for h in range(hidden):
+                zf[h] = z0[h] - w1[q, f, h]
+            last_f = f
+        t = mt[i]
+        y = b2[q]
+        if mc[i]:
+            for h in range(hidden):
+                y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h] - w1[q, squares + t, h])
+        else:
+            for h in range(hidden):
+                y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h])
+        if y > best:
+            best = y
+            best_i = i
+    return best_i
+
+
+@numba.njit(cache=True)
+def _greedy_pick(mc, n, u):
+    captures = 0
+    for i in range(n):
+        captures += mc[i]
+    if captures == 0:
+        return _pick(u, n)
+    pick = _pick(u, captures)
+    for i in range(n):
+        if mc[i]:
+            if pick == 0:
+                return i
+            pick -= 1
+    return n - 1
+
+
+@numba.njit(cache=True)
+def _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores):
+    """Two-ply minimax on material (my move, the opponent's best reply); ties at random."""
+    mover = 1 - 2 * side
+    other = 1 - side
+    n_jumps = jumps.shape[1]
+    best = -np.inf
+    ties = 0
+    for i in range(n):
+        f = mf[i]
+        t = mt[i]
+        cap = mc[i]
+        if cap and counts[other] == 1:
+            score = SEARCH_WIN
+        else:
+            threat = 0
+            for p in range(counts[other]):
+                a = pieces[other, p]
+                if cap and a == t:
+                    continue
+                for j in range(n_jumps):
+                    b = jumps[a, j]
+                    if b >= 0 and (b == t or (board[b] == mover and b != f)):
+                        threat = 1
+                        break
+                if threat:
+                    break
+            if threat and counts[side] == 1:
+                score = -SEARCH_WIN
+            else:
+                score = float(cap) - float(threat)
+        scores[i] = score
+        if score > best:
+            best = score
+            ties = 1
+        elif score == best:
+            ties += 1
+    pick = _pick(u, ties)
+    for i in range(n):
+        if scores[i] == best:
+            if pick == 0:
+                return i
+            pick -= 1
+    return n - 1
+
+
+@numba.njit(cache=True)
+def _apply(board, pieces, counts, side, f, t, cap):
+    """Move f -> t for ``side`` (capturing on t if ``cap``); piece lists stay sorted."""
+    mover = 1 - 2 * side
+    other = 1 - side
+    board[f] = 0
+    board[t] = mover
+    c = counts[side]
+    p = 0
+    while pieces[side, p] != f:
+        p += 1
+    while p > 0 and pieces[side, p - 1] > t:
+        pieces[side, p] = pieces[side, p - 1]
+        p -= 1
+    while p < c - 1 and pieces[side, p + 1] < t:
+        pieces[side, p] = pieces[side, p + 1]
+        p += 1
+    pieces[side, p] = t
+    if cap:
+        c = counts[other]
+        p = 0
+        while pieces[other, p] != t:
+            p += 1
+        while p < c - 1:
+            pieces[other, p] = pieces[other, p + 1]
+            p += 1
+        counts[other] = c - 1
+
+
+@numba.njit(cache=True)
+def _record(w1, b1, w2, b2, q, pieces, counts, side, squares, z, slot, hist_v, hist_h, hist_x, hist_n):
+    """Store the learner's after-state: its value, hidden activations, active inputs."""
+    _preactivation(w1, b1, q, pieces, counts, side, squares, z)
+    hidden = z.shape[0]
+    y = b2[q]
+    for h in range(hidden):
+        a = _sigmoid(z[h])
+        hist_h[side, slot, h] = a
+        y += w2[q, h] * a
+    hist_v[side, slot] = _sigmoid(y)
+    m = 0
+    for p in range(counts[side]):
+        hist_x[side, slot, m] = pieces[side, p]
+        m += 1
+    other = 1 - side
+    for p in range(counts[other]):
+        hist_x[side, slot, m] = squares + pieces[other, p]
+        m += 1
+    hist_n[side, slot] = m
+
+
+@numba.njit(cache=True)
+def _td_accumulate(w2, q, lam, side, steps, result, hist_v, hist_h, hist_x, hist_n, out):
+    """out = Σ_t c_t ∇V(s_t) over the side's after-states (flat w1, b1, w2, b2)."""
+    hidden = hist_h.shape[2]
+    n_w1 = out.shape[0] - 2 * hidden - 1
+    for i in range(out.shape[0]):
+        out[i] = 0.0
+    r = _reward(result, 1 - 2 * side)
+    c = 0.0
+    for t in range(steps - 1, -1, -1):
+        v = hist_v[side, t]
+        target = r if t == steps - 1 else hist_v[side, t + 1]
+        c = _lambda_return_error(c, target, v, lam)
+        g_out = c * v * (1.0 - v)
+        out[n_w1 + 2 * hidden] += g_out
+        for h in range(hidden):
+            a = hist_h[side, t, h]
+            out[n_w1 + hidden + h] += g_out * a
+            g_h = g_out * w2[q, h] * a * (1.0 - a)
+            out[n_w1 + h] += g_h
+            for m in range(hist_n[side, t]):
+                out[hist_x[side, t, m] * hidden + h] += g_h
+
+
+@numba.njit(cache=True, parallel=True)
+def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, n_chunks,
+               out_result, out_plies, out_delta):
+    """Play every game to its end; accumulate learners' TD(λ) sums into out_delta.
+
+    kind, net, eps, learn: (games, 2) per side (side 0 = X, moves first).
+    out_result: +1 X won, -1 O won, 0 draw; out_plies: plies played;
+    out_delta[g, side]: Σ c_t ∇V(s_t) for learning sides (unscaled by α).
+    """
+    n_games = keys.shape[0]
+    squares = w1.shape[1] // 2
+    hidden = b1.shape[1]
+    max_moves = k * jumps.shape[1]
+    max_steps = (max_plies + 1) // 2
+    for chunk in prange(n_chunks):
+        lo = chunk * n_games // n_chunks
+        hi = (chunk + 1) * n_games // n_chunks
+        board = np.empty(squares, dtype=np.int8)
+        perm = np.empty(squares, dtype=np.int64)
+        pieces = np.empty((2, k), dtype=np.int64)
+        counts = np.empty(2, dtype=np.int64)
+        mf = np.empty(max_moves, dtype=np.int64)
+        mt = np.empty(max_moves, dtype=np.int64)
+        mc = np.empty(max_moves, dtype=np.int64)
+        scores = np.empty(max_moves)
+        z0 = np.empty(hidden)
+        zf = np.empty(hidden)
+        hist_v = np.empty((2, max_steps))
+        hist_h = np.empty((2, max_steps, hidden))
+        hist_x = np.empty((2, max_steps, 2 * k), dtype=np.int64)
+        hist_n = np.empty((2, max_steps), dtype=np.int64)
+        steps = np.zeros(2, dtype=np.int64)
+        for g in range(lo, hi):
+            key = keys[g]
+            _setup(key, mixed, k, squares, perm, board, pieces, counts)
+            steps[0] = 0
+            steps[1] = 0
+            result = 0
+            plies = max_plies
+            for ply in range(max_plies):
+                side = ply & 1
+                n = _moves(board, pieces, counts, side, jumps, mf, mt, mc)
+                if n == 0:
+                    continue  # no legal move: pass
+                word = _draw(key, mixed[2 * k + ply])
+                u = _choice(word)
+                kd = kind[g, side]
+                if kd == KIND_NET:
+                    q = net[g, side]
+                    if _explores(word, eps[g, side]):
+                        i = _pick(u, n)
+                    else:
+                        _preactivation(w1, b1, q, pieces, counts, side, squares, z0)
+                        i = _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares)
+                elif kd == KIND_RANDOM:
+                    i = _pick(u, n)
+                elif kd == KIND_GREEDY:
+                    i = _greedy_pick(mc, n, u)
+                else:
+                    i = _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores)
+                _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
+                if learn[g, side]:
+                    _record(w1, b1, w2, b2, net[g, side], pieces, counts, side, squares, z0, steps[side],
+                            hist_v, hist_h, hist_x, hist_n)
+                    steps[side] += 1
+                if counts[1 - side] == 0:
+                    result = 1 - 2 * side
+                    plies = ply + 1
+                    break
+            out_result[g] = result
+            out_plies[g] = plies
+            for side in range(2):
+                if learn[g, side]:
+                    q = net[g, side]
+                    _td_accumulate(w2, q, lam[q], side, steps[side], result, hist_v, hist_h, hist_x, hist_n,
+                                   out_delta[g, side])
+
+
+@numba.njit(cache=True, parallel=True)
+def sum_segments(delta_rows, order, starts, initial, out):
+    """out[a] = initial[a] + Σ delta_rows[order[starts[a]:starts[a+1]]], added one row
+    at a time in that order (deterministic)."""
+    agents = out.shape[0]
+    size = out.shape[1]
+    for a in prange(agents):
+        for i in range(size):
+            out[a, i] = initial[a, i]
+        for r in range(starts[a], starts[a + 1]):
+            row = order[r]
+            for i in range(size):
+                out[a, i] += delta_rows[row, i]
+
+
+def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, max_turns, n_chunks):
+    """Play ``len(keys)`` games (see :func:`play_games`); returns (result, plies, delta).
+
+    ``delta`` is (games, 2, P) with rows only for learning sides (others untouched),
+    or None when no side learns.
+    """
+    n_games = keys.shape[0]
+    inputs, hidden = nets.w1.shape[1], nets.w1.shape[2]
+    size = inputs * hidden + 2 * hidden + 1
+    learning = bool(learn.any())
+    delta = np.empty((n_games, 2, size) if learning else (1, 2, size))
+    result = np.empty(n_games, dtype=np.int8)
+    plies = np.empty(n_games, dtype=np.int64)
+    mixed = mixed_counters(base, 2 * pieces + max_turns)
+    play_games(np.ascontiguousarray(nets.w1, dtype=np.float64), np.ascontiguousarray(nets.b1, dtype=np.float64),
+               np.ascontiguousarray(nets.w2, dtype=np.float64), np.ascontiguousarray(nets.b2, dtype=np.float64),
+               np.ascontiguousarray(lam, dtype=np.float64), np.ascontiguousarray(kind, dtype=np.int64),
+               np.ascontiguousarray(net, dtype=np.int64), np.ascontiguousarray(eps, dtype=np.float64),
+               np.ascontiguousarray(learn, dtype=np.bool_), np.ascontiguousarray(keys, dtype=np.int64), mixed,
+               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, max(1, min(n_games, n_chunks)),
+               result, plies, delta)
+    return result, plies, (delta if learning else None)
+
+
+def sum_by_network(delta: np.ndarray, net: np.ndarray, learn: np.ndarray, networks: int,
+                   initial: np.ndarray | None = None) -> np.ndarray:
+    """Σ of the learning sides' rows per network, in (game, side) order: (networks, P).
+
+    ``initial`` (networks, P) continues a running sum (the rows of earlier games, summed
+    elsewhere) instead of starting from 0: the same additions in the same order."""
+    rows = delta.reshape(-1, delta.shape[-1])
+    flat_learn = np.asarray(learn, dtype=bool).reshape(-1)
+    flat_net = np.asarray(net, dtype=np.int64).reshape(-1)
+    index = np.flatnonzero(flat_learn)
+    order = index[np.argsort(flat_net[index], kind="stable")]
+    starts = np.searchsorted(flat_net[order], np.arange(networks + 1)).astype(np.int64)
+    out = np.empty((networks, rows.shape[1]))
+    start = np.zeros_like(out) if initial is None else np.ascontiguousarray(initial, dtype=np.float64)
+    if start.shape != out.shape:  # the kernel does not check bounds
+        raise ValueError(f"initial has shape {start.shape}, expected {out.shape}")
+    sum_segments(rows, order.astype(np.int64), starts, start, out)
+    return out

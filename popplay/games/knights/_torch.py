@@ -1,0 +1,185 @@
+"""Torch engine of knights (private; see :mod:`popplay.games.knights.rules`).
+
+All games advance in lockstep, one ply per iteration, as tensors on one device: the
+legal moves of every game are the jump-table targets of its (sorted) pieces, masked;
+every after-state of every game is evaluated in one batched step (the incremental
+pre-activations of the numba engine, gathered per game's network); the chosen moves
+are applied with scatters. Finished games stay in the batch, masked. The learners'
+after-states are kept per ply and TD(λ) runs backwards over them at the end (the
+forward view, as in the numba engine), accumulating ∇V by ``index_add_`` per network.
+
+It draws the same words and lists moves in the same order as the numba engine, so
+games agree exactly unless two after-state values differ only in the last bits
+(library ``exp`` and summation order differ between the engines).
+
+Benchmark players: random and greedy; the material search runs on the numba engine.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from popplay.games.knights.rules import KIND_GREEDY, KIND_NET, KIND_SEARCH, make_rules
+from popplay.xp import th
+
+_rules = make_rules(th)
+_rng = _rules.rng
+
+
+class TorchKnightsEngine:
+    """Plays batches of games on one device; weights are fixed during a call."""
+
+    def __init__(self, *, jumps: np.ndarray, pieces: int, max_turns: int, device: str) -> None:
+        self.device = torch.device(device)
+        table = np.array(jumps, dtype=np.int64)  # a writable copy for torch
+        self.squares = table.shape[0] - 1  # the last row serves captured pieces
+        self.jumps = torch.as_tensor(table, device=self.device)
+        self.k = int(pieces)
+        self.max_turns = int(max_turns)
+
+    def _tensor(self, a: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
+
+    def play(self, nets: Any, lam: Any, kind: Any, net: Any, eps: Any, learn: Any, keys: Any, *,
+             base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Like :func:`popplay.games.knights._numba.run_games`, but returns the learners'
+        TD(λ) sums already added up per network: (result, plies, (networks, P) or None)."""
+        dev = self.device
+        S, k = self.squares, self.k
+        kind_t = self._tensor(kind, torch.int64)
+        if bool((kind_t == KIND_SEARCH).any()):
+            raise ValueError("the torch engine has no search player; use the numba engine")
+        w1 = self._tensor(nets.w1, torch.float64)
+        n_nets, inputs, hidden = w1.shape
+        rows = inputs + 1  # one zero row per network for captured pieces
+        w1p = torch.cat([w1, torch.zeros(n_nets, 1, hidden, dtype=w1.dtype, device=dev)], dim=1)
+        w1flat = w1p.reshape(-1, hidden)
+        b1 = self._tensor(nets.b1, torch.float64)
+        w2 = self._tensor(nets.w2, torch.float64)
+        b2 = self._tensor(nets.b2, torch.float64)
+        lam_t = self._tensor(lam, torch.float64)
+        net_t = self._tensor(net, torch.int64)
+        eps_t = self._tensor(eps, torch.float64)
+        learn_t = self._tensor(learn, torch.bool)
+        keys_t = self._tensor(keys, torch.int64)
+        n = keys_t.shape[0]
+        games = torch.arange(n, device=dev)
+
+        # the starting positions: partial Fisher-Yates over the squares
+        perm = torch.arange(S, device=dev).repeat(n, 1)
+        for i in range(2 * k):
+            u = _rng.uniform53(_rng.draw(keys_t, _rng.mix_counter(torch.tensor(base + i, device=dev))))
+            j = i + _rules.pick(u, torch.tensor(S - i, device=dev))
+            a, b = perm[:, i].clone(), perm[games, j]
+            perm[:, i] = b
+            perm[games, j] = a
+        pieces = torch.stack([perm[:, :k].sort(dim=1).values, perm[:, k:2 * k].sort(dim=1).values], dim=1)
+        board = torch.zeros(n, S + 1, dtype=torch.int64, device=dev)  # column S: a dump for no-ops
+        board.scatter_(1, pieces[:, 0], 1)
+        board.scatter_(1, pieces[:, 1], -1)
+
+        active = torch.ones(n, dtype=torch.bool, device=dev)
+        result = torch.zeros(n, dtype=torch.int64, device=dev)
+        plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
+        history: list[list[tuple]] = [[], []]
+        learning = bool(learn_t.any())
+        for ply in range(self.max_turns):
+            if ply % 8 == 0 and not bool(active.any()):
+                break
+            side = ply % 2
+            mover = 1 - 2 * side
+            own, opp = pieces[:, side], pieces[:, 1 - side]
+            targets = self.jumps[own].reshape(n, -1)  # (n, k·J), −1 off board / captured
+            origin = own[:, :, None].expand(-1, -1, self.jumps.shape[1]).reshape(n, -1)
+            occupant = board.gather(1, targets.clamp(min=0))
+            legal = (targets >= 0) & (occupant != mover) & active[:, None]
+            capture = legal & (occupant == -mover)
+            n_legal = legal.sum(dim=1)
+            word = _rng.draw(keys_t, _rng.mix_counter(torch.tensor(base + 2 * k + ply, device=dev)))
+            u = _rules.choice(word)
+            random_slot = _nth(legal, _rules.pick(u, n_legal))
+            n_capture = capture.sum(dim=1)
+            greedy_slot = torch.where(n_capture > 0, _nth(capture, _rules.pick(u, n_capture)), random_slot)
+            kd = kind_t[:, side]
+            slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
+            is_net = kd == KIND_NET
+            if bool(is_net.any()):
+                q = net_t[:, side]
+                z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
+                base_row = (q * rows)[:, None]
+                t_clamped = targets.clamp(min=0)
+                z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
+                     + w1flat[base_row + t_clamped]
+                     - capture[..., None] * w1flat[base_row + S + t_clamped])
+                y = b2[q][:, None] + (_rules.sigmoid(z) * w2[q][:, None, :]).sum(dim=-1)
+                best_slot = torch.where(legal, y, torch.tensor(-torch.inf, dtype=y.dtype, device=dev)).argmax(dim=1)
+                explore = _rules.explores(word, eps_t[:, side])
+                slot = torch.where(is_net & ~explore, best_slot, slot)
+            moving = n_legal > 0
+            f = origin.gather(1, slot[:, None])[:, 0]
+            t = targets.gather(1, slot[:, None])[:, 0]
+            cap = capture.gather(1, slot[:, None])[:, 0] & moving
+            dump = torch.full_like(f, S)
+            board.scatter_(1, torch.where(moving, f, dump)[:, None], 0)
+            board.scatter_(1, torch.where(moving, t, dump)[:, None], mover)
+            board[:, S] = 0
+            own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
+            opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
+            pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
+            if learning:
+                records = learn_t[:, side] & moving
+                if bool(records.any()):
+                    q = net_t[:, side]
+                    z = self._preactivation(w1flat, b1, q, own, opp, rows)
+                    h = _rules.sigmoid(z)
+                    v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
+                    index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
+                    history[side].append((records, index, h, v))
+            won = moving & ((opp < S).sum(dim=1) == 0)
+            result = torch.where(won, mover, result)
+            plies = torch.where(won, ply + 1, plies)
+            active = active & ~won
+        delta = None
+        if learning:
+            delta = torch.zeros(n_nets * rows * hidden + n_nets * (2 * hidden + 1), dtype=torch.float64, device=dev)
+            d_w1 = delta[:n_nets * rows * hidden].view(n_nets * rows, hidden)
+            d_rest = delta[n_nets * rows * hidden:].view(n_nets, 2 * hidden + 1)
+            for side in range(2):
+                self._td(history[side], side, result, net_t[:, side], lam_t, w2, rows, d_w1, d_rest)
+            d_w1 = d_w1.view(n_nets, rows, hidden)[:, :inputs].reshape(n_nets, -1)
+            delta = torch.cat([d_w1, d_rest], dim=1).cpu().numpy()
+        return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
+
+    def _preactivation(self, w1flat, b1, q, own, opp, rows):
+        """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
+        S = self.squares
+        base_row = (q * rows)[:, None]
+        own_rows = base_row + torch.where(own < S, own, rows - 1)
+        opp_rows = base_row + torch.where(opp < S, S + opp, rows - 1)
+        return b1[q] + w1flat[own_rows].sum(dim=1) + w1flat[opp_rows].sum(dim=1)
+
+    def _td(self, steps, side, result, q, lam_t, w2, rows, d_w1, d_rest):
+        """Backward over one side's after-states: c_t = δ_t + λ c_{t+1}, Σ c_t ∇V(s_t)."""
+        if not steps:
+            return
+        hidden = w2.shape[1]
+        target = _rules.reward(result, 1 - 2 * side).to(torch.float64)
+        c = torch.zeros_like(target)
+        lam = lam_t[q]
+        for records, index, h, v in reversed(steps):
+            c = torch.where(records, _rules.lambda_return_error(c, target, v, lam), c)
+            target = torch.where(records, v, target)
+            g_out = torch.where(records, c * v * (1.0 - v), torch.zeros_like(c))
+            g_h = g_out[:, None] * w2[q] * h * (1.0 - h)
+            d_rest.index_add_(0, q, torch.cat([g_h, g_out[:, None] * h, g_out[:, None]], dim=1))
+            flat_rows = (q * rows)[:, None] + index
+            d_w1.index_add_(0, flat_rows.reshape(-1),
+                            g_h[:, None, :].expand(-1, index.shape[1], -1).reshape(-1, hidden))
+
+
+def _nth(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """Per row, the slot of the rank-th True of ``mask`` (0 where there is none)."""
+    hit = mask & (mask.cumsum(dim=1) == (rank + 1)[:, None])
+    return hit.to(torch.int8).argmax(dim=1)

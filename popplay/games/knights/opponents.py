@@ -1,0 +1,94 @@
+"""Benchmark opponents for knights, and the quality of agents against them.
+
+* ``random`` plays a uniformly random legal move;
+* ``greedy`` captures when it can (a random capture), otherwise plays at random;
+* ``search`` is a two-ply minimax on material: it maximises (own − opposing pieces)
+  after the opponent's best reply, a capture of the last piece counting as a win or
+  a loss; equal scores are broken at random.
+
+Quality of an agent = (wins + draws/2) / games against an opponent, the games split
+evenly between moving first and second. All agents meet the same starting positions
+and the same dice (common random numbers), so their qualities compare fairly.
+The engines play these bots inside their batched kernels (the search on the numba
+engine only); :func:`bot_move` is the same rule for one board, for people and tests.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from popplay.games.knights import engine
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import OPPONENTS, KnightsParams, Networks
+
+__all__ = ["OPPONENTS", "Quality", "quality", "bot_move", "strongest"]
+
+_STRENGTH = ("random", "greedy", "search")
+
+
+class Quality(NamedTuple):
+    """Per agent: wins, draws and losses against one opponent, and the quality."""
+
+    opponent: str
+    wins: np.ndarray
+    draws: np.ndarray
+    losses: np.ndarray
+    score: np.ndarray  # (wins + draws/2) / games
+
+    def summary(self) -> dict[str, float]:
+        return {"best": float(self.score.max()), "mean": float(self.score.mean()),
+                "worst": float(self.score.min())}
+
+
+def quality(nets: Networks, opponent: str, games: int, *, params: KnightsParams | None = None, seed: int = 0,
+            backend: Any = None) -> Quality:
+    """Every network plays ``games`` games against ``opponent`` (greedily, ε = 0)."""
+    if opponent not in OPPONENTS:
+        raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)} (got {opponent!r})")
+    if games < 2 or games % 2:
+        raise ValueError(f"games must be even and at least 2, half moving first (got {games})")
+    code = OPPONENTS[opponent]
+    agents = np.arange(nets.count)
+    pairs = np.stack([agents, np.full_like(agents, code)], axis=1)
+    played = engine.play_pairs(nets, pairs, games, params=params, seed=seed, tag=game.TAG_EVALUATION,
+                             streams=np.full(nets.count, code), backend=backend)
+    return Quality(opponent, played.wins, played.draws, played.losses, played.score)
+
+
+def strongest(names: tuple[str, ...] | list[str]) -> str:
+    """The strongest of the named opponents (random < greedy < search)."""
+    return max(names, key=_STRENGTH.index)
+
+
+def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
+             jumps: str = "knight") -> tuple[int, int] | None:
+    """The move bot ``opponent`` plays on ``board`` with uniform draw ``u`` in [0, 1)
+    (None: no legal move, pass)."""
+    moves = game.legal_moves(board, player, jumps)
+    if not moves:
+        return None
+    flat = np.asarray(board).reshape(-1)
+    if opponent == "random":
+        return moves[math.floor(u * len(moves))]
+    if opponent == "greedy":
+        captures = [m for m in moves if flat[m[1]] == -player]
+        pool = captures or moves
+        return pool[math.floor(u * len(pool))]
+    if opponent != "search":
+        raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)} (got {opponent!r})")
+    scores = [_search_score(board, m, player, jumps) for m in moves]
+    tied = [m for m, s in zip(moves, scores) if s == max(scores)]
+    return tied[math.floor(u * len(tied))]
+
+
+def _search_score(board: np.ndarray, move: tuple[int, int], player: int, jumps: str) -> float:
+    after = game.apply_move(board, move, jumps)
+    if not (after == -player).any():
+        return game.SEARCH_WIN
+    gain = float(np.asarray(board).reshape(-1)[move[1]] == -player)
+    for reply in game.legal_moves(after, -player, jumps):
+        if after.reshape(-1)[reply[1]] == player:
+            return -game.SEARCH_WIN if int((after == player).sum()) == 1 else gain - 1.0
+    return gain

@@ -1,1 +1,0 @@
-"""Population experiments: a domain's state, engines and operators behind one interface."""

@@ -1,0 +1,110 @@
+"""PPO through the one pipeline: ``popplay train ppo`` (options generated from
+:class:`popplay.deep.agents.ppo_params.PPOParams`), exact resume by replaying each
+copy's episode, ``evaluate``, ``plot``, ``--seeds``, and one-line refusals."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from popplay.checkpoints import runfile
+from popplay.checkpoints.validation import load_run
+from popplay.cli.main import main
+
+# Constant schedules: a resumed run then learns exactly as an uninterrupted one (an
+# annealed schedule stretches over each run's own --env-steps budget).
+TINY = ["--copies", "4", "--n-steps", "16", "--n-epochs", "2", "--batch-size", "32", "--hidden", "8",
+        "--lr-end", "0.001", "--clip-range-end", "0.2", "--eval-episodes", "2", "--seed", "3"]
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_train_ppo_reports_quality_env_steps_and_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "256", "--out", str(out), "--json"]) == 0
+    summary = _json(capsys)
+    assert summary["domain"] == "ppo" and summary["topology"] == "sequential"
+    assert summary["env_steps"] == 256 and summary["seconds"] > 0 and summary["quality"] > 0
+    stored = load_run(out)
+    assert stored.complete and stored.config["n_epochs"] == 2 and stored.config["hidden"] == [8]
+    assert stored.state_counters["updates"] == 4 * 2 * 2  # 4 rollouts x 2 epochs x 2 minibatches of 32
+
+
+def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    whole, split = tmp_path / "whole.h5", tmp_path / "split.h5"
+    # 16-step rollouts on 4 copies: episodes run on across the resume (CartPole's last far longer)
+    assert main(["train", "ppo", *TINY, "--env-steps", "640", "--out", str(whole), "--json"]) == 0
+    assert main(["train", "ppo", *TINY, "--env-steps", "384", "--out", str(split), "--json"]) == 0
+    capsys.readouterr()
+    with h5py.File(split, "r") as f:
+        assert f["state/copies.steps"][()].max() > 0  # the resume has a half-played episode to replay
+    assert main(["train", "ppo", "--resume", str(split), "--env-steps", "640", "--json"]) == 0
+    resumed = _json(capsys)
+    a, b = load_run(whole), load_run(split)
+    assert sorted(a.state) == sorted(b.state)
+    for name in a.state:
+        np.testing.assert_array_equal(a.state[name], b.state[name], err_msg=name)
+    assert a.state_counters == b.state_counters
+    np.testing.assert_array_equal(a.curves["return"], b.curves["return"])
+    assert resumed["env_steps"] == 640
+
+
+def test_resume_refuses_an_environment_that_does_not_replay(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "128", "--out", str(out)]) == 0
+    with h5py.File(out, "r+") as f:  # as if the environment had drifted: another observation
+        f["state/copies.obs"][0, 0] += 1.0
+        f.attrs[runfile.DIGEST] = np.bytes_(runfile.content_digest(f).encode())
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(out), "--env-steps", "256"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "did not replay to the stored state" in errors[0]
+
+
+def test_evaluate_and_plot_read_a_ppo_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "256", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--episodes", "3", "--json"]) == 0
+    assert _json(capsys)["eval_episodes"] == 3
+    assert main(["plot", str(out), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_seeds_report_mean_and_standard_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "128", "--seeds", "2", "--out", str(out), "--json"]) == 0
+    summary = _json(capsys)
+    assert summary["seeds"] == 2 and len(summary["quality_values"]) == 2 and "quality_sem" in summary
+    assert (tmp_path / "s-seed3.h5").exists() and (tmp_path / "s-seed4.h5").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--clip-range", "-1", "--env-steps", "64"], "Error: --clip-range must be positive (got -1.0)"),
+    (["--env", "Pendulum-v1", "--env-steps", "64"], "ppo needs discrete actions"),
+    (["--eval-episodes", "0"], "a budget is needed"),
+    (["--env-steps", "64", "--hidden", "8,x"], "--hidden"),
+])
+def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                             message: str) -> None:
+    assert main(["train", "ppo", *argv, "--out", str(tmp_path / "bad.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0]
+    assert not (tmp_path / "bad.h5").exists()
+
+
+def test_train_ppo_runs_as_a_real_command(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", "ppo", *TINY, "--env-steps", "128", "--out",
+                           str(tmp_path / "c.h5"), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["env_steps"] == 128
