@@ -68,7 +68,7 @@ def test_ddpg_with_per(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["train", "td3", "--env", "CartPole-v1", "--env-steps", "10"], "td3 needs continuous actions"),
     (["train", "a2c", "--env", "Pendulum-v1", "--episodes", "2"], "a2c needs discrete actions"),
-    (["train", "ddpg", "--policy-delay", "3", "--env-steps", "10"], "--policy-delay applies to td3 only"),
+    (["train", "ddpg", "--policy-delay", "3", "--env-steps", "10"], "No such option: --policy-delay"),
     (["train", "a2c", "--c-bar", "0", "--episodes", "2"], "--c-bar must be positive"),
     (["train", "td3", "--hidden", "a,b", "--env-steps", "10"], "--hidden"),
 ])

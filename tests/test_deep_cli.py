@@ -185,3 +185,26 @@ def test_progress_is_counted_in_the_budget_s_own_unit(tmp_path, capsys):
     assert main(["train", "dqn", "--env-steps", "60", "--eval-episodes", "0", "--out", str(tmp_path / "s.h5")]) == 0
     err = capsys.readouterr().err
     assert "env-steps 60/60" in err or "env-steps" in err.split("100.0%")[-1], err
+
+
+def test_a_deep_resume_locks_the_run_file_before_it_reads_it(tmp_path, capsys, monkeypatch):
+    """Two resumes of one file: the second is refused before it reads a state the first
+    is about to replace (it used to read, train, and write over the first's episodes)."""
+    from popplay.checkpoints.lock import RunLock
+    from popplay.cli import train as train_cli
+    from popplay.cli.main import main
+
+    out = tmp_path / "r.h5"
+    assert main(["train", "dqn", "--episodes", "3", "--hidden", "8", "--eval-episodes", "0", "--out", str(out)]) == 0
+    before = out.read_bytes()
+    reads = []
+    real_load = train_cli.load_run
+    monkeypatch.setattr(train_cli, "load_run", lambda *a, **k: reads.append(a) or real_load(*a, **k))
+    capsys.readouterr()
+    with RunLock(out):  # another process's resume, mid-run
+        assert main(["train", "dqn", "--resume", str(out), "--episodes", "6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"Error: {out}: another popplay process is writing this run file"]
+    assert reads == [] and out.read_bytes() == before
+    assert main(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"]) == 0  # once it is free
+    assert len(reads) == 1 and load_run(out).state_counters["episodes"] == 6

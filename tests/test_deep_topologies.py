@@ -16,6 +16,9 @@ import torch
 from popplay.checkpoints.validation import load_run
 from popplay.core.hooks import variable
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
         "--target-every", "5", "--eval-episodes", "2", "--timeout", "60"]

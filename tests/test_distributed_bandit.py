@@ -9,6 +9,9 @@ import pytest
 
 from tests._dist_helpers import assert_same_run, popplay
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 TINY = ["train", "bandit", "--arms", "6", "--agents", "8", "--trials", "3", "--agent-steps", "96",
         "--share-every", "3", "--seed", "4"]
 

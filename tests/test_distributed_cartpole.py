@@ -9,6 +9,9 @@ import pytest
 
 from tests._dist_helpers import assert_same_run, popplay
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 TINY = ["train", "cartpole", "--agents", "8", "--trials", "2", "--agent-steps", "800", "--share-every", "20",
         "--bias", "0.5", "--replicate-every", "2", "--mutate-q", "0.01", "--mutate-params", "1.5",
         "--test-steps", "50", "--test-starts", "2", "--seed", "3"]

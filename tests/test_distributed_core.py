@@ -2,6 +2,8 @@
 real ranks on gloo (2 processes, tiny, a timeout on every wait)."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -12,6 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from tests._dist_helpers import finish
+
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: generous for a loaded 2-core machine, but never forever

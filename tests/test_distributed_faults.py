@@ -4,6 +4,8 @@ resumes bit-identically on a different number of ranks; Ctrl-C stops every rank 
 saves once (exit 130)."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -13,6 +15,9 @@ import time
 from pathlib import Path
 
 from tests._dist_helpers import ROOT, WAIT, assert_same_run, finish
+
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
 
 # Far more steps than the test lets it run: it is stopped (killed or interrupted) early.
 LONG = ["train", "cartpole", "--agents", "4", "--trials", "16", "--agent-steps", "40000000", "--share-every", "25",

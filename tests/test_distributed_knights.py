@@ -2,9 +2,14 @@
 population, selection by a round robin, evaluation; bit-identical to one process."""
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from tests._dist_helpers import assert_same_run, popplay
+
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
 
 TINY = ["train", "knights", "--agents", "4", "--games-per-agent", "4", "--episodes", "4", "--hidden", "4",
         "--max-turns", "12", "--eval-every", "2", "--eval-games", "2", "--replicate-every", "2",

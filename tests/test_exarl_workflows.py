@@ -16,6 +16,9 @@ import torch
 
 from popplay.checkpoints.validation import load_run
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--json"]
 

@@ -13,6 +13,9 @@ from popplay.checkpoints.validation import load_run
 from popplay.cli.main import main
 from popplay.core.hooks import variable
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 TINY = ["--hidden", "16", "--batch-size", "16", "--learning-starts", "64", "--update-ratio", "0.5",
         "--learner-sync", "2", "--actor-sync", "20", "--target-every", "10", "--eval-episodes", "2",
         "--timeout", "15"]

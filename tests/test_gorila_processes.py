@@ -16,6 +16,9 @@ from popplay.deep.agents.adagrad_shard import AdaGradShard
 from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
 from tests._gorila_driver import gradient_sequence
 
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
 TINY = dict(env="CartPole-v1", hidden=(16,), batch_size=16, learning_starts=64, update_ratio=0.5,
             learner_sync=2, actor_sync=20, chunk=25, target_every=10, timeout=15.0, eval_episodes=2,
             checkpoint_every=10, outlier_min_samples=5, outlier_window=20)

@@ -4,6 +4,8 @@ launch's, a wrong world size is one line and exit 2, and ``--max-restarts`` cont
 from the last checkpoint after a rank is killed."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import re
@@ -15,6 +17,9 @@ from pathlib import Path
 
 from tests._dist_helpers import ROOT, WAIT, finish
 from tests.test_gorila_cli import TINY, _gorila_ranks, _roles_running
+
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
 
 
 def _torchrun(nproc: int, *args: str, restarts: int = 0) -> subprocess.Popen:

@@ -108,3 +108,33 @@ def test_train_ppo_runs_as_a_real_command(tmp_path: Path) -> None:
                            str(tmp_path / "c.h5"), "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["env_steps"] == 128
+
+
+@pytest.mark.procs
+def test_multi_learner_workflow_through_real_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """EXARL's multi-learner workflow: 2 data-parallel learners fed whole episodes by 2
+    actors; every episode played is learned from once, and the learners stay identical."""
+    out = tmp_path / "ml.h5"
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", "ppo", "--workflow", "multi-learner",
+                           "--learners", "2", "--actors", "2", "--episodes", "8", "--hidden", "8", "--n-epochs", "2",
+                           "--batch-size", "16", "--eval-episodes", "1", "--timeout", "60", "--out", str(out),
+                           "--json"], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["backend"] == "gloo" and summary["ranks"] == 4 and summary["topology"] == "multi-learner"
+    assert summary["topology_produced"] == summary["topology_reads"] == summary["episodes"] == 8
+    assert summary["topology_produced_checksum"] == summary["topology_reads_checksum"]
+    assert summary["topology_learners_identical"] == 1 and summary["updates"] > 0
+    assert load_run(out).state_counters["received"] == summary["env_steps"] > 0
+    assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0  # in one process
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(out), "--episodes", "16"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "cannot be resumed" in errors[0]
+
+
+def test_workflows_ppo_cannot_run_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "ppo", "--workflow", "central-inference", "--episodes", "4",
+                 "--out", str(tmp_path / "c.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["Error: --workflow must be one of sequential, multi-learner (got 'central-inference')"]

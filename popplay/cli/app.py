@@ -2,9 +2,10 @@
 command line being run; :mod:`popplay.cli.main` imports every command module."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import typer
+from typer.core import TyperGroup as _TyperGroup
 
 from popplay import __version__
 
@@ -88,7 +89,30 @@ def _natural_help() -> None:
 
 _natural_help()
 
-train_app = typer.Typer(help="Train a population on a domain and write a run file.", no_args_is_help=True)
+class LazyCommands(_TyperGroup):  # type: ignore[misc, valid-type]
+    """A command group whose generated commands are built when first asked for
+    (:mod:`popplay.cli.train_plugin` sets :attr:`factory`), so that starting popplay
+    imports no plug-in: building one imports its domain's parameters."""
+
+    #: ``(name) -> command or None`` for the commands no module wrote by hand.
+    factory: Callable[[str], Any] | None = None
+    #: ``() -> names`` of those commands, in the order help lists them.
+    names: Callable[[], list[str]] | None = None
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        written = list(super().list_commands(ctx))
+        return written + [n for n in (self.names() if self.names else []) if n not in written]
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        if command is None and self.factory is not None and self.names is not None and name in self.names():
+            command = self.factory(name)
+            self.add_command(command, name)
+        return command
+
+
+train_app = typer.Typer(help="Train a population or a deep agent and write a run file.", no_args_is_help=True,
+                        cls=LazyCommands)
 app.add_typer(train_app, name="train")
 
 _ARGV: list[str] | None = None

@@ -21,11 +21,8 @@ from popplay.cli import (  # noqa: F401  (registration)
     tournament,
     train_bandit,
     train_cartpole,
-    train_dqn,
-    train_exarl,
     train_gorila,
     train_knights,
-    train_reinforce,
 )
 from popplay.cli import train_plugin  # noqa: F401  (after the hand-written train commands: it fills the gaps)
 from popplay.cli.app import app, set_invocation

@@ -133,8 +133,13 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         # summary, or the --json object), so `popplay train ... > result.txt` stays clean.
         return reporter_for(sys.stderr, quiet=(json_output and not sys.stderr.isatty()) or quiet)
 
+    spec = registry.get(domain)
+    if resume is not None:  # before any rank starts
+        problem = getattr(spec.experiment_type(), "resume_problem", lambda _: None)(params)
+        if problem is not None:
+            raise UsageError(problem)
     try:
-        done = job.run(registry.get(domain), params, options, resume=resume, reporter=reporter)
+        done = job.run(spec, params, options, resume=resume, reporter=reporter)
     except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where
         raise PopplayError(str(error), getattr(error, "exit_code", 2)) from None
     except PopplayError:

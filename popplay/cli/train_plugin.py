@@ -4,19 +4,20 @@ help, bounds and names in ``metadata``: :mod:`popplay.core.options`), so a
 hyper-parameter is written once, and the run goes through the one pipeline
 (:func:`popplay.cli.train.run_training`: seeds, time budget, logs, resume).
 
-Listing commands imports such a plug-in's module, so it must be light (no torch or
-gymnasium at import): PPO's :mod:`popplay.deep.agents.ppo_params` is one.
-:mod:`popplay.cli.main` imports this module after every hand-written command.
+A command is built when it is first asked for (:class:`popplay.cli.app.LazyCommands`):
+starting popplay imports no plug-in. :mod:`popplay.cli.main` imports this module after
+every hand-written command.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from enum import Enum
 from typing import Annotated, Any, Callable
 
 import typer
 
-from popplay.cli.app import train_app
+from popplay.cli.app import LazyCommands, train_app
 from popplay.cli.common import (
     CheckpointOption,
     ConfigOption,
@@ -60,9 +61,9 @@ def _option(spec: Spec) -> tuple[Any, Any]:
     bounds = {k: v for k, v in (("min", form.min), ("max", form.max)) if v is not None}
     if spec.kind is tuple:  # widths such as 64,64: typed as text, parsed by the dataclass
         return Annotated[str, typer.Option(*names, help=form.help, hidden=form.hidden)], show(spec.default)
-    if form.choices:
-        choices = " | ".join(form.choices)
-        return Annotated[str, typer.Option(*names, help=f"{form.help} [{choices}]", hidden=form.hidden)], spec.default
+    if form.choices:  # an Enum: typer shows and checks the choices (a|b|c)
+        choices = Enum(spec.field.title().replace("_", ""), {c.replace("-", "_"): c for c in form.choices}, type=str)
+        return Annotated[choices, typer.Option(*names, help=form.help, hidden=form.hidden)], choices(spec.default)
     return Annotated[spec.kind, typer.Option(*names, help=form.help, hidden=form.hidden, **bounds)], spec.default
 
 
@@ -77,6 +78,7 @@ def build_command(domain: str) -> Callable[..., None]:
 
     def command(ctx: typer.Context, **values: Any) -> None:
         run = {name: values.pop(name) for name, _, _ in _RUN_OPTIONS}
+        values = {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
         device: DeviceName = run["device"]
         if run["resume"] is not None:
             for field in fields:
@@ -133,5 +135,12 @@ def generated() -> list[str]:
     return [name for name in registry.names() if name not in written]
 
 
-for _domain in generated():
-    train_app.command(_domain)(build_command(_domain))
+def command(domain: str) -> Any:
+    """The click command of ``train DOMAIN``, as typer makes it from :func:`build_command`."""
+    single = typer.Typer()
+    single.command(domain)(build_command(domain))
+    return typer.main.get_command(single)
+
+
+LazyCommands.factory = staticmethod(command)
+LazyCommands.names = staticmethod(generated)

@@ -166,6 +166,16 @@ class A2C:
         self.optimizer.step()
         self.updates += 1
 
+    def learn_shared(self, traj: Trajectory | None, peers: Any) -> None:
+        """Learn with data-parallel peers (:class:`popplay.deep.topologies.exarl_ranks.Peers`):
+        one step along the mean gradient of the learners that hold a trajectory."""
+        if traj is not None:
+            grad, out = self.gradients(traj)
+            self.last_loss, self.last_mean_rho = float(out.loss.detach()), out.mean_rho
+        else:
+            grad = torch.zeros(networks.parameter_count(self._modules()))
+        self.apply(peers.mean(grad, 1.0 if traj is not None else 0.0).float())
+
     def learn(self, traj: Trajectory) -> A2CLoss:
         grad, out = self.gradients(traj)
         self.apply(grad)

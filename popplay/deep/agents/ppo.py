@@ -121,6 +121,7 @@ class PPO:
         self.shuffle = networks.generator(self.seed * 7919 + 3)
         self.updates = 0  # optimiser steps
         self.rollouts = 0  # learn calls
+        self.received = 0  # env-steps learned from in a multi-process workflow (its schedule's clock)
         self.last_loss = float("nan")
         self.last_clip_fraction = float("nan")
         self.last_approx_kl = float("nan")
@@ -210,6 +211,64 @@ class PPO:
         self.last_entropy = result["entropy"]
         return {**result, "lr": lr, "clip_range": clip_range}
 
+    # --- learning beside data-parallel peers (EXARL's multi-learner workflow) ---------------
+    def learn_shared(self, traj: Any, peers: Any) -> None:
+        """One PPO update with the other learners of a workflow
+        (:class:`popplay.deep.topologies.exarl_ranks.Peers`): each learner's rows are the
+        whole episodes of ``traj`` (an A2C-style padded ``Trajectory``, or None), their old
+        log-probabilities the acting policy's; every epoch cuts each learner's rows into the
+        same number of minibatches (the most any learner needs), and every optimiser step
+        follows the row-weighted mean gradient over the learners, so all stay identical."""
+        cfg = self.config
+        budget = getattr(cfg, "env_steps", 0)
+        lr, clip_range = cfg.schedule(max(0.0, 1.0 - self.received / budget) if budget else 1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        data = self._episode_rows(traj) if traj is not None else None
+        n = 0 if data is None else int(data[0].shape[0])
+        per_epoch = peers.max(-(-n // cfg.batch_size))
+        modules = self.networks()
+        size = networks.parameter_count(modules)
+        for _ in range(cfg.n_epochs):
+            chunks = torch.randperm(n, generator=self.shuffle).tensor_split(per_epoch) if n else [None] * per_epoch
+            for idx in chunks:
+                rows = 0 if idx is None else int(idx.shape[0])
+                if rows:
+                    obs, action, old_log_prob, advantages, returns = (x[idx] for x in data)
+                    out = ppo_loss(self.policy, self.value, obs, action, old_log_prob, advantages, returns,
+                                   clip_range, cfg, statistics=False)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    out.loss.backward()
+                    grad = networks.flat_gradients(modules)
+                    self.last_loss = float(out.loss.detach())
+                else:
+                    grad = torch.zeros(size)
+                networks.set_flat_gradients(modules, peers.mean(grad, float(rows)).float())
+                nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                self.updates += 1
+        self.rollouts += 1
+
+    def _episode_rows(self, traj: Any) -> tuple[torch.Tensor, ...]:
+        """(obs, action, old log-prob, advantages, returns) of the real rows of a padded
+        trajectory of whole episodes, one per column: GAE within each episode, a
+        time-limit cut bootstrapped from the state it cut."""
+        cfg = self.config
+        T, B = traj.reward.shape
+        with torch.no_grad():
+            values = self.value(traj.obs).squeeze(-1) * traj.mask
+            cut = traj.truncated * (1.0 - traj.terminated)
+            reward = traj.reward + cfg.gamma * cut * self.value(traj.next_obs).squeeze(-1)
+            # Each column is one episode: it starts at row 0, and padding (after its end)
+            # starts "episodes" of its own, which cut it off from what follows.
+            episode_start = torch.cat([torch.ones(1, B), 1.0 - traj.mask[1:]])
+            advantages, returns = gae(reward * traj.mask, values, episode_start, torch.zeros(B), torch.ones(B),
+                                      cfg.gamma, cfg.gae_lambda)
+        real = traj.mask.reshape(-1) > 0
+        return (traj.obs.reshape(T * B, -1)[real].float(), traj.action.reshape(-1)[real].long(),
+                traj.behaviour_log_prob.reshape(-1)[real].float(), advantages.reshape(-1)[real],
+                returns.reshape(-1)[real])
+
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         return {**networks.module_arrays(self.policy, "policy"), **networks.module_arrays(self.value, "value"),
@@ -217,7 +276,8 @@ class PPO:
                 "rng.shuffle": networks.generator_array(self.shuffle)}
 
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.updates, "rollouts": self.rollouts, "last_loss": self.last_loss,
+        return {"updates": self.updates, "rollouts": self.rollouts, "received": self.received,
+                "last_loss": self.last_loss,
                 "last_clip_fraction": self.last_clip_fraction, "last_approx_kl": self.last_approx_kl,
                 "last_entropy": self.last_entropy}
 
@@ -228,5 +288,6 @@ class PPO:
         networks.load_generator(self.shuffle, arrays["rng.shuffle"])
         self.updates = int(counters["updates"])
         self.rollouts = int(counters["rollouts"])
+        self.received = int(counters.get("received", 0))
         for name in ("last_loss", "last_clip_fraction", "last_approx_kl", "last_entropy"):
             setattr(self, name, float(counters.get(name, float("nan"))))

@@ -14,6 +14,10 @@ from typing import Any, ClassVar
 
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
+from popplay.deep.topologies.workflow_params import WorkflowParams
+
+#: Where PPO runs: one process, or EXARL's data-parallel learners fed by actors.
+PPO_WORKFLOWS = ("sequential", "multi-learner")
 
 
 def _positive(params: Any, *names: str) -> None:
@@ -35,13 +39,14 @@ def _non_negative(params: Any, *names: str) -> None:
 
 
 @dataclass(frozen=True)
-class PPOParams:
+class PPOParams(WorkflowParams):
     """Train PPO (clipped surrogate, GAE(λ), value loss, entropy bonus, minibatch epochs
     over rollouts of vectorised environments).
 
     Defaults are RL Baselines3 Zoo's tuned CartPole-v1 settings (8 copies x 32 steps,
     20 epochs of minibatches of 256, γ 0.98, λ 0.8, learning rate and clip range falling
-    linearly to 0 over an --env-steps budget)."""
+    linearly to 0 over an --env-steps budget). ``--workflow multi-learner`` trains on
+    --learners data-parallel ranks fed whole episodes by --actors ranks (EXARL)."""
 
     domain: ClassVar[str] = "ppo"
 
@@ -75,15 +80,8 @@ class PPOParams:
         hidden = parse_widths(self.hidden) if isinstance(self.hidden, str) else tuple(int(v) for v in self.hidden)
         object.__setattr__(self, "hidden", hidden)
 
-    @property
-    def topology(self) -> str:
-        return "sequential"
-
-    @property
-    def ranks(self) -> int:
-        return 1
-
     def validate(self) -> None:
+        self._validate_layout(PPO_WORKFLOWS)
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
         _at_least_one(self, "copies", "n_steps", "n_epochs", "batch_size")
@@ -107,6 +105,10 @@ class PPOParams:
         out = dataclasses.asdict(self)
         out["hidden"] = list(self.hidden)
         return out
+
+    def agent_config(self) -> Any:
+        """The agent's hyper-parameters: these parameters themselves."""
+        return self
 
     def new_learner(self, info: Any) -> Any:
         """The agent of this run on ``info``'s spaces."""

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from popplay.core.options import parse_widths
 from popplay.deep import envs
 from popplay.deep.agents.config import HiddenConfig
 from popplay.deep.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
@@ -31,7 +32,8 @@ class DeepParams(HiddenConfig):
     """Mix-in for the frozen parameter dataclasses of deep runs (``hidden`` field)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple_of_ints(self.hidden))  # type: ignore[attr-defined]
+        hidden = self.hidden  # type: ignore[attr-defined]
+        object.__setattr__(self, "hidden", parse_widths(hidden) if isinstance(hidden, str) else tuple_of_ints(hidden))
 
 
 def config_from(params: Any, config_type: type) -> Any:

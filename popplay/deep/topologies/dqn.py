@@ -53,9 +53,7 @@ from popplay.distributed.group import current
 @dataclass(frozen=True)
 class DQNParams(DeepParams):
     """Train Double DQN: the online network picks the next action and the target network
-    values it (seed 003 eq. 1), uniform replay, Huber loss, ε-greedy simulators.
-
-    Everything a DQN run depends on (stored in the run file's config)."""
+    values it (seed 003 eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
 
     env: str = option("CartPole-v1", ENV_HELP)
     topology: str = option(

@@ -59,69 +59,15 @@ from popplay.deep.topologies.base import (
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.exarl_ranks import last_barrier
+from popplay.deep.topologies.workflow_params import SELECTIONS, WORKFLOWS, WorkflowParams  # noqa: F401  (re-exported)
 from popplay.distributed.group import current
 
-WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
-SELECTIONS = ("range", "random")
-
-
-def _check_workflow(workflow: str) -> None:
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"workflow must be one of {', '.join(WORKFLOWS)} (got {workflow!r})")
-
-
 
 
 @dataclass(frozen=True)
-class WorkflowParams(DeepParams):
-    """The multi-process workflows' layout (:mod:`popplay.deep.topologies.exarl_ranks`),
-    shared by every EXARL agent's parameters."""
-
-    workflow: str = option(
-        "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
-                      "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
-                      "batches out; central-inference: one rank holds the model and acts for every actor.",
-        choices=WORKFLOWS)
-    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
-    actors: int = option(2, "Multi-process workflows: actor ranks.", min=1)
-    selection: str = option("range", "multi-learner: range (each learner pops its own block of actors' queues) or "
-                                     "random (any actor's newest trajectory, read without removing it).",
-                            choices=SELECTIONS)
-    queue_capacity: int = option(4, "multi-learner, range: trajectories an actor keeps unread at most.", min=1)
-    timeout: float = option(60.0, "Seconds any wait for another rank may take.", on_resume=True)
-
-    def _validate_layout(self) -> None:
-        _check_workflow(self.workflow)
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be positive (got {self.timeout})")
-        check_at_least_one(sync_every=self.sync_every, learners=self.learners, actors=self.actors,  # type: ignore[attr-defined]
-                           queue_capacity=self.queue_capacity)
-
-    @property
-    def topology(self) -> str:
-        return self.workflow
-
-    @property
-    def ranks(self) -> int:
-        if self.workflow == "sequential":
-            return 1
-        if self.workflow == "central-inference":
-            return 1 + self.actors
-        return self.learners + self.actors
-
-    def new_learner(self, info: Any) -> Any:
-        """The learner of this run (same seed, same initial networks on every rank)."""
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class DDPGParams(WorkflowParams):
+class DDPGParams(WorkflowParams, DeepParams):
     """Train DDPG (deterministic actor, Q critic, soft target updates), optionally with
-    prioritised experience replay.
-
-    Everything a DDPG run depends on (stored in the run file's config)."""
+    prioritised experience replay."""
 
     env: str = option("Pendulum-v1", "A gymnasium id with continuous actions (Pendulum-v1, ...).")
     sync_every: int = option(1, "Episodes per phase.", min=1)
@@ -180,7 +126,7 @@ class TD3Params(DDPGParams):
 
 
 @dataclass(frozen=True)
-class A2CParams(WorkflowParams):
+class A2CParams(WorkflowParams, DeepParams):
     """Train A2C (policy gradient with a learned baseline and an entropy bonus), with or
     without V-trace's off-policy correction."""
 
@@ -264,6 +210,14 @@ class _Experiment(DeepExperiment):
     @staticmethod
     def serve(dist: Any, params: Any, resume: Any) -> None:
         exarl_ranks.rank_loop(dist, params, resume)
+
+    @staticmethod
+    def resume_problem(params: Any) -> str | None:
+        """Why a run of ``params`` cannot be resumed (None: it can): a multi-process
+        workflow's run file holds rank 0's state only."""
+        if params.workflow == "sequential":
+            return None
+        return f"--resume: a {params.workflow} run cannot be resumed in this version (only sequential runs)"
 
     def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
         if self._flow is not None:
@@ -436,6 +390,32 @@ class A2CExperiment(_Experiment):
     def summary_extras(self, state: ExarlState) -> dict[str, Any]:
         rho = state.agent.last_mean_rho  # mean pi/mu of the last segment learned from (1: on policy)
         return {**super().summary_extras(state), "mean_rho": None if rho != rho else rho}
+
+    def _greedy(self, state: ExarlState) -> Any:
+        return greedy_policy(state.agent.policy)
+
+
+class OnPolicyWorkflowExperiment(_Experiment):
+    """Rank 0 of any on-policy agent's multi-process workflow (PPO's
+    ``--workflow multi-learner``): one learner round per phase, the agent learning
+    through ``learn_shared`` (:meth:`exarl_ranks.Learners.round`)."""
+
+    def __init__(self, params: Any, backend: Any) -> None:
+        self.domain = params.domain
+        super().__init__(params, backend)
+
+    def _check_env(self) -> None:
+        envs.require_discrete(self.info, self.domain)
+
+    def initial_state(self) -> ExarlState:
+        return ExarlState(agent=self.params.new_learner(self.info),
+                          explore=networks.generator(self.params.seed * 7919 + 4))
+
+    def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
+        ran = self._workflow_phase(state)
+        if ran is None:
+            raise UsageError(f"{self.domain}'s sequential runs are not a workflow")
+        return ran
 
     def _greedy(self, state: ExarlState) -> Any:
         return greedy_policy(state.agent.policy)

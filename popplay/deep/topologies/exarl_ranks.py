@@ -23,10 +23,11 @@ trajectory without removing it, as EXARL's random window selection does, so two
 learners may train on the same data (counted as duplicates).
 
 Learners train data-parallel and synchronously: each round every learner gets at
-most one trajectory, computes :meth:`A2C.gradients`, and one float64 all-reduce
-among the learners sums ``[gradient, has data, steps, per-learner return and length,
-per-actor finished flags, stop]``; every learner applies the same mean gradient,
-so their parameters stay identical. The per-actor flags are the shared bitmap:
+most one trajectory, and one float64 all-reduce among the learners sums ``[has data,
+steps, per-learner return and length, per-actor finished flags, stop]``; then the
+on-policy agent learns through ``learn_shared(trajectory, peers)``, whose every
+optimiser step follows a mean over the learners (A2C: one step on the mean gradient;
+PPO: epochs of minibatch steps), so their parameters stay identical. The per-actor flags are the shared bitmap:
 an actor any learner found finished (done producing, queue empty) is inactive for
 all. Range-based learners ask their own contiguous block of actors, round-robin;
 once every actor of their block is inactive they help the others.
@@ -456,6 +457,31 @@ def learner_group(dist: Any, params: Any) -> Any:
     return c10d.new_group(ranks=learners, timeout=datetime.timedelta(seconds=params.timeout))
 
 
+class Peers:
+    """The learners of a data-parallel workflow as an on-policy agent sees them in
+    ``learn_shared(trajectory, peers)``: each collective is made by every learner, in the
+    same order (an agent without data that round takes part with weight 0)."""
+
+    def __init__(self, dist: Any, group: Any, tally: Any) -> None:
+        self.dist, self.group, self.tally = dist, group, tally
+
+    def mean(self, values: torch.Tensor, weight: float) -> torch.Tensor:
+        """The mean of ``values`` over the learners, each weighted by its ``weight``
+        (float64 sums; the learners' total weight must be positive)."""
+        vec = torch.cat([values.reshape(-1).double() * weight, torch.tensor([float(weight)], dtype=torch.float64)])
+        guarded(self.dist, "all-reduce of the gradients",
+               lambda: c10d.all_reduce(vec, op=c10d.ReduceOp.SUM, group=self.group))
+        self.tally.bytes += _nbytes(vec)
+        return (vec[:-1] / vec[-1]).reshape(values.shape)
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` over the learners."""
+        vec = torch.tensor([int(value)], dtype=torch.int64)
+        guarded(self.dist, "all-reduce of a count",
+               lambda: c10d.all_reduce(vec, op=c10d.ReduceOp.MAX, group=self.group))
+        return int(vec[0])
+
+
 class Learners:
     """One learner's side of ``multi-learner`` or ``master-learner``: fetch at most one
     trajectory per round, then the all-reduce round shared by every learner."""
@@ -475,6 +501,7 @@ class Learners:
         self.cursor = 0
         self.random = torch.Generator().manual_seed(params.seed * 7919 + 31 * (self.index + 1))
         self.tally = _Tally()
+        self.peers = Peers(dist, group, self.tally)
         self.done = False
         self.pending: list[np.ndarray] = []  # master: trajectories received, not yet handed out
         self.first = 1  # whether the last trajectory fetched was read for the first time
@@ -588,13 +615,13 @@ class Learners:
 
     # --- the round --------------------------------------------------------------
     def round(self, agent: Any, stop: bool = False) -> RoundResult:
-        """Fetch (unless stopping), then one all-reduce. On-policy (A2C): every learner
-        applies the same mean gradient of the round's trajectories. Replay learners
+        """Fetch (unless stopping), then one all-reduce. On-policy agents (A2C, PPO)
+        then learn together from the round's trajectories through
+        ``learn_shared(trajectory or None, peers)``: every optimiser step on a mean over
+        the learners (:class:`Peers`), so their networks stay identical. Replay learners
         (TD3, DDPG) store what they fetched and then all run the updates owed for the
         round's env-steps, each optimiser step on the mean gradient over the learners
         (:meth:`_average_gradients`). ``stop`` from any learner ends the run for all."""
-
-
         self.width = width_of(agent, self.obs_dim)
         rows, self.first = None, 1
         if stop and self.params.workflow == "master-learner" and self.index == 0:
@@ -605,43 +632,41 @@ class Learners:
         if not stop:
             self._ping_finished()
             rows = self._fetch_master(agent) if self.params.workflow == "master-learner" else self._fetch_window(agent)
-        size = networks.parameter_count(agent.networks()) if agent.on_policy else 0
         L, A = self.L, self.A
-        # [gradient (on-policy), has data, first-read steps, learners holding replay,
-        #  return and length per learner, finished per actor, stop]
-        at = size + 3
+        # [learners with data, first-read steps, learners holding replay, return and
+        #  length per learner, finished per actor, stop]
+        at = 3
         vec = torch.zeros(at + 2 * L + A + 1, dtype=torch.float64)
+        traj = None
         if rows is not None:
             self.tally.read(rows)
             if agent.on_policy:
                 traj = rows_trajectory(rows, self.obs_dim)
-                grad, out = agent.gradients(traj)
-                agent.last_loss, agent.last_mean_rho = float(out.loss.detach()), out.mean_rho
-                vec[:size] = grad.double()
                 reward = float(traj.reward.sum())
             else:
                 agent.replay.add(replay.rows_batch(rows, self.obs_dim))  # duplicates too (random selection): they train
                 reward = float(rows[:, self.width - self.obs_dim - 2].sum())  # the float64 rewards, exact
-            vec[size] = 1.0
+            vec[0] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
             # selection) trains but is not counted again.
             if self.first:
-                vec[size + 1] = rows.shape[0]
+                vec[1] = rows.shape[0]
                 vec[at + self.index] = reward
                 vec[at + L + self.index] = rows.shape[0]
         elif not stop:
             time.sleep(0.005)  # nothing ready: leave the CPU to the actors
         if not agent.on_policy:
-            vec[size + 2] = float(len(agent.replay) > 0)
+            vec[2] = float(len(agent.replay) > 0)
         vec[at + 2 * L:at + 2 * L + A] = torch.as_tensor(self.seen_finished, dtype=torch.float64)
         vec[-1] = float(stop)
         guarded(self.dist, "all-reduce of the round",
                lambda: c10d.all_reduce(vec, op=c10d.ReduceOp.SUM, group=self.group))
-        steps = int(vec[size + 1])
+        steps = int(vec[1])
         if agent.on_policy:
-            contributors = float(vec[size])
-            if contributors > 0:
-                agent.apply((vec[:size] / contributors).float())
+            if vec[0] > 0:
+                # Every learner takes part (with its trajectory or none), so that each
+                # collective the agent makes is made by all of them.
+                agent.learn_shared(traj, self.peers)
                 agent.received += steps
         elif not vec[-1] > 0:
             # The credit follows the steps all learners stored, so every learner owes the
@@ -650,7 +675,7 @@ class Learners:
             agent.received += steps
             if agent.received >= agent.config.learning_starts:
                 agent.update_credit += agent.config.update_ratio * steps
-            if int(vec[size + 2]) == L:
+            if int(vec[2]) == L:
                 self._average_gradients(agent)
                 agent.train()
         self.bitmap &= ~(vec[at + 2 * L:at + 2 * L + A].numpy() > 0)

@@ -39,6 +39,7 @@ from popplay.deep.agents.rollout import Rollout
 from popplay.deep.envs.rollout import episode_seed
 from popplay.deep.topologies.base import DeepExperiment, curve_arrays, restore_curves
 from popplay.deep.topologies.common import greedy_quality, recent_mean
+from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 
 
 @dataclass
@@ -57,7 +58,32 @@ class RolloutState:
 
 
 class RolloutExperiment(DeepExperiment):
-    """Fixed-length rollouts on ``params.copies`` environments, one ``learn`` a phase."""
+    """Fixed-length rollouts on ``params.copies`` environments, one ``learn`` a phase;
+    with ``params.workflow`` other than sequential, EXARL's workflow instead
+    (:class:`popplay.deep.topologies.exarl.OnPolicyWorkflowExperiment`, the agent's
+    ``learn_shared``)."""
+
+    def __new__(cls, params: Any, backend: Any) -> Any:
+        # One plug-in, two topologies: the registry builds this class, which hands a
+        # multi-process workflow to EXARL's experiment (its ranks, roles and rounds).
+        if getattr(params, "workflow", "sequential") != "sequential":
+            return OnPolicyWorkflowExperiment(params, backend)
+        return super().__new__(cls)
+
+    @staticmethod
+    def role(params: Any, rank: int) -> str:
+        return OnPolicyWorkflowExperiment.role(params, rank)
+
+    @staticmethod
+    def serve(dist: Any, params: Any, resume: Any) -> None:
+        OnPolicyWorkflowExperiment.serve(dist, params, resume)
+
+    @staticmethod
+    def resume_problem(params: Any) -> str | None:
+        """Why a run of ``params`` cannot be resumed (None: it can)."""
+        if getattr(params, "workflow", "sequential") != "sequential":
+            return OnPolicyWorkflowExperiment.resume_problem(params)
+        return None
 
     def __init__(self, params: Any, backend: Any) -> None:
         torch.set_num_threads(1)  # tiny networks: intra-op threads only spin against each other

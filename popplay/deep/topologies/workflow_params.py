@@ -1,0 +1,63 @@
+"""The layout of EXARL's multi-process workflows (:mod:`popplay.deep.topologies.exarl_ranks`),
+as parameter fields every agent that runs in them shares. Light on purpose (no torch):
+agents' parameter modules that the command line lists import it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from popplay.core.options import option
+
+WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
+SELECTIONS = ("range", "random")
+
+
+def check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None:
+    if workflow not in allowed:
+        raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
+
+
+@dataclass(frozen=True)
+class WorkflowParams:
+    """The multi-process workflows' layout, shared by every EXARL agent's parameters."""
+
+    workflow: str = option(
+        "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
+                      "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
+                      "batches out; central-inference: one rank holds the model and acts for every actor.",
+        choices=WORKFLOWS)
+    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
+    actors: int = option(2, "Multi-process workflows: actor ranks.", min=1)
+    selection: str = option("range", "multi-learner: range (each learner pops its own block of actors' queues) or "
+                                     "random (any actor's newest trajectory, read without removing it).",
+                            choices=SELECTIONS)
+    queue_capacity: int = option(4, "multi-learner, range: trajectories an actor keeps unread at most.", min=1)
+    timeout: float = option(60.0, "Seconds any wait for another rank may take.", on_resume=True)
+
+    def _validate_layout(self, allowed: tuple[str, ...] = WORKFLOWS) -> None:
+        check_workflow(self.workflow, allowed)
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be positive (got {self.timeout})")
+        counts = {"sync_every": getattr(self, "sync_every", 1), "learners": self.learners, "actors": self.actors,
+                  "queue_capacity": self.queue_capacity}
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1 (got {value})")
+
+    @property
+    def topology(self) -> str:
+        return self.workflow
+
+    @property
+    def ranks(self) -> int:
+        if self.workflow == "sequential":
+            return 1
+        if self.workflow == "central-inference":
+            return 1 + self.actors
+        return self.learners + self.actors
+
+    def new_learner(self, info: Any) -> Any:
+        """The learner of this run (same seed, same initial networks on every rank)."""
+        raise NotImplementedError
