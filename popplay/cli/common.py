@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import signal
-import sys
 import tomllib
-from contextlib import contextmanager
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -149,28 +146,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[Callable[[], bool]]:
-    """First Ctrl-C (or SIGTERM) asks the run to stop after the current phase and
-    save; the run file is then written before the process exits."""
-    requested = {"stop": False}
-    previous = {}
-
-    def handler(signum: int, frame: Any) -> None:
-        if requested["stop"]:
-            return  # a second request must not interrupt the save
-        requested["stop"] = True
-        print("\nStopping after the current phase and saving the run file...", file=sys.stderr, flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread (e.g. inside some test runners)
-            pass
-    try:
-        yield lambda: requested["stop"]
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -26,9 +26,9 @@ from popplay.cli.common import (
     given,
     parse_hidden,
     print_json,
-    stop_on_signals,
 )
 from popplay.core.errors import PopplayError, UsageError
+from popplay.training.job import stop_on_signals
 
 
 class Replay(str, Enum):

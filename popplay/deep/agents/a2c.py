@@ -132,8 +132,7 @@ class A2C:
 
     def __post_init__(self) -> None:
         self.config.validate()
-        self.policy = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden, "tanh")
-        self.value = networks.seeded_mlp(self.seed + 1, self.obs_dim, 1, self.config.hidden, "tanh")
+        self.policy, self.value = networks.actor_critic(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self.optimizer = torch.optim.Adam([*self.policy.parameters(), *self.value.parameters()], lr=self.config.lr)
         self.updates = 0
         self.received = 0  # real steps learned from

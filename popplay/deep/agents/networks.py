@@ -118,3 +118,9 @@ def generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(seed) & ((1 << 63) - 1))
     return g
+
+
+def actor_critic(seed: int, obs_dim: int, actions: int, hidden: tuple[int, ...]) -> tuple[nn.Module, nn.Module]:
+    """Separate tanh policy (logits) and value networks, seeded ``seed`` and ``seed + 1``
+    (A2C's and PPO's, as stable-baselines3's ``MlpPolicy``)."""
+    return seeded_mlp(seed, obs_dim, actions, hidden, "tanh"), seeded_mlp(seed + 1, obs_dim, 1, hidden, "tanh")

@@ -114,8 +114,7 @@ class PPO:
 
     def __post_init__(self) -> None:
         self.config.validate()
-        self.policy = networks.seeded_mlp(self.seed, self.obs_dim, self.actions, self.config.hidden, "tanh")
-        self.value = networks.seeded_mlp(self.seed + 1, self.obs_dim, 1, self.config.hidden, "tanh")
+        self.policy, self.value = networks.actor_critic(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self._params = [*self.policy.parameters(), *self.value.parameters()]
         self.optimizer = _adam(self._params, self.config.lr, self.config.adam_eps)
         self.shuffle = networks.generator(self.seed * 7919 + 3)

@@ -163,6 +163,17 @@ def restore_curves(state: Any, arrays: dict[str, Any]) -> None:
     state.lengths = [int(n) for n in arrays["episode_lengths"]]
 
 
+def restore_progress(state: Any, arrays: dict[str, Any], counters: dict[str, Any]) -> None:
+    """Phases, episodes, env-steps and the episode curves of a restored state, checked
+    against each other."""
+    state.phases = int(counters["phases"])
+    state.episodes = int(counters["episodes"])
+    state.env_steps = int(counters["env_steps"])
+    restore_curves(state, arrays)
+    if len(state.returns) != state.episodes:
+        raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
+
+
 def topology_counters(extra: dict[str, Any]) -> dict[str, Any]:
     return {f"topology_{k}": v for k, v in extra.items()}
 

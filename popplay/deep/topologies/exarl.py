@@ -54,14 +54,13 @@ from popplay.deep.topologies.base import (
     config_from,
     count_episodes,
     curve_arrays,
-    restore_curves,
+    restore_progress,
     topology_counters,
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.exarl_ranks import last_barrier
 from popplay.deep.topologies.workflow_params import SELECTIONS, WORKFLOWS, WorkflowParams  # noqa: F401  (re-exported)
 from popplay.distributed.group import current
-
 
 
 @dataclass(frozen=True)
@@ -280,12 +279,7 @@ class _Experiment(DeepExperiment):
         networks.load_generator(state.explore, arrays["rng.explore"])
         if state.actor is not None:
             networks.load_module_arrays(state.actor, "actor_copy", arrays)
-        state.phases = int(counters["phases"])
-        state.episodes = int(counters["episodes"])
-        state.env_steps = int(counters["env_steps"])
-        restore_curves(state, arrays)
-        if len(state.returns) != state.episodes:
-            raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
+        restore_progress(state, arrays, counters)
         self._note(state)
         return state
 

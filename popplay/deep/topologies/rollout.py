@@ -37,7 +37,7 @@ from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.rollout import Rollout
 from popplay.deep.envs.rollout import episode_seed
-from popplay.deep.topologies.base import DeepExperiment, curve_arrays, restore_curves
+from popplay.deep.topologies.base import DeepExperiment, curve_arrays, restore_progress
 from popplay.deep.topologies.common import greedy_quality, recent_mean
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 
@@ -217,12 +217,7 @@ class RolloutExperiment(DeepExperiment):
         state.obs = stored_obs.copy()
         state.copy_episode = episode.copy()
         state.copy_return = np.asarray(arrays["copies.return"], dtype=np.float64).copy()
-        state.phases = int(counters["phases"])
-        state.episodes = int(counters["episodes"])
-        state.env_steps = int(counters["env_steps"])
-        restore_curves(state, arrays)
-        if len(state.returns) != state.episodes:
-            raise ValueError(f"{len(state.returns)} episode returns stored for {state.episodes} episodes")
+        restore_progress(state, arrays, counters)
         self._note(state)
         return state
 
