@@ -78,9 +78,9 @@ def render(progress: Progress) -> RenderableType:
     if _per_trial(progress):
         stats.add_row("shares", str(progress.phase))
     if progress.total_agent_steps is not None:
-        stats.add_row("agent-steps, all trials" if _per_trial(progress) else "agent-steps",
+        stats.add_row("agent-steps, all trials" if _per_trial(progress) else progress.step_name,
                       f"{progress.total_agent_steps:,}")
-    stats.add_row("agent-steps/s", format_rate(progress.agent_steps_per_second))
+    stats.add_row(f"{progress.step_name}/s", format_rate(progress.agent_steps_per_second))
     stats.add_row("learning time", format_seconds(progress.learning_seconds) + (
         f" / {format_seconds(progress.time_budget)}" if progress.time_budget else ""))
     return Group(line, stats)
@@ -95,7 +95,7 @@ def plain_line(progress: Progress, width: int = PLAIN_WIDTH) -> str:
     unit, budget = _budget_row(progress)
     unit = "steps/trial" if _per_trial(progress) else unit
     head = f"{progress.domain} {100 * progress.fraction:5.1f}% {unit} {budget.replace(' / ', '/')}"
-    tail = (f"{format_rate(progress.agent_steps_per_second)} agent-steps/s "
+    tail = (f"{format_rate(progress.agent_steps_per_second)} {progress.step_name}/s "
             f"learning {format_seconds(progress.learning_seconds).strip()} "
             f"eta {format_seconds(progress.eta_seconds).strip()}")
     room = width - len(head) - len(tail) - 2

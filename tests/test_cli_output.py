@@ -130,6 +130,39 @@ def test_config_file_sets_options_and_the_command_line_overrides_it(tmp_path, ca
         assert len(err) == 1 and err[0].startswith("Error: --config") and fragment in err[0]
 
 
+def test_config_top_level_keys_apply_to_every_command_and_tables_override_them(tmp_path, capsys):
+    """Top-level keys used to be dropped as soon as the file had any table."""
+    import os
+
+    from popplay.checkpoints.validation import load_run
+
+    config = tmp_path / "c.toml"
+    # games-per-agent is a knights option: the bandit command leaves it to knights
+    config.write_text('agents = 8\narms = 10\nagent-steps = 64\ngames-per-agent = 2\n'
+                      '[bandit]\ntrials = 4\n[cartpole]\nagents = 99\n')
+    assert main(["train", "bandit", "--config", str(config), "--out", str(tmp_path / "b.h5"), "--json"]) == 0
+    stored = load_run(tmp_path / "b.h5").config
+    assert (stored["agents"], stored["arms"], stored["trials"], stored["steps_per_agent"]) == (8, 10, 4, 8)
+    both = tmp_path / "both.toml"
+    both.write_text('agents = 8\ntrials = 4\n[bandit]\nagents = 2\n')  # the table wins
+    assert main(["train", "bandit", "--config", str(both), "--arms", "10", "--agent-steps", "64",
+                 "--out", str(tmp_path / "t.h5"), "--json"]) == 0
+    assert load_run(tmp_path / "t.h5").config["agents"] == 2
+    capsys.readouterr()
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for name, text, fragment in (("table.toml", "[bandt]\nagents = 2\n", "[bandt] is not a train command"),
+                                 ("key.toml", "[bandit]\ngames-per-agent = 2\n",
+                                  "[bandit] 'games-per-agent' is not an option of `popplay train bandit`"),
+                                 ("bool.toml", "agents = true\n", "agents = True is not a value it takes"),
+                                 ("fifo.toml", None, "not a regular file")):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        assert main(["train", "bandit", "--config", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("Error: --config") and fragment in err[0], err
+
+
 def test_several_seeds_in_one_command_are_aggregated(tmp_path, capsys):
     import math
 

@@ -69,6 +69,14 @@ def test_budget_is_labelled_in_its_own_unit():
     assert "episodes 5/20" in plain_line(knights)
 
 
+def test_deep_runs_count_env_steps_not_agent_steps():
+    deep = _progress(domain="dqn", agent_steps=600, budget_agent_steps=None, total_agent_steps=600, unit="env-steps",
+                     done_units=600, budget_units=1000, step_name="env-steps")
+    text, line = _text(render(deep)), plain_line(deep)
+    assert "env-steps/s" in text and "env-steps/s" in line and "600" in text
+    assert "agent-steps" not in text and "agent-steps" not in line
+
+
 def test_whole_metrics_stay_whole_and_plain_lines_stay_short():
     assert format_metric(20.0) == "20" and format_metric(100.0) == "100" and format_metric(0.9375) == "0.9375"
     assert format_metric(1234.5) == "1,234.5"

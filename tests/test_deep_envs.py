@@ -148,3 +148,51 @@ def test_lunar_lander_without_box2d_names_the_extra() -> None:
             envs.make_vector("LunarLander-v3")
     else:
         assert envs.describe(envs.make_vector("LunarLander-v3"), "LunarLander-v3").actions == 4
+
+
+CORRIDOR = '''
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+
+class Corridor(gymnasium.Env):
+    """Walk right to the end of a 5-cell corridor: -1 a step, done at the end."""
+
+    observation_space = spaces.Box(0.0, 4.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.cell = max(0, self.cell + (1 if action == 1 else -1))
+        return np.array([self.cell], np.float32), -1.0, self.cell == 4, False, {}
+
+
+gymnasium.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
+'''
+
+
+def test_gymnasium_module_syntax_names_a_users_environment(tmp_path, monkeypatch, capsys):
+    """``--env my_module:Corridor-v0`` imports the module that registers it, as gymnasium.make does."""
+    import json
+
+    from popplay.cli.main import main
+
+    (tmp_path / "corridor_env.py").write_text(CORRIDOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "c.h5"
+    assert main(["train", "ppo", "--env", "corridor_env:Corridor-v0", "--env-steps", "128", "--copies", "2",
+                 "--n-steps", "16", "--n-epochs", "1", "--hidden", "4", "--eval-episodes", "1", "--out", str(out),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["env"] == "corridor_env:Corridor-v0" and summary["quality"] <= -4
+    assert main(["evaluate", str(out), "--episodes", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["train", "ppo", "--env", "no_such_module_here:Corridor-v0", "--env-steps", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["Error: --env no_such_module_here:Corridor-v0: cannot import no_such_module_here "
+                   "(ModuleNotFoundError: No module named 'no_such_module_here')"]

@@ -26,7 +26,8 @@ class DeviceName(str, Enum):
 
 
 BACKEND_HELP = "numba (fused CPU loops) or torch (batched, CPU or CUDA); auto picks torch on a GPU, numba otherwise."
-DEVICE_HELP = "Where torch runs; auto picks cuda when a GPU is present."
+DEVICE_HELP = ("Where torch runs; auto picks cuda when a GPU is present for the populations, and the CPU for the "
+               "deep agents (their networks are small: cuda only when asked for).")
 OUT_HELP = "Run file to write (HDF5). Default: runs/<domain>-<timestamp>.h5."
 JSON_HELP = "Print one JSON object with the results on the last line of stdout (no live console)."
 TIME_BUDGET_HELP = "Learn for this many seconds of learning time instead of a fixed step budget."
@@ -84,37 +85,83 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "DEFAULT_MAP")
 
 
-CONFIG_HELP = ("TOML file of options for this command (agent-steps = 131072, differentiation = \"top2\", …; at the "
-               "top level or under a [bandit]/[cartpole]/[knights] table); options on the command line override it.")
+CONFIG_HELP = ("TOML file of options (agent-steps = 131072, differentiation = \"top2\", …): top-level keys apply to "
+               "every train command that has them, a [DOMAIN] table ([bandit], [dqn], …) to that command, overriding "
+               "them; options on the command line override both.")
+CONFIG_LIMIT = 1 << 20  # bytes: an options file is a few lines
 
 
 def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Optional[Path]:
     """Eager callback of ``--config``: the file's options become this command's defaults
-    (click's default map), so anything given on the command line still wins."""
+    (click's default map), so anything given on the command line still wins.
+
+    Top-level keys apply to every ``train`` command that has them; a ``[DOMAIN]`` table
+    applies to that command and overrides them. A key that no ``train`` command knows,
+    a table no command is named after, or a key of this command's table that it does not
+    know, is an error naming it."""
     if value is None:
         return value
 
     domain = ctx.info_name or ""
     try:
+        if Path(value).exists() and not Path(value).is_file():  # a FIFO or a device would block or never end
+            raise UsageError(f"--config {value}: not a regular file")
+        if Path(value).exists() and Path(value).stat().st_size > CONFIG_LIMIT:
+            raise UsageError(f"--config {value}: larger than {CONFIG_LIMIT // 1024} KiB; not an options file")
         with open(value, "rb") as handle:
             data = tomllib.load(handle)
     except OSError as error:
         raise UsageError(f"--config {value}: {error.strerror or error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise UsageError(f"--config {value}: not valid TOML ({error})") from None
-    table = data.get(domain) if isinstance(data.get(domain), dict) else {
-        k: v for k, v in data.items() if not isinstance(v, dict)}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise UsageError(f"--config {value}: not valid TOML ({' '.join(str(error).split())})") from None
+    commands = _train_commands(ctx)
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    for table in (k for k, v in data.items() if isinstance(v, dict)):
+        if table not in commands:
+            raise UsageError(f"--config {value}: [{table}] is not a train command ({', '.join(commands)})")
     names = {p.name: p for p in ctx.command.params if p.name not in ("config", "help")}
+    known = ", ".join(sorted(n.replace("_", "-") for n in names if n != "json_output"))
     options: dict[str, Any] = {}
-    for key, setting in table.items():
-        name = key.replace("-", "_").lstrip("_")
-        name = "json_output" if name == "json" else name
-        if name not in names:
-            known = ", ".join(sorted(n.replace("_", "-") for n in names if n != "json_output"))
-            raise UsageError(f"--config {value}: {key!r} is not an option of `popplay train {domain}` ({known})")
-        options[name] = str(setting) if isinstance(setting, (int, float)) and name in ("checkpoint_every",) else setting
+    for key, setting in top.items():
+        name = _option_key(key)
+        if name in names:
+            options[name] = setting
+        elif not any(name in _option_names(ctx, other) for other in commands if other != domain):
+            raise UsageError(f"--config {value}: {key!r} is not an option of any train command "
+                             f"(`popplay train {domain}` has {known})")
+    for key, setting in (data.get(domain) or {}).items():
+        name = _option_key(key)
+        if name not in names or isinstance(setting, dict):
+            raise UsageError(f"--config {value}: [{domain}] {key!r} is not an option of `popplay train {domain}` "
+                             f"({known})")
+        options[name] = setting
+    for name, setting in list(options.items()):
+        if isinstance(setting, list) and setting and all(type(v) is int for v in setting):
+            options[name] = setting = ",".join(str(v) for v in setting)  # widths: hidden = [64, 64]
+        flag = getattr(names[name], "is_flag", False)
+        if isinstance(setting, (list, dict)) or (isinstance(setting, bool) and not flag):
+            raise UsageError(f"--config {value}: {name.replace('_', '-')} = {setting!r} is not a value it takes")
+    options = {k: str(v) if isinstance(v, (int, float)) and k == "checkpoint_every" else v for k, v in options.items()}
     ctx.default_map = {**(ctx.default_map or {}), **options}
     return value
+
+
+def _option_key(key: str) -> str:
+    name = key.replace("-", "_").lstrip("_")
+    return "json_output" if name == "json" else name
+
+
+def _train_commands(ctx: typer.Context) -> list[str]:
+    """The names of the ``train`` commands (the group this command belongs to)."""
+    group = ctx.parent.command if ctx.parent is not None else None
+    return list(group.list_commands(ctx.parent)) if group is not None and hasattr(group, "list_commands") else []
+
+
+def _option_names(ctx: typer.Context, command: str) -> set[str]:
+    """The parameter names of ``train COMMAND`` (building it if it is generated)."""
+    group = ctx.parent.command if ctx.parent is not None else None
+    found = group.get_command(ctx.parent, command) if group is not None else None
+    return {p.name for p in found.params} if found is not None else set()
 
 
 SeedsOption = Annotated[int, typer.Option(

@@ -31,7 +31,7 @@ SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit under a minute, ca
 def reproduce(
     figure: Annotated[str, typer.Argument(
         help="figure2-figure4 (bandit, report §1.4), figure6-figure9 (cart-pole, §2.5), knights_replication "
-             "(knights, §3.4), reinforce_workers (seed 001: REINFORCE with 1-15 workers); a domain (bandit, "
+             "(knights, §3.4), reinforce_workers (REINFORCE with 1-15 workers, the 'Distributed Reinforcement Learning: A draft' post); a domain (bandit, "
              "cartpole, knights, reinforce) for all its figures; all for every figure.",
         metavar="FIGURE")],
     scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,

@@ -50,7 +50,7 @@ def train_gorila(
         min=1, help="Learner processes (see --replay).")] = 1,
     shards: Annotated[int, typer.Option(min=1, help="Parameter-server shards (AdaGrad on a slice each).")] = 1,
     replay: Annotated[Replay, typer.Option(
-        help="local: actor a feeds learner a mod L, which samples only that memory (the seed's bundles); "
+        help="local: actor a feeds learner a mod L, which samples only that memory (Gorila's bundles); "
              "global: one memory distributed over the learners (each holds its actors' part) and every "
              "minibatch drawn from all of it.")] = Replay.local,
     episodes: Annotated[int, typer.Option(min=0, help="Budget: episodes over all actors (0: none).")] = 0,

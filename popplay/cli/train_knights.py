@@ -89,7 +89,7 @@ def train_knights(
     timeout: DistTimeoutOption = 60.0,
     log_dir: LogDirOption = None,
 ) -> None:
-    """Train a knights population by TD(λ) self-play. Quality = best agent's
+    """Train a knights population by TD(λ) self-play. Quality = the mean agent's
     (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
     if resume is not None:
         stored = load_resume(ctx, "knights", resume)

@@ -51,6 +51,8 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("seeds", SeedsOption, 1),
     ("config", ConfigOption, None),
     ("log_dir", LogDirOption, None),
+    # Only to answer it: a deep run's ranks come from its layout (a one-line hint, not "No such option").
+    ("nproc", Annotated[int, typer.Option(hidden=True)], 1),
 ]
 
 
@@ -112,7 +114,7 @@ def build_command(domain: str) -> Callable[..., None]:
         run_training(domain, params, backend="auto", device=device.value, time_budget=time_budget, out=out,
                      overwrite=run["overwrite"] or resume is not None, json_output=run["json_output"],
                      checkpoint_every=run["checkpoint_every"], resume=resume, seeds=run["seeds"],
-                     log_dir=run["log_dir"], timeout=float(getattr(params, "timeout", 60.0)))
+                     log_dir=run["log_dir"], nproc=run["nproc"], timeout=float(getattr(params, "timeout", 60.0)))
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
     for field in fields:

@@ -116,6 +116,8 @@ class Progress:
     unit: str = PER_TRIAL
     done_units: int | None = None
     budget_units: int | None = None
+    #: What a step is, as rates and totals are labelled (env-steps for deep agents).
+    step_name: str = "agent-steps"
 
     @property
     def fraction(self) -> float:

@@ -101,6 +101,27 @@ def _describe_status(code: int) -> str:
     return f"exit code {code}"
 
 
+#: What a rank runs first, before Python imports anything heavy: it asks the kernel to
+#: kill it when the launcher dies (Linux's parent-death signal; where there is none, the
+#: rank sets what it can later), leaves at once if the launcher is already gone, then
+#: runs ``module`` as ``python -m`` would. A launcher killed while its ranks import
+#: torch (seconds) must not leave them behind.
+RANK_STUB = (
+    "import os, runpy, sys\n"
+    "launcher = int(sys.argv.pop(1))\n"
+    "try:\n"
+    "    import ctypes, signal\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != launcher:\n"
+    "    os._exit(1)\n"
+    "module = sys.argv.pop(1)\n"
+    "sys.argv[0] = module\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
 def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_per_rank: int | None = None,
                  describe_lost: Callable[[], str] | None = None, module: str = "popplay.cli.rank",
                  stderr: IO[str] | None = None) -> int:
@@ -160,7 +181,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
                 env["POPPLAY_STORE_FD"] = str(listener.fileno())
                 passed = (listener.fileno(),)
             process = subprocess.Popen(
-                [sys.executable, "-m", module, role(rank, nproc), *argv], env=env,
+                [sys.executable, "-c", RANK_STUB, str(os.getpid()), module, role(rank, nproc), *argv], env=env,
                 stdin=subprocess.DEVNULL, stdout=None if rank == 0 else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 # Own session: the terminal's Ctrl-C reaches the ranks once, through us.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -84,7 +85,8 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     world = world_size(spec, params, options)
     spec.backend(options.backend, options.device)  # a device the run cannot use: refused before any rank starts
     if spec.kind != POPULATION and options.nproc > 1:
-        raise UsageError(f"--nproc: a {spec.name} run's ranks come from its topology ({world} here)")
+        raise UsageError(f"--nproc: a {spec.name} run's ranks come from its layout (--topology or --workflow and "
+                         f"its rank counts: {world} here), not --nproc")
     if options.seeds > 1 and (world > 1 or in_rank()):
         raise UsageError("--seeds: run one seed per job when training over several ranks")
     base = Path(options.out)
@@ -117,8 +119,28 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     return job
 
 
+#: Local ranks a machine may be asked to hold, per core: beyond it a layout's processes
+#: only fight over the cores and the memory (a typo such as --simulators 100000 once
+#: started hundreds of ranks and woke the kernel's OOM killer). POPPLAY_MAX_RANKS sets
+#: the bound itself.
+RANKS_PER_CORE = 8
+
+
+def max_local_ranks() -> int:
+    """How many ranks one local job may start on this machine."""
+    try:
+        return max(1, int(os.environ["POPPLAY_MAX_RANKS"]))
+    except (KeyError, ValueError):
+        return RANKS_PER_CORE * (os.cpu_count() or 1)
+
+
 def _launch(spec: DomainSpec, params: Any, options: JobOptions, out: Path, world: int, resume: Any) -> int:
     """Start ``world`` local ranks running this job's command line; their exit code."""
+    limit = max_local_ranks()
+    if world > limit:
+        raise UsageError(f"this run would start {world:,} processes; this machine takes at most {limit:,} "
+                         f"({RANKS_PER_CORE} per core, or POPPLAY_MAX_RANKS): lower --nproc or the ranks of its "
+                         "layout (--simulators, --workers, --learners, --actors)")
     if spec.kind == POPULATION:
         sharded.check_divisible(params, world, splits_trials=spec.splits_trials)
     else:

@@ -134,6 +134,7 @@ def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporte
             metrics={name: values[-1] for name, values in curve.metrics.items()}, done=done,
             total_agent_steps=steps, unit=unit, done_units=experiment.progress(state),
             budget_units=None if time_mode else budget_units(),
+            step_name=getattr(experiment, "step_name", "agent-steps"),
         )
 
     while True:

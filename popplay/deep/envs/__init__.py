@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Iterator
 
 import gymnasium
@@ -75,15 +76,34 @@ def install_hint(env_id: str) -> str | None:
     return f"pip install 'popplay[{extra}]'"
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise :class:`EnvError` unless ``env_id`` names a registered environment."""
+def resolve_id(env_id: str) -> str:
+    """``env_id`` without gymnasium's ``module:`` prefix, once that module (which
+    registers the environment) is imported; :class:`EnvError` if it cannot be."""
+    module, colon, bare = env_id.rpartition(":")
+    if not colon:
+        return env_id
+    if not module or not bare:
+        raise EnvError(f"--env {env_id}: expected MODULE:ID, as gymnasium.make takes it")
+    try:
+        import_module(module)
+    except Exception as error:  # any failure of the user's module is theirs to see, in one line
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise EnvError(f"--env {env_id}: cannot import {module} ({reason})") from None
+    return bare
+
+
+def check_env_id(env_id: str) -> str:
+    """The registered id ``env_id`` names (:func:`resolve_id`); :class:`EnvError` unless
+    it names a registered environment."""
 
     register()
+    bare = resolve_id(env_id)
     try:
-        gymnasium.spec(env_id)
+        gymnasium.spec(bare)
     except gymnasium.error.Error as error:
         reason = " ".join(str(error).split())
         raise EnvError(f"--env {env_id}: not a gymnasium environment ({reason})") from None
+    return bare
 
 
 @contextmanager
@@ -106,28 +126,28 @@ def make_vector(env_id: str, num_envs: int = 1, **kwargs: Any) -> Any:
     """A gymnasium vector environment of ``num_envs`` copies of ``env_id`` that resets
     finished copies in the same step. Raises :class:`EnvError` (one line)."""
 
-    check_env_id(env_id)
-    spec = gymnasium.spec(env_id)
+    bare = check_env_id(env_id)
+    spec = gymnasium.spec(bare)
     with _needs_extras(env_id):
-        if spec.vector_entry_point is not None and env_id == POPPLAY_CARTPOLE:
-            return gymnasium.make_vec(env_id, num_envs=num_envs, **kwargs)
+        if spec.vector_entry_point is not None and bare == POPPLAY_CARTPOLE:
+            return gymnasium.make_vec(bare, num_envs=num_envs, **kwargs)
         if num_envs == 1:
-            env = gymnasium.make(env_id, **kwargs)
+            env = gymnasium.make(bare, **kwargs)
             if isinstance(env.observation_space, gymnasium.spaces.Box):
                 return SingleCopyVectorEnv(env)  # SyncVectorEnv's steps, without its N-copy bookkeeping
             env.close()
         # Other ids' own vector entry points (gymnasium's CartPole) reset on the next
         # step; the synchronous wrapper is told to reset in the same one.
-        return gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+        return gymnasium.make_vec(bare, num_envs=num_envs, vectorization_mode="sync",
                                   vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs)
 
 
 def make_single(env_id: str, **kwargs: Any) -> Any:
     """One plain gymnasium environment of ``env_id`` (the caller resets it). Raises
     :class:`EnvError` (one line)."""
-    check_env_id(env_id)
+    bare = check_env_id(env_id)
     with _needs_extras(env_id):
-        return gymnasium.make(env_id, **kwargs)
+        return gymnasium.make(bare, **kwargs)
 
 
 def describe(env: Any, env_id: str) -> EnvInfo:

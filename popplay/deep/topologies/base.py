@@ -101,6 +101,8 @@ class DeepExperiment:
 
     #: What the ``episodes`` budget counts, as the console labels it.
     episode_unit = "episodes"
+    #: What the console calls a step (rates and totals): an environment step.
+    step_name = "env-steps"
 
     @property
     def progress_unit(self) -> str:

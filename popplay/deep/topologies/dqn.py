@@ -53,7 +53,7 @@ from popplay.distributed.group import current
 @dataclass(frozen=True)
 class DQNParams(DeepParams):
     """Train Double DQN: the online network picks the next action and the target network
-    values it (seed 003 eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
+    values it (Grandio's MPI Deep Q-Learning, eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
 
     env: str = option("CartPole-v1", ENV_HELP)
     topology: str = option(
@@ -76,7 +76,7 @@ class DQNParams(DeepParams):
     train_every: int = option(
         0, "Sequential: train every this many env-steps of the run (mid-episode too), running the updates owed, "
            "--update-ratio per step (SB3's train_freq K with gradient_steps G is --train-every K --update-ratio "
-           "G/K); 0: after each episode (seed 003 Algorithm 1).", min=0)
+           "G/K); 0: after each episode (Grandio's MPI Deep Q-Learning, Algorithm 1).", min=0)
     target_every: int = option(250, "Updates between target-network refreshes.", min=1)
     epsilon_start: float = option(1.0, "ε before any update.", min=0.0, max=1.0)
     epsilon_end: float = option(0.05, "ε after --epsilon-updates.", min=0.0, max=1.0)
@@ -250,4 +250,4 @@ def to_batch(episodes: Any) -> Any:
 
 
 SPEC = register(DomainSpec(name="dqn", params=DQNParams, experiment=DQNExperiment, kind=DEEP, steps_label="environment steps", devices=("cpu", "cuda"),
-                           summary="Double DQN with a learner and simulators (seed 003)."))
+                           summary="Double DQN with a learner and simulators (Grandio's MPI Deep Q-Learning)."))

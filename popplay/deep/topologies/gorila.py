@@ -121,7 +121,7 @@ class GorilaConfig:
     # the same placement, but every learner samples each minibatch from all the parts
     # (one memory distributed over the learners).
     replay: str = option(
-        "local", "local: actor a feeds learner a mod L, which samples only that memory (the seed's bundles); "
+        "local", "local: actor a feeds learner a mod L, which samples only that memory (Gorila's bundles); "
                  "global: one memory distributed over the learners (each holds its actors' part) and every "
                  "minibatch drawn from all of it.", choices=("local", "global"), name="--replay", on_resume=True)
 
@@ -662,4 +662,4 @@ class GorilaExperiment:
 
 
 SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, experiment=GorilaExperiment, kind=DEEP, steps_label="environment steps",
-                           summary="Gorila's actors, learners and sharded parameter server (seed 002)."))
+                           summary="Gorila's actors, learners and sharded parameter server (Nair et al. 2015)."))

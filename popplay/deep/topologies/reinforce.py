@@ -50,7 +50,7 @@ REINFORCE_TOPOLOGIES = ("server", "local")
 @dataclass(frozen=True)
 class ReinforceParams(DeepParams):
     """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
-    episode; the server sums the workers' gradients and steps Adam (seed 001)."""
+    episode; the server sums the workers' gradients and steps Adam (as in the 'Distributed Reinforcement Learning: A draft' post)."""
 
     env: str = option("CartPole-v1", ENV_HELP)
     topology: str = option(
@@ -226,4 +226,4 @@ class ReinforceExperiment(DeepExperiment):
 
 
 SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, experiment=ReinforceExperiment, kind=DEEP, steps_label="environment steps",
-                           summary="REINFORCE with a synchronous parameter server (seed 001)."))
+                           summary="REINFORCE with a synchronous parameter server (as in the 'Distributed Reinforcement Learning: A draft' post)."))
