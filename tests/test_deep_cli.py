@@ -208,3 +208,40 @@ def test_a_deep_resume_locks_the_run_file_before_it_reads_it(tmp_path, capsys, m
     assert reads == [] and out.read_bytes() == before
     assert main(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"]) == 0  # once it is free
     assert len(reads) == 1 and load_run(out).state_counters["episodes"] == 6
+
+
+def test_a_diverged_deep_run_is_flagged_saved_readable_and_not_resumed(tmp_path, capsys):
+    """--lr 1e30 used to exit 0 with a "complete" file that no reader would then take."""
+    from popplay.cli.main import main
+
+    out = tmp_path / "nan.h5"
+    assert main(["train", "dqn", "--episodes", "60", "--lr", "1e30", "--hidden", "8", "--eval-episodes", "1",
+                 "--out", str(out)]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "the agent diverged" in errors[0] and str(out) in errors[0]
+    stored = load_run(out)  # whole and readable: what it learned, and where it went wrong
+    phase = stored.state_counters["diverged_phase"]
+    assert any("diverged" in event for event in json.loads(stored.result_attrs["events_json"]))
+    assert stored.state_counters["episodes"] == phase < 60
+    assert main(["train", "dqn", "--resume", str(out), "--episodes", "80"]) == 2
+    assert f"this run diverged at phase {phase}" in capsys.readouterr().err
+
+
+def test_a_crafted_nan_in_a_deep_state_is_refused_when_loading(tmp_path, capsys):
+    import h5py
+
+    from popplay.checkpoints import runfile
+    from popplay.cli.main import main
+
+    out = tmp_path / "ok.h5"
+    assert main(["train", "dqn", "--episodes", "30", "--hidden", "8", "--learning-starts", "16", "--eval-episodes",
+                 "1", "--out", str(out)]) == 0
+    with h5py.File(out, "r+") as f:
+        f["state/adam.0.exp_avg"][0] = np.nan
+        f.attrs[runfile.DIGEST] = np.bytes_(runfile.content_digest(f).encode())
+    capsys.readouterr()
+    assert main(["train", "dqn", "--resume", str(out), "--episodes", "40"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "non-finite values in adam.0.exp_avg" in errors[0]
+    assert main(["evaluate", str(out), "--episodes", "1"]) == 2
+    assert "non-finite values in adam.0.exp_avg" in capsys.readouterr().err

@@ -169,6 +169,10 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     if not outcomes[-1].summary["complete"]:
         print(f"Stopped early; the run file {outcomes[-1].summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
+    diverged = [o.summary for o in outcomes if o.summary.get("diverged")]
+    if diverged:  # saved whole, flagged in the run file's events: a NaN is not a result
+        print(f"Error: {diverged[0]['diverged']}; the run file {diverged[0]['out']} holds it", file=sys.stderr)
+        raise typer.Exit(1)
     if done.stop_requested:  # announced during the last phase: it finished, and says so
         print(f"Interrupted during the last phase, which finished; the run file {outcomes[-1].summary['out']} "
               "is complete.", file=sys.stderr)

@@ -108,7 +108,7 @@ class RunWriter:
         metrics = {name: values[-1] for name, values in curve.metrics.items()} if len(curve) else {}
         contents = dict(
             domain=self.domain, config=self.config,
-            state=arrays, state_counters=_measured(self.experiment.state_counters(state)),
+            state=arrays, state_counters=_measured({**self.experiment.state_counters(state), **_diverged(self.experiment)}),
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=results, result_attrs={**metrics, "events_json": self.events},
@@ -121,11 +121,18 @@ class RunWriter:
             runfile.rescue(error, contents)  # keeps this state elsewhere if it can; always raises
 
 
+def _diverged(experiment: Any) -> dict[str, Any]:
+    """The phase where a deep agent diverged, as a counter (a resume refuses such a run)."""
+    phase = getattr(experiment, "diverged_phase", None)
+    return {} if phase is None else {"diverged_phase": int(phase)}
+
+
 def _measured(counters: dict[str, Any]) -> dict[str, Any]:
-    """``counters`` without NaN values. A deep agent's ``last_loss`` is NaN until its first
-    update, and readers take a missing one as NaN; a run file keeps finite numbers only
-    (a NaN there is damage), so a run saved before its first update still resumes."""
-    return {name: value for name, value in counters.items() if not (isinstance(value, float) and math.isnan(value))}
+    """``counters`` without non-finite values. A deep agent's ``last_loss`` is NaN until
+    its first update, and readers take a missing one as NaN; a run file keeps finite
+    numbers only (a NaN there is damage), so a run saved before its first update still
+    resumes, and a diverged run (an infinite loss, flagged by its event) can be read."""
+    return {name: value for name, value in counters.items() if not (isinstance(value, float) and not math.isfinite(value))}
 
 
 def curve_from_file(curves: dict[str, Any]) -> Curve:
@@ -187,6 +194,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                               f"on {backend.device}; " + (f"run file {out}" if out is not None else "no run file"))
         state, curve, learning_seconds = None, None, 0.0
         if resume is not None:
+            if "diverged_phase" in resume.state_counters:
+                raise UsageError(f"{out}: this run diverged at phase {resume.state_counters['diverged_phase']} "
+                                 "(its events say how); start a new one, with a smaller learning rate")
             try:
                 state = experiment.restore(resume.state, resume.state_counters)
             except (KeyError, ValueError, TypeError) as error:

@@ -86,7 +86,27 @@ class DeepExperiment:
     def warmup(self) -> None:
         pass
 
+    #: Set once the networks held non-finite values: the run stops, saved and flagged.
+    diverged: str | None = None
+    diverged_phase: int | None = None
+
+    def check_finite(self, state: Any, *, phase: int) -> list[str]:
+        """Stop a run whose networks hold NaN or infinity (a learning rate too high):
+        one event for the run file and the console; the summary then says ``diverged``
+        and the command exits 1. Training on would only spread the NaN."""
+        if self.diverged is not None:
+            return []
+        bad = non_finite_parameters(state)
+        if not bad:
+            return []
+        self.diverged_phase = phase
+        self.diverged = (f"phase {phase}: the agent diverged (non-finite values in {', '.join(bad[:3])}"
+                         f"{' and more' if len(bad) > 3 else ''}); the run stops here")
+        return [self.diverged]
+
     def finished(self, state: Any, *, time_mode: bool) -> bool:
+        if self.diverged is not None:
+            return True
         return budget_reached(self._done(state), state.env_steps, self.params.episodes, self.params.env_steps)
 
     def agent_steps(self, state: Any) -> int:
@@ -138,13 +158,38 @@ class DeepExperiment:
                 "eval_episodes": self.params.eval_episodes, "env_steps": int(state.env_steps),
                 "episodes": int(state.episodes),
                 "env_steps_per_second": state.env_steps / seconds if seconds > 0 else 0.0,
-                "backend": current().backend, **self.summary_extras(state)}
+                "backend": current().backend, **self.summary_extras(state),
+                **({"diverged": self.diverged} if self.diverged is not None else {})}
 
     def static_arrays(self) -> dict[str, Any]:
         return {}
 
     def results(self, state: Any) -> dict[str, Any]:
         return {}
+
+
+def non_finite_parameters(state: Any) -> list[str]:
+    """The names of the learned tensors in ``state`` (its agent's, or its own networks)
+    that hold NaN or infinity, and an infinite last loss (weights of 1e30 are finite, but
+    no longer learn anything)."""
+    holder = getattr(state, "agent", state)
+    bad = []
+    for attribute, value in sorted(vars(holder).items()):
+        if isinstance(value, torch.nn.Module):
+            bad += [f"{attribute}.{name}" for name, p in value.named_parameters() if not bool(torch.isfinite(p).all())]
+    loss = getattr(holder, "last_loss", None)  # NaN before the first update; infinite never
+    if isinstance(loss, float) and math.isinf(loss):
+        bad.append(f"the loss ({loss})")
+    return bad
+
+
+def check_finite_arrays(arrays: dict[str, Any]) -> None:
+    """Refuse a stored state with NaN or infinity in a float array (a diverged run, or a
+    crafted file): it would spread to every weight it touches."""
+    bad = [name for name, value in sorted(arrays.items())
+           if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all()]
+    if bad:
+        raise ValueError(f"non-finite values in {', '.join(bad[:3])}{' and more' if len(bad) > 3 else ''}")
 
 
 def count_episodes(state: Any, returns: Any, lengths: Any, steps: int) -> None:

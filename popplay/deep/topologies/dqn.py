@@ -37,6 +37,7 @@ from popplay.deep.topologies.base import (
     DeepParams,
     check_at_least_one,
     check_evaluation_and_timeout,
+    check_finite_arrays,
     config_from,
     count_episodes,
     curve_arrays,
@@ -213,6 +214,7 @@ class DQNExperiment(DeepExperiment):
                 **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> DQNState:
+        check_finite_arrays(arrays)
         state = self.initial_state()
         state.agent.load(arrays, counters)
         networks.load_generator(state.explore, arrays["rng.explore"])

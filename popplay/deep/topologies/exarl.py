@@ -51,6 +51,7 @@ from popplay.deep.topologies.base import (
     DeepParams,
     check_at_least_one,
     check_evaluation_and_timeout,
+    check_finite_arrays,
     config_from,
     count_episodes,
     curve_arrays,
@@ -274,6 +275,7 @@ class _Experiment(DeepExperiment):
                 "env_steps": state.env_steps, **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ExarlState:
+        check_finite_arrays(arrays)
         state = self.initial_state()
         state.agent.load(arrays, counters)
         networks.load_generator(state.explore, arrays["rng.explore"])

@@ -37,6 +37,7 @@ from popplay.deep.topologies.base import (
     DeepParams,
     check_at_least_one,
     check_evaluation_and_timeout,
+    check_finite_arrays,
     topology_counters,
     topology_extra,
 )
@@ -189,6 +190,7 @@ class ReinforceExperiment(DeepExperiment):
                 **topology_counters(state.extra)}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> ReinforceState:
+        check_finite_arrays(arrays)
         state = self.initial_state()
         networks.load_module_arrays(state.policy, "policy", arrays)
         networks.load_optimizer_arrays(state.optimizer, "adam", arrays)

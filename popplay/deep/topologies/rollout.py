@@ -37,7 +37,7 @@ from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.rollout import Rollout
 from popplay.deep.envs.rollout import episode_seed
-from popplay.deep.topologies.base import DeepExperiment, curve_arrays, restore_progress
+from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays, curve_arrays, restore_progress
 from popplay.deep.topologies.common import greedy_quality, recent_mean
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 
@@ -195,6 +195,7 @@ class RolloutExperiment(DeepExperiment):
                 "env_steps": state.env_steps}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> RolloutState:
+        check_finite_arrays(arrays)
         p = self.params
         state = self.initial_state()
         state.agent.load(arrays, counters)
