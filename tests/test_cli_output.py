@@ -155,8 +155,14 @@ def test_config_top_level_keys_apply_to_every_command_and_tables_override_them(t
                                  ("key.toml", "[bandit]\ngames-per-agent = 2\n",
                                   "[bandit] 'games-per-agent' is not an option of `popplay train bandit`"),
                                  ("bool.toml", "agents = true\n", "agents = True is not a value it takes"),
-                                 ("fifo.toml", None, "not a regular file")):
-        if text is not None:
+                                 ("fifo.toml", None, "not a regular file"),
+                                 ("inline.toml", "agents = { count = 8 }\n", "[agents] is not a train command"),
+                                 ("latin1.toml", b"arms = 10 # caf\xe9\n", "not valid TOML"),
+                                 ("deep.toml", "arms = " + "[" * 100_000 + "]" * 100_000 + "\n", "not valid TOML"),
+                                 ("huge.toml", "# padding\n" * 120_000, "not an options file")):
+        if isinstance(text, bytes):
+            (tmp_path / name).write_bytes(text)
+        elif text is not None:
             (tmp_path / name).write_text(text)
         assert main(["train", "bandit", "--config", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
