@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import tempfile
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,13 +36,24 @@ def _user_cache_dir() -> str:
     return os.path.join(base, "numba")
 
 
+def _temp_root() -> str:
+    """The temp dir as ``tempfile.gettempdir`` finds it (TMPDIR, TEMP, TMP, then the usual
+    places), without importing tempfile: it pulls in random, shutil and compression
+    modules, a few milliseconds in which a Ctrl-C at start-up would find no guard yet."""
+    candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")] + ["/tmp", "/var/tmp", "/usr/tmp"]
+    for directory in candidates:
+        if directory and os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK):
+            return directory
+    return os.getcwd()
+
+
 def _private_temp_dir() -> str | None:
     """A directory only this user can write, under the temp dir; None if one cannot be had.
 
     Loading a numba cache runs code from it, so a directory planted by someone else (or a
     symlink) must never be used."""
 
-    path = os.path.join(tempfile.gettempdir(), f"popplay-numba-cache-{os.getuid()}")
+    path = os.path.join(_temp_root(), f"popplay-numba-cache-{os.getuid()}")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

@@ -110,11 +110,11 @@ def test_bad_values_give_one_line_and_exit_2(tmp_path, capsys, args, needle):
 
 
 def test_cli_defaults_are_the_parameter_defaults():
-    from popplay.cli.train_cartpole import train_cartpole
+    from popplay.cli.train_plugin import build_command
 
     defaults = CartPolePopulationParams()
     names = {"angle_boundary": "angle_boundary_degrees"}
-    signature = inspect.signature(train_cartpole)
+    signature = inspect.signature(build_command("cartpole"))
     fields = {f.name for f in dataclasses.fields(CartPolePopulationParams)}
     checked = 0
     for name, parameter in signature.parameters.items():

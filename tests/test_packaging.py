@@ -9,7 +9,6 @@ import os
 import pkgutil
 import re
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -97,7 +96,7 @@ def test_numba_cache_stays_beside_a_writable_package(tmp_path, monkeypatch):
 
 def test_numba_cache_falls_back_to_a_private_temp_dir_when_package_and_home_are_read_only(tmp_path, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     blocker = tmp_path / "a-file"  # nothing can be created below a regular file, even by root
     blocker.write_text("")
     chosen = _numba_cache.choose_cache_dir(str(blocker / "pkg"), str(blocker / "home"))
@@ -108,7 +107,7 @@ def test_numba_cache_falls_back_to_a_private_temp_dir_when_package_and_home_are_
 
 def test_numba_cache_never_uses_a_planted_directory(tmp_path, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / f"popplay-numba-cache-{os.getuid()}").symlink_to(elsewhere)
@@ -118,7 +117,7 @@ def test_numba_cache_never_uses_a_planted_directory(tmp_path, monkeypatch):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(shared))
+    monkeypatch.setenv("TMPDIR", str(shared))
     (shared / f"popplay-numba-cache-{os.getuid()}").mkdir(mode=0o777)
     (shared / f"popplay-numba-cache-{os.getuid()}").chmod(0o777)  # writable by others: not ours alone
     assert _numba_cache.choose_cache_dir(str(blocker / "pkg"), str(blocker / "home")) is None
@@ -139,3 +138,14 @@ def test_readme_opens_with_the_two_commands_ci_runs(line):
     assert first_block == ['pip install -e . && popplay train bandit',
                            'pip install -e ".[dev]" && python -m pytest -q']
     assert line in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_entry_point_imports_little_before_its_ctrl_c_guard():
+    """What loads before ``entry_point`` guards Ctrl-C is a window for a traceback: keep
+    it to the package itself (tempfile alone pulled in random, shutil and compression)."""
+    import subprocess
+    import sys
+
+    code = "import sys, popplay._entry; print(sorted(m for m in ('tempfile', 'numpy', 'typer') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

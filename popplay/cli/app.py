@@ -99,9 +99,14 @@ class LazyCommands(_TyperGroup):  # type: ignore[misc, valid-type]
     #: ``() -> names`` of those commands, in the order help lists them.
     names: Callable[[], list[str]] | None = None
 
+    #: ``() -> names`` of every domain, in the order command lists show them.
+    order: Callable[[], list[str]] | None = None
+
     def list_commands(self, ctx: Any) -> list[str]:
         written = list(super().list_commands(ctx))
-        return written + [n for n in (self.names() if self.names else []) if n not in written]
+        lazy = self.names() if self.names else []
+        known = [n for n in (self.order() if self.order else []) if n in written or n in lazy]
+        return known + [n for n in written if n not in known]
 
     def get_command(self, ctx: Any, name: str) -> Any:
         command = super().get_command(ctx, name)

@@ -19,12 +19,9 @@ from popplay.cli import (  # noqa: F401  (registration)
     plot,
     reproduce,
     tournament,
-    train_bandit,
-    train_cartpole,
     train_gorila,
-    train_knights,
+    train_plugin,  # noqa: F401  (after the hand-written train commands: it fills the gaps)
 )
-from popplay.cli import train_plugin  # noqa: F401  (after the hand-written train commands: it fills the gaps)
 from popplay.cli.app import app, set_invocation
 from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line
 

@@ -1,7 +1,6 @@
 """``popplay train DOMAIN``: the train command group (one module per domain)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import typer
 
 from popplay.checkpoints.lock import LockBusy, RunLock
 from popplay.checkpoints.runfile import RunFileError
-from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.checkpoints.validation import load_run
 from popplay.cli.app import (
     invocation,
     train_app,  # noqa: F401  (the train_* modules register on it)
@@ -85,17 +84,6 @@ def _writes_here(ctx: typer.Context) -> bool:
     if world is not None:
         return world[0] == 0
     return int(ctx.params.get("nproc") or 1) <= 1
-
-
-def resumed_params(domain: str, stored: Any, **budget: Any) -> Any:
-    """The stored run's parameters with a new budget."""
-
-
-    try:
-        params = params_from_config(domain, stored.config)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"{stored.path}: damaged config ({error})") from None
-    return dataclasses.replace(params, **{k: v for k, v in budget.items() if v is not None})
 
 
 def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | None, steps_option: str) -> float | None:

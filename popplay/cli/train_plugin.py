@@ -17,14 +17,19 @@ from typing import Annotated, Any, Callable
 
 import typer
 
+from popplay.checkpoints.validation import params_from_config
 from popplay.cli.app import LazyCommands, train_app
 from popplay.cli.common import (
+    BackendName,
+    BackendOption,
     CheckpointOption,
     ConfigOption,
     DeviceName,
     DeviceOption,
+    DistTimeoutOption,
     JsonOption,
     LogDirOption,
+    NprocOption,
     OutOption,
     OverwriteOption,
     ResumeOption,
@@ -32,28 +37,35 @@ from popplay.cli.common import (
     TimeBudgetOption,
     given,
 )
-from popplay.cli.train import load_resume, resume_time_budget, run_training
-from popplay.checkpoints.validation import params_from_config
+from popplay.cli.train import check_schedule, load_resume, resume_time_budget, run_training
 from popplay.core import registry
 from popplay.core.errors import UsageError
 from popplay.core.options import Spec, budget_fields, resume_fields, show, specs, user_message
+from popplay.core.registry import DEEP, POPULATION
 
 #: The options every generated command has beside its domain's fields: how to run
-#: (not what to learn), in the order help lists them.
-_RUN_OPTIONS: list[tuple[str, Any, Any]] = [
-    ("time_budget", TimeBudgetOption, None),
-    ("device", DeviceOption, DeviceName.auto),
-    ("out", OutOption, None),
-    ("overwrite", OverwriteOption, False),
-    ("json_output", JsonOption, False),
-    ("checkpoint_every", CheckpointOption, None),
-    ("resume", ResumeOption, None),
-    ("seeds", SeedsOption, 1),
-    ("config", ConfigOption, None),
-    ("log_dir", LogDirOption, None),
+#: (not what to learn), in the order help lists them; ``None`` kinds: every domain.
+_RUN_OPTIONS: list[tuple[str, Any, Any, str | None]] = [
+    ("time_budget", TimeBudgetOption, None, None),
+    ("backend", BackendOption, BackendName.auto, POPULATION),
+    ("device", DeviceOption, DeviceName.auto, None),
+    ("out", OutOption, None, None),
+    ("overwrite", OverwriteOption, False, None),
+    ("json_output", JsonOption, False, None),
+    ("checkpoint_every", CheckpointOption, None, None),
+    ("resume", ResumeOption, None, None),
+    ("seeds", SeedsOption, 1, None),
+    ("config", ConfigOption, None, None),
+    ("nproc", NprocOption, 1, POPULATION),
     # Only to answer it: a deep run's ranks come from its layout (a one-line hint, not "No such option").
-    ("nproc", Annotated[int, typer.Option(hidden=True)], 1),
+    ("nproc", Annotated[int, typer.Option(hidden=True)], 1, DEEP),
+    ("timeout", DistTimeoutOption, 60.0, POPULATION),  # a deep agent's is one of its fields
+    ("log_dir", LogDirOption, None, None),
 ]
+
+
+def _run_options(kind: str) -> list[tuple[str, Any, Any]]:
+    return [(name, annotation, default) for name, annotation, default, only in _RUN_OPTIONS if only in (None, kind)]
 
 
 def _option(spec: Spec) -> tuple[Any, Any]:
@@ -71,57 +83,86 @@ def _option(spec: Spec) -> tuple[Any, Any]:
 
 def build_command(domain: str) -> Callable[..., None]:
     """The ``train DOMAIN`` function typer registers, its signature made from the
-    domain's parameter fields and :data:`_RUN_OPTIONS`."""
+    domain's parameter fields and the run options of its kind."""
     spec = registry.get(domain)
     params_type = spec.params_type()
     fields = specs(params_type)
-    budgets = budget_fields(params_type)
+    by_field = {f.field: f for f in fields}
+    budgets = [by_field[name] for name in budget_fields(params_type)]
     allowed_on_resume = set(resume_fields(params_type))
+    run_options = _run_options(spec.kind)
+
+    def field_value(f: Spec, values: dict[str, Any], per: int | None = None) -> Any:
+        """A field's value from its option; an option per something (``--agent-steps``
+        per trial) divided by it."""
+        value = values[f.key]
+        if f.form.per is None:
+            return value
+        divisor = per if per is not None else values[by_field[f.form.per].key]
+        if value < divisor:
+            raise UsageError(f"{f.flag} ({value}) must be at least {by_field[f.form.per].flag} ({divisor}): "
+                             "every agent needs at least one step")
+        return value // divisor
 
     def command(ctx: typer.Context, **values: Any) -> None:
-        run = {name: values.pop(name) for name, _, _ in _RUN_OPTIONS}
+        run = {name: values.pop(name) for name, _, _ in run_options}
         values = {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
-        device: DeviceName = run["device"]
+        backend, device = run.get("backend", BackendName.auto), run["device"]
+        per_option = next((f for f in budgets if f.form.per is not None), None)
         if run["resume"] is not None:
             for field in fields:
-                if field.key not in allowed_on_resume and given(ctx, field.key):
+                if field.field not in allowed_on_resume and given(ctx, field.key):
                     raise UsageError(f"{field.flag}: settings come from {run['resume']} when resuming; only the "
-                                     "budget, --time-budget, --checkpoint-every, --device and --json may be given")
+                                     "budget (steps, episodes or --time-budget), --checkpoint-every, --backend, "
+                                     "--device, --nproc, --timeout and --json may be given")
             stored = load_resume(ctx, domain, run["resume"])
             try:
-                params = params_from_config(domain, stored.config, run_options=False)
+                # A population resumes on its stored backend and device: they must be there.
+                params = params_from_config(domain, stored.config, run_options=spec.kind == POPULATION)
             except (TypeError, ValueError) as error:
                 raise UsageError(f"{stored.path}: damaged config ({error})") from None
-            new = {f.field: values[f.key] for f in fields if f.key in allowed_on_resume and given(ctx, f.key)}
-            if not new and not given(ctx, "time_budget"):
-                raise UsageError("--resume needs a new budget: "
-                                 + ", ".join(f.flag for f in fields if f.field in budgets) + " or --time-budget")
+            new = {}
+            for f in fields:
+                if f.field in allowed_on_resume and given(ctx, f.key):
+                    per = getattr(params, f.form.per) if f.form.per is not None else None
+                    new[f.field] = field_value(f, values, per)
+            if not any(f.field in new for f in budgets) and not given(ctx, "time_budget") and spec.kind == DEEP:
+                raise UsageError("--resume needs a new budget: " + " or ".join(f.flag for f in budgets))
             params = dataclasses.replace(params, **new)
-            if not given(ctx, "device"):  # the run continues where it ran
+            _check_learned(spec, stored, params, by_field)
+            if not given(ctx, "backend") and spec.kind == POPULATION:  # the run continues where it ran
+                backend = BackendName(stored.config["backend"])
+            if not given(ctx, "device"):
                 device = DeviceName(stored.config.get("device", "cpu"))
-            time_budget = resume_time_budget(ctx, stored, run["time_budget"], budgets[0] if budgets else "")
-            out, resume = None, stored
+            steps_key = (budgets[0].key if budgets else "")
+            time_budget = resume_time_budget(ctx, stored, run["time_budget"], steps_key)
+            out, resume, schedule_time = None, stored, stored.config.get("time_budget")
         else:
             try:
-                params = params_type(**{f.field: values[f.key] for f in fields})
+                params = params_type(**{f.field: field_value(f, values) for f in fields})
             except (TypeError, ValueError) as error:
                 raise UsageError(user_message(params_type, str(error))) from None
             time_budget, out, resume = run["time_budget"], run["out"], None
+            schedule_time = time_budget
         try:
             params.validate()
         except ValueError as error:
             raise UsageError(user_message(params_type, str(error))) from None
-        run_training(domain, params, backend="auto", device=device.value, time_budget=time_budget, out=out,
+        given_per = values[per_option.key] if per_option is not None and (resume is None or given(ctx, per_option.key)) \
+            else None
+        check_schedule(params, domain=domain, time_budget=schedule_time, agent_steps=given_per)
+        run_training(domain, params, backend=backend.value, device=device.value, time_budget=time_budget, out=out,
                      overwrite=run["overwrite"] or resume is not None, json_output=run["json_output"],
                      checkpoint_every=run["checkpoint_every"], resume=resume, seeds=run["seeds"],
-                     log_dir=run["log_dir"], nproc=run["nproc"], timeout=float(getattr(params, "timeout", 60.0)))
+                     log_dir=run["log_dir"], nproc=run["nproc"],
+                     timeout=float(run["timeout"] if "timeout" in run else getattr(params, "timeout", 60.0)))
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
     for field in fields:
         annotation, default = _option(field)
         parameters.append(inspect.Parameter(field.key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                             default=default))
-    for name, annotation, default in _RUN_OPTIONS:
+    for name, annotation, default in run_options:
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                             default=default))
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
@@ -129,6 +170,23 @@ def build_command(domain: str) -> Callable[..., None]:
     doc = inspect.getdoc(params_type) or ""
     command.__doc__ = "\n\n".join(" ".join(paragraph.split()) for paragraph in doc.split("\n\n"))
     return command
+
+
+def _check_learned(spec: Any, stored: Any, params: Any, by_field: dict[str, Spec]) -> None:
+    """A resumed population's budget may not fall below what it has already learned."""
+    if not spec.budget_counter:
+        return
+    counter, field = spec.budget_counter
+    done = int(stored.state_counters.get(counter, 0))
+    budget = getattr(params, field)
+    if budget >= done:
+        return
+    f = by_field[field]
+    if f.form.per is not None:
+        per = getattr(params, f.form.per)
+        raise UsageError(f"{f.flag} ({budget * per}) is below what {stored.path} has already learned "
+                         f"({done * per} agent-steps per trial)")
+    raise UsageError(f"{f.flag} ({budget}) is below what {stored.path} has already learned ({done} {f.key})")
 
 
 def generated() -> list[str]:
@@ -146,3 +204,4 @@ def command(domain: str) -> Any:
 
 LazyCommands.factory = staticmethod(command)
 LazyCommands.names = staticmethod(generated)
+LazyCommands.order = staticmethod(registry.names)

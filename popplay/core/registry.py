@@ -79,6 +79,9 @@ class DomainSpec:
     plot_units: dict[str, str] = field(default_factory=dict)
     #: What the curves' x-axis (``/curves/agent_steps``) counts, as plots label it.
     steps_label: str = "agent-time steps per trial"
+    #: ``(state counter, params field)``: what a resumed run has already learned, which
+    #: its new budget (that field) may not fall below.
+    budget_counter: tuple[str, str] = ()
     #: The order in which lineage exports list the per-agent parameters that
     #: replication mutates (others follow alphabetically).
     lineage_parameters: tuple[str, ...] = ()

@@ -23,6 +23,6 @@ def memory_bytes(p: Any, world: int = 1, local: int = 1) -> int:
 SPEC = register(DomainSpec(
     name="bandit", params="popplay.games.bandit.rules:BanditParams",
     experiment="popplay.games.bandit.experiment:BanditExperiment", sharded=True, splits_trials=True,
-    memory=memory_bytes,
+    memory=memory_bytes, budget_counter=("step", "steps_per_agent"),
     plot_units={"quality": "fraction of trials whose shared\nestimate picks the best arm"},
 ))

@@ -31,7 +31,7 @@ def memory_bytes(p: Any, world: int = 1, local: int = 1) -> int:
 SPEC = register(DomainSpec(
     name="cartpole", params="popplay.games.cartpole.rules:CartPolePopulationParams",
     experiment="popplay.games.cartpole.experiment:CartPoleExperiment", sharded=True, splits_trials=True,
-    memory=memory_bytes, lineage_parameters=LINEAGE_PARAMETERS,
+    memory=memory_bytes, budget_counter=("step", "steps_per_agent"), lineage_parameters=LINEAGE_PARAMETERS,
     plot_units={"quality": "steps balanced by the shared policy\n(mean over trials, cap {test_steps})",
                 "balanced": "fraction of tests balanced\nto the cap"},
 ))

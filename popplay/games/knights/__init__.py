@@ -33,7 +33,7 @@ def memory_bytes(p: Any, world: int = 1, local: int = 1) -> int:
 SPEC = register(DomainSpec(
     name="knights", params="popplay.games.knights.rules:KnightsParams",
     experiment="popplay.games.knights.experiment:KnightsExperiment", sharded=True,
-    memory=memory_bytes, lineage_parameters=LINEAGE_PARAMETERS, steps_label="agent turns (all agents)",
+    memory=memory_bytes, budget_counter=("episode", "episodes"), lineage_parameters=LINEAGE_PARAMETERS, steps_label="agent turns (all agents)",
     plot_units={"quality against": "quality against opponent\n(wins + draws/2) / games",
                 "score": "learning score\n(wins + draws/2) / games"},
 ))

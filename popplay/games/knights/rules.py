@@ -92,10 +92,8 @@ def parse_jumps(spec: str) -> tuple[tuple[int, int], ...]:
 
 @dataclass(frozen=True)
 class KnightsParams:
-    """Train a knights population by TD(λ) self-play. Quality = best agent's
-    (wins + draws/2)/games against the strongest benchmark opponent evaluated.
-
-    The parameters are flat (see ``docs/knights.md``)."""
+    """Train a knights population by TD(λ) self-play. Quality = the mean agent's
+    (wins + draws/2)/games against the strongest benchmark opponent evaluated."""
 
     rows: int = option(5, "Board rows.", min=1, max=MAX_SIDE)
     cols: int = option(7, "Board columns.", min=1, max=MAX_SIDE)
