@@ -133,8 +133,26 @@ def test_multi_learner_workflow_through_real_ranks(tmp_path: Path, capsys: pytes
     assert len(errors) == 1 and "cannot be resumed" in errors[0]
 
 
-def test_workflows_ppo_cannot_run_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "ppo", "--workflow", "central-inference", "--episodes", "4",
-                 "--out", str(tmp_path / "c.h5")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["Error: --workflow must be one of sequential, multi-learner (got 'central-inference')"]
+@pytest.mark.procs
+def test_the_other_workflows_through_real_ranks(tmp_path: Path) -> None:
+    """master-learner (learner 0 hands out what the actors send it) and central-inference
+    (one model acts for every actor and learns from each finished episode), side by side."""
+    common = ["--episodes", "6", "--hidden", "8", "--n-epochs", "2", "--batch-size", "16", "--eval-episodes", "1",
+              "--timeout", "60", "--json"]
+    jobs = {name: subprocess.Popen([sys.executable, "-m", "popplay", "train", "ppo", "--workflow", name, *layout,
+                                    *common, "--out", str(tmp_path / f"{name}.h5")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, layout in (("master-learner", ["--learners", "2", "--actors", "1"]),
+                                 ("central-inference", ["--actors", "2"]))}
+    summaries = {}
+    for name, job in jobs.items():
+        out, err = job.communicate(timeout=150)
+        assert job.returncode == 0, err
+        summaries[name] = json.loads(out.strip().splitlines()[-1])
+    master, central = summaries["master-learner"], summaries["central-inference"]
+    for summary in (master, central):
+        assert summary["topology_produced"] == summary["topology_reads"] == summary["episodes"] == 6
+        assert summary["topology_produced_checksum"] == summary["topology_reads_checksum"]
+    assert master["ranks"] == 3 and master["topology_learners_identical"] == 1 and master["updates"] > 0
+    # central-inference: one PPO update (2 epochs of 16-row minibatches) per finished episode
+    assert central["ranks"] == 3 and central["updates"] >= 6 * 2

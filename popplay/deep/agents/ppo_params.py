@@ -16,9 +16,6 @@ from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep.topologies.workflow_params import WorkflowParams
 
-#: Where PPO runs: one process, or EXARL's data-parallel learners fed by actors.
-PPO_WORKFLOWS = ("sequential", "multi-learner")
-
 
 def _positive(params: Any, *names: str) -> None:
     for name in names:
@@ -45,8 +42,8 @@ class PPOParams(WorkflowParams):
 
     Defaults are RL Baselines3 Zoo's tuned CartPole-v1 settings (8 copies x 32 steps,
     20 epochs of minibatches of 256, γ 0.98, λ 0.8, learning rate and clip range falling
-    linearly to 0 over an --env-steps budget). ``--workflow multi-learner`` trains on
-    --learners data-parallel ranks fed whole episodes by --actors ranks (EXARL)."""
+    linearly to 0 over an --env-steps budget). The other --workflow choices run EXARL's
+    multi-process workflows: data-parallel --learners fed whole episodes by --actors."""
 
     domain: ClassVar[str] = "ppo"
 
@@ -81,7 +78,7 @@ class PPOParams(WorkflowParams):
         object.__setattr__(self, "hidden", hidden)
 
     def validate(self) -> None:
-        self._validate_layout(PPO_WORKFLOWS)
+        self._validate_layout()
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
         _at_least_one(self, "copies", "n_steps", "n_epochs", "batch_size")

@@ -482,6 +482,21 @@ class Peers:
         return int(vec[0])
 
 
+class _Alone:
+    """:class:`Peers` for a learner with no peers (central-inference's one model)."""
+
+    @staticmethod
+    def mean(values: torch.Tensor, weight: float) -> torch.Tensor:
+        return values.double()
+
+    @staticmethod
+    def max(value: int) -> int:
+        return int(value)
+
+
+ALONE = _Alone()
+
+
 class Learners:
     """One learner's side of ``multi-learner`` or ``master-learner``: fetch at most one
     trajectory per round, then the all-reduce round shared by every learner."""
@@ -828,7 +843,8 @@ class CentralServer:
         # The actor's side counted (obs, real successor) of every step: the same here.
         self.tally.read(np.concatenate([rows[:, :d], rows[:, d + k + 1:2 * d + k + 1]], axis=1))
         if agent.on_policy:
-            agent.learn(rows_trajectory(rows, d))
+            agent.learn_shared(rows_trajectory(rows, d), ALONE)
+            agent.received += rows.shape[0]
         else:
             agent.receive(replay.rows_batch(rows, d))
             agent.train()
