@@ -160,3 +160,18 @@ def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     # (The launcher may name rank 0, which it had to kill, rather than rank 2: see the report.)
     assert len(lines) == 1 and "was lost" in lines[0] and str(out) in lines[0]
     assert load_run(out).domain == "dqn"  # the last checkpoint is intact
+
+
+def test_a_multi_rank_run_resumes(tmp_path: Path) -> None:
+    """The launcher reads the run file to learn its layout, then leaves the lock to rank 0
+    (it used to keep it, and rank 0 was refused)."""
+    out = tmp_path / "p.h5"
+    first = _popplay(["train", "dqn", "--topology", "pipelined", "--episodes", "3", "--out", str(out), "--json",
+                      *TINY])
+    code, _, err = _finish(first)
+    assert code == 0, err
+    again = _popplay(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"])
+    code, stdout, err = _finish(again)
+    assert code == 0, err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 6 and summary["ranks"] == 2 and load_run(out).state_counters["episodes"] == 6

@@ -156,3 +156,45 @@ def test_the_other_workflows_through_real_ranks(tmp_path: Path) -> None:
     assert master["ranks"] == 3 and master["topology_learners_identical"] == 1 and master["updates"] > 0
     # central-inference: one PPO update (2 epochs of 16-row minibatches) per finished episode
     assert central["ranks"] == 3 and central["updates"] >= 6 * 2
+
+
+def test_a_resume_runs_to_its_new_budget_and_refuses_one_already_reached(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "256", "--out", str(out)]) == 0
+    done = load_run(out).state_counters["episodes"]
+    # a budget in episodes now: the stored --env-steps 256 no longer cuts the run short
+    assert main(["train", "ppo", "--resume", str(out), "--episodes", str(done + 3), "--json"]) == 0
+    assert _json(capsys)["episodes"] >= done + 3
+    assert main(["train", "ppo", "--resume", str(out), "--env-steps", "128"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "has already reached this budget" in errors[0]
+
+
+def test_generated_commands_offer_no_shell_completion_and_config_keeps_nproc_for_populations(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from typer.testing import CliRunner
+
+    from popplay.cli.main import app
+
+    for domain in ("bandit", "ppo"):
+        text = CliRunner().invoke(app, ["train", domain, "--help"], env={"COLUMNS": "200"}).output
+        assert "--install-completion" not in text and "--show-completion" not in text
+    config = tmp_path / "n.toml"
+    config.write_text("nproc = 2\n")  # for the population commands; a deep run's ranks come from its layout
+    assert main(["train", "ppo", *TINY, "--env-steps", "64", "--config", str(config), "--out",
+                 str(tmp_path / "n.h5")]) == 0
+
+
+@pytest.mark.procs
+def test_a_workflow_that_diverges_stops(tmp_path: Path) -> None:
+    out = tmp_path / "nan.h5"
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", "ppo", "--workflow", "multi-learner",
+                           "--learners", "1", "--actors", "1", "--episodes", "200", "--hidden", "8", "--n-epochs", "1",
+                           "--batch-size", "16", "--eval-episodes", "1", "--lr", "1e38", "--timeout", "60",
+                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "the agent diverged" in errors[0]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] < 200 and summary["quality"] is None

@@ -124,7 +124,7 @@ def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Option
     options: dict[str, Any] = {}
     for key, setting in top.items():
         name = _option_key(key)
-        if name in names:
+        if name in names and not getattr(names[name], "hidden", False):  # a hidden option is only a hint
             options[name] = setting
         elif not any(name in _option_names(ctx, other) for other in commands if other != domain):
             raise UsageError(f"--config {value}: {key!r} is not an option of any train command "

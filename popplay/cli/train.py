@@ -31,7 +31,7 @@ from popplay.training import job
 from popplay.training.job import JobOptions
 
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "agent_steps", "episodes", "env_steps", "time_budget", "checkpoint_every", "backend", "device",
+RESUME_ALLOWED = {"resume", "seeds", "agent_steps", "episodes", "env_steps", "time_budget", "checkpoint_every", "backend", "device",
                   "json_output", "config", "nproc", "timeout", "log_dir"}
 
 
@@ -44,7 +44,7 @@ def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
         if given(ctx, param.name):
             raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "
                                "(steps, episodes or --time-budget), --checkpoint-every, --backend, --device, "
-                               "--nproc, --timeout and --json may be given")
+                               "--nproc, --timeout, --log-dir and --json may be given")
     # Resuming runs/latest-<domain>.h5 continues the run it links to, in place (an
     # atomic rewrite of the link itself would turn it into a separate copy).
     if path.is_symlink():
@@ -86,7 +86,8 @@ def _writes_here(ctx: typer.Context) -> bool:
     return int(ctx.params.get("nproc") or 1) <= 1
 
 
-def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | None, steps_option: str) -> float | None:
+def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | None,
+                       steps_option: str | list[str]) -> float | None:
     """The time budget of a resumed run: a new --time-budget (total learning seconds,
     at least what is already learned); none when a new step or episode budget is
     given (the run is extended to it, whatever budget it was trained under); else
@@ -97,7 +98,7 @@ def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | Non
             raise UsageError(f"--time-budget ({time_budget:g}s) is not above what {stored.path} has already "
                                f"learned ({learned:.3g}s of learning)")
         return time_budget
-    if given(ctx, steps_option):
+    if any(given(ctx, name) for name in ([steps_option] if isinstance(steps_option, str) else steps_option)):
         return None
     return stored.config.get("time_budget")
 
@@ -126,6 +127,10 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         problem = getattr(spec.experiment_type(), "resume_problem", lambda _: None)(params)
         if problem is not None:
             raise UsageError(problem)
+        if job.world_size(spec, params, options) > 1 and not in_rank() and getattr(resume, "lock", None):
+            # This process only launches the ranks (a deep topology's come from its layout,
+            # which only the file said): rank 0 locks and writes the file, not the launcher.
+            resume.lock.release()
     try:
         done = job.run(spec, params, options, resume=resume, reporter=reporter)
     except RunFileError as error:  # a full disk while saving: exit 1, the message says what is kept where

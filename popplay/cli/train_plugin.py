@@ -126,16 +126,19 @@ def build_command(domain: str) -> Callable[..., None]:
                 if f.field in allowed_on_resume and given(ctx, f.key):
                     per = getattr(params, f.form.per) if f.form.per is not None else None
                     new[f.field] = field_value(f, values, per)
-            if not any(f.field in new for f in budgets) and not given(ctx, "time_budget") and spec.kind == DEEP:
-                raise UsageError("--resume needs a new budget: " + " or ".join(f.flag for f in budgets))
+            if spec.kind == DEEP:
+                if not any(f.field in new for f in budgets) and not given(ctx, "time_budget"):
+                    raise UsageError("--resume needs a new budget: " + " or ".join(f.flag for f in budgets))
+                # The new budget is the run's: a deep run stops at whichever budget it
+                # reaches first, so a stored one not given again must not cut it short.
+                new.update({f.field: 0 for f in budgets if f.field not in new})
             params = dataclasses.replace(params, **new)
             _check_learned(spec, stored, params, by_field)
             if not given(ctx, "backend") and spec.kind == POPULATION:  # the run continues where it ran
                 backend = BackendName(stored.config["backend"])
             if not given(ctx, "device"):
                 device = DeviceName(stored.config.get("device", "cpu"))
-            steps_key = (budgets[0].key if budgets else "")
-            time_budget = resume_time_budget(ctx, stored, run["time_budget"], steps_key)
+            time_budget = resume_time_budget(ctx, stored, run["time_budget"], [f.key for f in budgets])
             out, resume, schedule_time = None, stored, stored.config.get("time_budget")
         else:
             try:
@@ -197,7 +200,7 @@ def generated() -> list[str]:
 
 def command(domain: str) -> Any:
     """The click command of ``train DOMAIN``, as typer makes it from :func:`build_command`."""
-    single = typer.Typer()
+    single = typer.Typer(add_completion=False)
     single.command(domain)(build_command(domain))
     return typer.main.get_command(single)
 

@@ -18,9 +18,10 @@ from popplay.checkpoints.lock import RunLock as _RunLock
 from popplay.checkpoints.scalars import LogError, ScalarLog
 from popplay.checkpoints.validation import check_before_training
 from popplay.core import registry
-from popplay.core.options import budget_fields, option_name, user_message
 from popplay.core.errors import UsageError
 from popplay.core.experiment import Curve, RankSync, Reporter
+from popplay.core.options import budget_fields, option_name, user_message
+from popplay.core.registry import DEEP
 from popplay.training.loop import RunResult, run, status
 
 
@@ -201,6 +202,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
                 state = experiment.restore(resume.state, resume.state_counters)
             except (KeyError, ValueError, TypeError) as error:
                 raise UsageError(f"{out}: cannot resume from this run file ({error})") from None
+            if spec.kind == DEEP and options.time_budget is None and experiment.finished(state, time_mode=False):
+                raise UsageError(f"{out}: the run has already reached this budget "
+                                 f"({experiment.progress(state):,} {experiment.progress_unit}); give a larger one")
             # The state now lives in the experiment (a rank's own trials, in a sharded
             # run): the file's whole arrays are not kept for the run's length.
             resume.state = {}

@@ -69,7 +69,7 @@ def register() -> None:
 
 def install_hint(env_id: str) -> str | None:
     """The pip command that provides ``env_id``'s extra, if it needs one."""
-    family = env_id.split("/")[-1].split("-v")[0]
+    family = env_id.rpartition(":")[2].split("/")[-1].split("-v")[0]
     extra = _EXTRAS.get(family)
     if extra is None:
         return None

@@ -152,7 +152,7 @@ class DeepExperiment:
     def summary_fields(self, state: Any, seconds: float) -> dict[str, Any]:
         """What a deep run reports beside the curves: ``quality`` from greedy episodes
         played at the end, environment steps and episodes, the topology and its ranks."""
-        quality = self.quality(state)
+        quality = self.quality(state) if self.diverged is None else math.nan  # NaN weights play nothing
         return {"env": self.params.env, "topology": getattr(self.params, "topology", "parameter-server"),
                 "ranks": self.params.ranks, "quality": None if math.isnan(quality) else quality,
                 "eval_episodes": self.params.eval_episodes, "env_steps": int(state.env_steps),

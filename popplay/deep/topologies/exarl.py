@@ -220,6 +220,8 @@ class _Experiment(DeepExperiment):
         return f"--resume: a {params.workflow} run cannot be resumed in this version (only sequential runs)"
 
     def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
+        if self.diverged is not None:
+            return True  # close() then stops the other ranks
         if self._flow is not None:
             return self._flow.done
         return super().finished(state, time_mode=time_mode)
