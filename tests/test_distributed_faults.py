@@ -129,3 +129,27 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     fresh = tmp_path / "fresh.h5"
     assert main([*base[:base.index("--checkpoint-every")], "--out", str(fresh), "--json"]) == 0
     assert_same_run(fresh, out)
+
+
+def test_a_rank_s_own_usage_error_is_not_reported_as_a_lost_rank(tmp_path):
+    """Rank 0 refused a run file another process is writing (exit 2): the launcher stops
+    rank 1, and used to call that a lost rank ("rank 0 of 2 was lost (exit code 2)")."""
+    import subprocess
+    import sys
+
+    from popplay.checkpoints.lock import RunLock
+
+    out = tmp_path / "locked.h5"
+    args = ["train", "bandit", "--arms", "5", "--agents", "4", "--trials", "4", "--agent-steps", "64", "--nproc", "2",
+            "--out", str(out)]
+    done = subprocess.run([sys.executable, "-m", "popplay", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    with RunLock(out):  # another process, writing this file
+        done = subprocess.run([sys.executable, "-m", "popplay", "train", "bandit", "--resume", str(out),
+                               "--agent-steps", "128", "--nproc", "2"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=WAIT)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "another popplay process is writing this run file" in errors[0], errors
+    assert "was lost" not in errors[0]

@@ -3,12 +3,28 @@
 ``python -m popplay.cli.rank "popplay rank R/N" ARGV...``: the first argument
 is the role (shown by ``ps``; the environment carries the same string as
 ``POPPLAY_ROLE``), the rest is the ``popplay`` command line, run unchanged.
+
+The first thing it does, before importing anything of popplay's beyond the light
+package itself, is ask Linux to kill it when the launcher dies, and leave at once if
+the launcher is already gone: a launcher killed while its ranks import torch (seconds)
+must not leave them behind.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import sys
 
-from popplay.distributed.group import die_with_parent
+
+def _die_with_launcher() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own clean-up must do
+        return
+    launcher = os.environ.get("POPPLAY_LAUNCHER_PID", "")
+    if launcher.isdigit() and os.getppid() != int(launcher):  # it died before the request: nobody waits for us
+        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or not args[0].startswith("popplay rank "):
         print("Error: usage: python -m popplay.cli.rank 'popplay rank R/N' ARGV...", file=sys.stderr)
         return 2
-    die_with_parent()
     from popplay.cli.main import main as cli_main  # defers numpy: a killed launcher must not leave a loading rank
 
     return cli_main(args[1:])
 
 
 if __name__ == "__main__":
+    _die_with_launcher()
     sys.exit(main())

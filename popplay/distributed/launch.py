@@ -63,6 +63,7 @@ def rank_environment(rank: int, world_size: int, port: int, threads: int,
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
         "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
         "GROUP_RANK": "0", "POPPLAY_LAUNCHED": "1", "POPPLAY_ROLE": role(rank, world_size),
+        "POPPLAY_LAUNCHER_PID": str(os.getpid()),
         # Local jobs talk over loopback only (c10d has no authentication).
         "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
     })
@@ -99,27 +100,6 @@ def _describe_status(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-#: What a rank runs first, before Python imports anything heavy: it asks the kernel to
-#: kill it when the launcher dies (Linux's parent-death signal; where there is none, the
-#: rank sets what it can later), leaves at once if the launcher is already gone, then
-#: runs ``module`` as ``python -m`` would. A launcher killed while its ranks import
-#: torch (seconds) must not leave them behind.
-RANK_STUB = (
-    "import os, runpy, sys\n"
-    "launcher = int(sys.argv.pop(1))\n"
-    "try:\n"
-    "    import ctypes, signal\n"
-    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG\n"
-    "except (OSError, AttributeError):\n"
-    "    pass\n"
-    "if os.getppid() != launcher:\n"
-    "    os._exit(1)\n"
-    "module = sys.argv.pop(1)\n"
-    "sys.argv[0] = module\n"
-    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
-)
 
 
 def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_per_rank: int | None = None,
@@ -181,7 +161,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
                 env["POPPLAY_STORE_FD"] = str(listener.fileno())
                 passed = (listener.fileno(),)
             process = subprocess.Popen(
-                [sys.executable, "-c", RANK_STUB, str(os.getpid()), module, role(rank, nproc), *argv], env=env,
+                [sys.executable, "-m", module, role(rank, nproc), *argv], env=env,
                 stdin=subprocess.DEVNULL, stdout=None if rank == 0 else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 # Own session: the terminal's Ctrl-C reaches the ranks once, through us.
@@ -213,6 +193,7 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
     cause: _Rank | None = None
     hung = False
     stop_deadline: float | None = None
+    killed: set[int] = set()  # ranks this launcher stopped: their signal deaths are ours, not losses
     while True:
         codes = [r.process.poll() for r in ranks]
         if all(code is not None for code in codes):
@@ -230,7 +211,7 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
             continue
         if failed:
             first = _root_cause(failed)
-            stopped = _stop_survivors(ranks, min(timeout, _GRACE_SECONDS))
+            stopped = killed = _stop_survivors(ranks, min(timeout, _GRACE_SECONDS))
             # The survivors' own exits in the grace time may reveal a better cause (a
             # signal death); the ranks this launcher killed are never the cause.
             cause = _root_cause([r for r in ranks if r.process.returncode not in (0, None)
@@ -257,7 +238,7 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
                   f"{timeout:g}s); stopped the job{suffix}\n")
         out.flush()
         return LOST_EXIT
-    lost = code < 0 or code == PEER_LOST_EXIT or any(c < 0 for c in codes)
+    lost = code < 0 or code == PEER_LOST_EXIT or any(c < 0 for r, c in zip(ranks, codes) if r.rank not in killed)
     if not lost and all(c == code or c == 0 for c in codes):
         # Every rank ended the same way on its own (a usage error, a stop): rank 0 speaks.
         speaker = ranks[0] if ranks[0].held or ranks[0].process.returncode == code else cause
