@@ -90,8 +90,19 @@ REFUSED_BEFORE = {"train ddpg": {"--clipped-double-q", "--no-clipped-double-q", 
                                  "--no-target-smoothing", "--target-noise", "--noise-clip"}}
 
 
+def _help_text(argv: list[str]) -> str:
+    from typer.testing import CliRunner
+
+    from popplay.cli.main import app
+
+    done = CliRunner().invoke(app, [*argv, "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
 def test_every_command_keeps_its_options() -> None:
     for argv in commands.HELP_COMMANDS:
         key = " ".join(argv)
-        missing = sorted(set(GOLDEN["options"][key]) - set(commands.options_of(argv)) - REFUSED_BEFORE.get(key, set()))
+        listed = set(commands.options_of(argv, help_text=_help_text))
+        missing = sorted(set(GOLDEN["options"][key]) - listed - REFUSED_BEFORE.get(key, set()))
         assert not missing, f"popplay {key} lost {missing}"

@@ -149,16 +149,21 @@ HELP_COMMANDS = [["train", d] for d in ("bandit", "cartpole", "knights", "dqn", 
                                                                     "lineage", "export", "plot", "reproduce")]
 
 
-def options_of(argv: list[str]) -> list[str]:
-    """The option names ``popplay ARGV --help`` lists."""
+def options_of(argv: list[str], help_text: Any = None) -> list[str]:
+    """The option names ``popplay ARGV --help`` lists; ``help_text(argv) -> str`` gets the
+    help without starting Python again."""
     import re
 
-    env = {**os.environ, "COLUMNS": "400", "TERMINAL_WIDTH": "400"}
-    done = subprocess.run([sys.executable, "-m", "popplay", *argv, "--help"], env=env, capture_output=True,
-                          text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"{argv}: exit {done.returncode}: {done.stderr.strip()}")
-    return sorted(set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", done.stdout)))
+    if help_text is not None:
+        text = help_text(argv)
+    else:
+        env = {**os.environ, "COLUMNS": "400", "TERMINAL_WIDTH": "400"}
+        done = subprocess.run([sys.executable, "-m", "popplay", *argv, "--help"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv}: exit {done.returncode}: {done.stderr.strip()}")
+        text = done.stdout
+    return sorted(set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", text)))
 
 
 def main() -> None:
