@@ -133,3 +133,17 @@ def machine_info() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(), **library_versions(),
             "gymnasium": gym_version, "gpu": gpu}
+
+
+def sb3_learn_and_evaluate(model: Any, env_id: str, env_steps: int, eval_episodes: int, seed: int) -> dict[str, Any]:
+    """Train a stable-baselines3 ``model`` for ``env_steps``, then measure its greedy policy
+    with popplay's own evaluation (the same episodes popplay's agents are measured on)."""
+    from popplay.deep.topologies.common import greedy_quality
+
+    started = time.perf_counter()
+    model.learn(total_timesteps=env_steps)
+    seconds = time.perf_counter() - started
+    quality = (greedy_quality(env_id, lambda obs: model.predict(obs, deterministic=True)[0], eval_episodes, seed)[0]
+               if eval_episodes else float("nan"))
+    steps = int(model.num_timesteps)
+    return {"quality": quality, "env_steps": steps, "seconds": seconds, "env_steps_per_second": steps / seconds}

@@ -70,11 +70,10 @@ def popplay_dqn(env_id: str, env_steps: int, seed: int, topology: str = "sequent
 
 def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tuned: bool = False) -> dict[str, Any]:
     import gymnasium
-    import numpy as np
     import torch
     from stable_baselines3 import DQN
 
-    from popplay.deep.topologies.common import greedy_quality
+    from _common import sb3_learn_and_evaluate
 
     torch.set_num_threads(1)
     if tuned:
@@ -91,15 +90,7 @@ def sb3_dqn(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100, tu
                      policy_kwargs={"net_arch": [128, 128]})
     model = DQN("MlpPolicy", gymnasium.make(env_id), learning_starts=1_000, batch_size=64, gamma=0.99,
                 exploration_initial_eps=1.0, max_grad_norm=10.0, seed=seed, device="cpu", **knobs)
-    started = time.perf_counter()
-    model.learn(total_timesteps=env_steps)
-    seconds = time.perf_counter() - started
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return model.predict(obs, deterministic=True)[0]
-
-    quality = greedy_quality(env_id, act, eval_episodes, seed)[0] if eval_episodes else float("nan")
-    return {"quality": quality, "env_steps": env_steps, "seconds": seconds, "env_steps_per_second": env_steps / seconds}
+    return sb3_learn_and_evaluate(model, env_id, env_steps, eval_episodes, seed)
 
 
 def update_timing(repeats: int = 3, updates: int = 2_000) -> dict[str, Any]:

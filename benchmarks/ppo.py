@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,11 @@ def popplay_ppo(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100
 
 
 def sb3_ppo(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100) -> dict[str, Any]:
-    import numpy as np
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
-    from popplay.deep.topologies.common import greedy_quality
+    from _common import sb3_learn_and_evaluate
 
     torch.set_num_threads(1)
     lr0, clip0 = ZOO["lr"], ZOO["clip_range"]
@@ -59,16 +57,7 @@ def sb3_ppo(env_id: str, env_steps: int, seed: int, eval_episodes: int = 100) ->
                 clip_range=lambda remaining: clip0 * remaining, ent_coef=ZOO["entropy_coef"],
                 vf_coef=ZOO["value_coef"], max_grad_norm=ZOO["max_grad_norm"], seed=seed, device="cpu",
                 policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}})
-    started = time.perf_counter()
-    model.learn(total_timesteps=env_steps)
-    seconds = time.perf_counter() - started
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return model.predict(obs, deterministic=True)[0]
-
-    quality = greedy_quality(env_id, act, eval_episodes, seed)[0] if eval_episodes else float("nan")
-    steps = int(model.num_timesteps)
-    return {"quality": quality, "env_steps": steps, "seconds": seconds, "env_steps_per_second": steps / seconds}
+    return sb3_learn_and_evaluate(model, env_id, env_steps, eval_episodes, seed)
 
 
 def main() -> None:
