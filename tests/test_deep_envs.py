@@ -196,3 +196,9 @@ def test_gymnasium_module_syntax_names_a_users_environment(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["Error: --env no_such_module_here:Corridor-v0: cannot import no_such_module_here "
                    "(ModuleNotFoundError: No module named 'no_such_module_here')"]
+
+
+def test_the_install_hint_survives_a_module_prefix():
+    assert envs.install_hint("LunarLander-v3") == "pip install 'popplay[box2d]'"
+    assert envs.install_hint("my_pkg.envs:LunarLander-v3") == "pip install 'popplay[box2d]'"
+    assert envs.install_hint("my_pkg.envs:Corridor-v0") is None

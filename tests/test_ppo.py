@@ -198,3 +198,11 @@ def test_a_workflow_that_diverges_stops(tmp_path: Path) -> None:
     assert len(errors) == 1 and "the agent diverged" in errors[0]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["episodes"] < 200 and summary["quality"] is None
+
+
+def test_seeds_on_resume_get_their_own_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.h5"
+    assert main(["train", "ppo", *TINY, "--env-steps", "64", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["train", "ppo", "--resume", str(out), "--env-steps", "128", "--seeds", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["Error: --seeds: resume each seed's run file on its own"]
