@@ -31,15 +31,18 @@ from popplay.training import job
 from popplay.training.job import JobOptions
 
 # Options a resumed run may still be given: the new budget and how (not what) to run.
-RESUME_ALLOWED = {"resume", "seeds", "agent_steps", "episodes", "env_steps", "time_budget", "checkpoint_every", "backend", "device",
-                  "json_output", "config", "nproc", "timeout", "log_dir"}
+#: How (not what) a resumed run may be told to run; what it learns may change only
+#: in the fields its parameters mark as budget or ``on_resume``.
+RESUME_RUN_OPTIONS = {"resume", "seeds", "time_budget", "checkpoint_every", "backend", "device", "json_output",
+                      "config", "nproc", "timeout", "log_dir"}
 
 
-def load_resume(ctx: typer.Context, domain: str, path: Path) -> Any:
-    """Read the run file to resume; refuse options that would change its settings."""
+def load_resume(ctx: typer.Context, domain: str, path: Path, fields: set[str] = frozenset()) -> Any:
+    """Read the run file to resume; refuse options that would change its settings (all
+    but :data:`RESUME_RUN_OPTIONS` and the parameters named in ``fields``)."""
 
     for param in ctx.command.params:
-        if param.name in RESUME_ALLOWED:
+        if param.name in RESUME_RUN_OPTIONS or param.name in fields:
             continue
         if given(ctx, param.name):
             raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "

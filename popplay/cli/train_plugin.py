@@ -110,12 +110,7 @@ def build_command(domain: str) -> Callable[..., None]:
         backend, device = run.get("backend", BackendName.auto), run["device"]
         per_option = next((f for f in budgets if f.form.per is not None), None)
         if run["resume"] is not None:
-            for field in fields:
-                if field.field not in allowed_on_resume and given(ctx, field.key):
-                    raise UsageError(f"{field.flag}: settings come from {run['resume']} when resuming; only the "
-                                     "budget (steps, episodes or --time-budget), --checkpoint-every, --backend, "
-                                     "--device, --nproc, --timeout and --json may be given")
-            stored = load_resume(ctx, domain, run["resume"])
+            stored = load_resume(ctx, domain, run["resume"], {f.key for f in fields if f.field in allowed_on_resume})
             try:
                 # A population resumes on its stored backend and device: they must be there.
                 params = params_from_config(domain, stored.config, run_options=spec.kind == POPULATION)

@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.validation import load_run, summarize
 from popplay.core import registry
+from popplay.core.backend import shard_layout
 from popplay.core.errors import UsageError
 from popplay.core.registry import POPULATION, DomainSpec
-from popplay.core.backend import shard_layout
 from popplay.distributed.collectives import any_flag, barrier, max_float, traffic
 from popplay.distributed.group import DEFAULT_TIMEOUT, Dist, init_from_env, shutdown
 from popplay.distributed.launch import in_rank, launch_local, launched_here

@@ -15,6 +15,12 @@ class HiddenConfig:
         return d
 
 
+def check_at_least_one(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1 (got {value})")
+
+
 def check_network(config: Any, positive: tuple[str, ...] = ("lr",)) -> None:
     """Positive layer widths, positive ``positive`` fields (learning rates...), γ in [0, 1]."""
     if not config.hidden or any(h < 1 for h in config.hidden):

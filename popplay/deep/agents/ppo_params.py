@@ -14,19 +14,8 @@ from typing import Any, ClassVar
 
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
+from popplay.deep.agents.config import check_at_least_one, check_network
 from popplay.deep.topologies.workflow_params import WorkflowParams
-
-
-def _positive(params: Any, *names: str) -> None:
-    for name in names:
-        if not getattr(params, name) > 0:
-            raise ValueError(f"{name} must be positive (got {getattr(params, name)})")
-
-
-def _at_least_one(params: Any, *names: str) -> None:
-    for name in names:
-        if getattr(params, name) < 1:
-            raise ValueError(f"{name} must be at least 1 (got {getattr(params, name)})")
 
 
 def _non_negative(params: Any, *names: str) -> None:
@@ -79,14 +68,11 @@ class PPOParams(WorkflowParams):
 
     def validate(self) -> None:
         self._validate_layout()
-        if not self.hidden or any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must list positive layer widths (got {self.hidden})")
-        _at_least_one(self, "copies", "n_steps", "n_epochs", "batch_size")
-        _positive(self, "lr", "clip_range", "max_grad_norm", "adam_eps")
+        check_network(self, ("lr", "clip_range", "max_grad_norm", "adam_eps"))
+        check_at_least_one(copies=self.copies, n_steps=self.n_steps, n_epochs=self.n_epochs,
+                           batch_size=self.batch_size)
         _non_negative(self, "env_steps", "episodes", "lr_end", "clip_range_end", "value_coef", "entropy_coef",
                       "eval_episodes")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma})")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
 

@@ -15,7 +15,7 @@ import torch
 
 from popplay.core.options import parse_widths
 from popplay.deep import envs
-from popplay.deep.agents.config import HiddenConfig
+from popplay.deep.agents.config import HiddenConfig, check_at_least_one  # noqa: F401  (re-exported)
 from popplay.deep.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
 from popplay.distributed.group import current
 
@@ -40,12 +40,6 @@ def config_from(params: Any, config_type: type) -> Any:
     """``config_type`` built from the fields of ``params`` that it has."""
     names = {f.name for f in dataclasses.fields(config_type)}
     return config_type(**{k: v for k, v in dataclasses.asdict(params).items() if k in names})
-
-
-def check_at_least_one(**values: int) -> None:
-    for name, value in values.items():
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1 (got {value})")
 
 
 def check_evaluation_and_timeout(eval_episodes: int, timeout: float | None = None) -> None:

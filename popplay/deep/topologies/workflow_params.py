@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from popplay.core.options import option
+from popplay.deep.agents.config import check_at_least_one
 
 WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
 SELECTIONS = ("range", "random")
@@ -40,11 +41,8 @@ class WorkflowParams:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be positive (got {self.timeout})")
-        counts = {"sync_every": getattr(self, "sync_every", 1), "learners": self.learners, "actors": self.actors,
-                  "queue_capacity": self.queue_capacity}
-        for name, value in counts.items():
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1 (got {value})")
+        check_at_least_one(sync_every=getattr(self, "sync_every", 1), learners=self.learners, actors=self.actors,
+                           queue_capacity=self.queue_capacity)
 
     @property
     def topology(self) -> str:
