@@ -95,6 +95,16 @@ class GaussianExplorer:
         self.generator = generator
         self.uniform = True
 
+    @property
+    def exploration(self) -> float:
+        """The replay agents' explorer schedule (:meth:`ContinuousLearner.exploration_at`):
+        1 while actions are uniform, 0 once they follow ``mu(s)`` plus noise."""
+        return float(self.uniform)
+
+    @exploration.setter
+    def exploration(self, value: float) -> None:
+        self.uniform = value > 0
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         n = obs.shape[0]
         shape = (n, self.actor.low.numel())
@@ -177,14 +187,43 @@ class ContinuousLearner(UpdateCredit):
         self.update_credit = 0.0
         self.last_loss = float("nan")
 
-    #: Stores what it is given and learns from replay: the multi-process workflows
-    #: average its gradients over the learners at every optimiser step.
+    #: A replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`).
     on_policy = False
+    discrete = False
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.action_low)
 
     @property
     def policy(self) -> nn.Module:
         """The network actors act with (its weights are what workflows ship to them)."""
         return self.actor  # type: ignore[attr-defined]
+
+    @staticmethod
+    def exploration_at(updates: int) -> float:
+        """Uniform actions until the learner's first update (as TD3's authors start)."""
+        return 1.0 if updates == 0 else 0.0
+
+    def explorer(self, policy: nn.Module, generator: torch.Generator) -> GaussianExplorer:
+        return GaussianExplorer(policy, self.config.exploration_noise, generator)
+
+    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Before every optimiser step, replace the gradients by ``reduce`` of them (all
+        of a step's parameters in one flat vector): data-parallel learners pass the mean
+        over the learners."""
+
+        def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            params = [q for g in optimizer.param_groups for q in g["params"]]
+            flat = reduce(torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1)
+                                     for q in params]))
+            offset = 0
+            for q in params:
+                q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
+                offset += q.numel()
+
+        for optimizer in self.optimizers().values():
+            optimizer.register_step_pre_hook(hook)
 
     def networks(self) -> nn.Module:
         """Every network, targets included (for checksums of the learners' copies)."""

@@ -150,6 +150,12 @@ class DoubleDQN(UpdateCredit):
     update_credit: float = 0.0  # updates owed (update_ratio per transition), not yet done
     _last_loss: float = field(default=float("nan"), init=False)
     _last_errors: torch.Tensor | None = field(default=None, init=False, repr=False)  # the latest update's, for last_loss
+    _reduce: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, init=False, repr=False)
+
+    #: A replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`) with action indices.
+    on_policy = False
+    discrete = True
+    action_dim = 1
 
     def __post_init__(self) -> None:
         # drawn on the CPU from the seed alone, so every device starts from the same weights
@@ -169,6 +175,30 @@ class DoubleDQN(UpdateCredit):
     def epsilon(self) -> float:
         return epsilon(self.updates, self.config)
 
+    # --- the replay agent's side for topologies ---------------------------------------
+    @property
+    def policy(self) -> nn.Module:
+        """The network actors act with (its weights are what topologies ship to them)."""
+        return self.online
+
+    def networks(self) -> nn.Module:
+        return nn.ModuleList([self.online, self.target])
+
+    def exploration_at(self, updates: int) -> float:
+        """ε after ``updates`` learner updates: exploration follows training."""
+        return epsilon(updates, self.config)
+
+    def explorer(self, policy: nn.Module, generator: torch.Generator) -> "EpsilonGreedy":
+        # The learner's own network acts through its flat kernels; a copy held by an
+        # actor is flattened once, so that weights loaded in place reach the kernels too.
+        q = self.q_values if policy is self.online else FlatMLP(policy).forward
+        return EpsilonGreedy(q, self.actions, generator)
+
+    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Step along ``reduce`` of every update's gradient (before clipping):
+        data-parallel learners pass the mean over the learners."""
+        self._reduce = reduce
+
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """The online network's Q values of a CPU batch, on the CPU (no autograd; the
         same kernels as ``online``)."""
@@ -181,6 +211,8 @@ class DoubleDQN(UpdateCredit):
         config = self.config
         batch = self.replay.sample(config.batch_size, self.sampler)
         grad, errors = double_dqn_gradient(batch, self._online, self._target, config.gamma)
+        if self._reduce is not None:
+            grad.copy_(self._reduce(grad))
         clip_norm_(grad, config.max_grad_norm)
         self.adam.step(grad, learning_rate(self.updates, config))
         self.updates += 1
@@ -235,6 +267,14 @@ class EpsilonGreedy:
         self.actions = actions
         self.generator = generator
         self.epsilon = 1.0
+
+    @property
+    def exploration(self) -> float:
+        return self.epsilon
+
+    @exploration.setter
+    def exploration(self, value: float) -> None:
+        self.epsilon = float(value)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         n = obs.shape[0]

@@ -107,7 +107,10 @@ def episode_rows(episodes: Any) -> np.ndarray:
     """Played episodes (:class:`popplay.deep.envs.rollout.Episodes`) as float64 rows
     ``[obs, action, reward, next_obs, terminated]`` (exact)."""
     n = episodes.steps
-    return np.concatenate([episodes.obs, np.asarray(episodes.action, dtype=np.float64).reshape(n, -1),
+    action = np.asarray(episodes.action, dtype=np.float64)
+    # no steps: reshape cannot infer a width from nothing
+    action = action.reshape(n, -1) if n else action.reshape(0, action.shape[1] if action.ndim == 2 else 1)
+    return np.concatenate([episodes.obs, action,
                            episodes.reward.reshape(n, 1), episodes.next_obs,
                            episodes.terminated.reshape(n, 1)], axis=1, dtype=np.float64)
 

@@ -6,5 +6,3 @@ learner or server) drives a deep experiment through :func:`popplay.training.pipe
 exactly as a population does, so run files, checkpoints, the console and ``--resume``
 are the populations' own; one phase of the experiment is one round of the topology.
 """
-
-DQN_TOPOLOGIES = ("sequential", "pipelined", "collective", "async")

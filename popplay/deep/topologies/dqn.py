@@ -3,8 +3,10 @@
 ``sequential`` is Algorithm 1: play an episode, store it, train, repeat; with
 ``train_every`` K it trains every K environment steps instead, mid-episode too (the
 schedule of stable-baselines3's ``train_freq``). The other
-topologies (``pipelined``, ``collective``, ``async``) run the learner on rank 0 and the
-simulators on ranks 1..N (:mod:`popplay.deep.topologies.dqn_ranks`). In every topology the
+topologies run the learner on rank 0 and simulators on the other ranks: seed 003's
+(``pipelined``, ``collective``, ``async``: :mod:`popplay.deep.topologies.dqn_ranks`) and
+EXARL's workflows (``multi-learner``, ``master-learner``, ``central-inference``:
+:mod:`popplay.deep.topologies.exarl_ranks`), any replay agent in any of them. In every topology the
 learner owes ``update_ratio`` gradient updates per transition it receives (seed 003
 §III-C: it trains as much as the simulators produced), ε falls with learner updates,
 and one phase of the experiment is ``sync_every`` episodes per simulator.
@@ -24,7 +26,6 @@ from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import DoubleDQN, DQNConfig, EpsilonGreedy, greedy_policy
 from popplay.deep.agents.replay import Batch
 from popplay.deep.envs.rollout import Episodes, episode_seed, play_episodes
-from popplay.deep.topologies import DQN_TOPOLOGIES
 from popplay.deep.topologies.base import (
     ENV_HELP,
     ENV_STEPS_HELP,
@@ -33,7 +34,6 @@ from popplay.deep.topologies.base import (
     GAMMA_HELP,
     SEED_HELP,
     TIMEOUT_HELP,
-    DeepExperiment,
     DeepParams,
     check_at_least_one,
     check_evaluation_and_timeout,
@@ -46,9 +46,8 @@ from popplay.deep.topologies.base import (
     topology_extra,
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
-from popplay.deep.topologies.dqn_ranks import Learner, simulator_loop
-from popplay.deep.topologies.wire import rows_to_batch
-from popplay.distributed.group import current
+from popplay.deep.topologies.families import RankedExperiment
+from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, SELECTIONS
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,10 @@ class DQNParams(DeepParams):
     topology: str = option(
         "sequential", "sequential: simulate an episode, then train (one process); pipelined: one simulator and the "
                       "learner in two processes; collective: N simulators, transitions gathered and weights broadcast "
-                      "every --sync-every episodes; async: simulators and learner never wait for each other.",
-        choices=DQN_TOPOLOGIES)
-    simulators: int = option(1, "Simulator ranks (collective, async).", min=1)
+                      "every --sync-every episodes; async: simulators and learner never wait for each other; "
+                      "multi-learner, master-learner, central-inference: EXARL's workflows (see train td3 --help).",
+        choices=REPLAY_TOPOLOGIES)
+    simulators: int = option(1, "Simulator ranks (collective, async; the actors of EXARL's workflows).", min=1)
     sync_every: int = option(1, "Episodes per simulator between exchanges.", min=1)  # one phase
     episodes: int = option(0, EPISODES_HELP, min=0, budget=True)
     env_steps: int = option(0, ENV_STEPS_HELP, min=0, budget=True)
@@ -89,14 +89,34 @@ class DQNParams(DeepParams):
                                 "(0: constant).", min=0)
     eval_episodes: int = option(100, EVAL_HELP, min=0)
     timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
+    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
+    selection: str = option("range", "multi-learner: range (each learner pops its own block of simulators' queues) "
+                                     "or random (any simulator's newest episode, read without removing it).",
+                            choices=SELECTIONS)
+    queue_capacity: int = option(4, "multi-learner, range: episodes a simulator keeps unread at most.", min=1)
 
     def agent_config(self) -> Any:
         return config_from(self, DQNConfig)
 
+    def new_learner(self, info: Any) -> DoubleDQN:
+        """The learner of this run on the CPU (same seed, same initial network on every rank)."""
+        return DoubleDQN(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
+
+    # EXARL's workflows read the layout under their own names.
+    @property
+    def workflow(self) -> str:
+        return self.topology
+
+    @property
+    def actors(self) -> int:
+        return self.simulators
+
     def validate(self) -> None:
-        if self.topology not in DQN_TOPOLOGIES:
-            raise ValueError(f"topology must be one of {', '.join(DQN_TOPOLOGIES)} (got {self.topology!r})")
-        check_at_least_one(simulators=self.simulators)
+        if self.topology not in REPLAY_TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(REPLAY_TOPOLOGIES)} (got {self.topology!r})")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        check_at_least_one(simulators=self.simulators, learners=self.learners, queue_capacity=self.queue_capacity)
         if self.topology in ("sequential", "pipelined") and self.simulators != 1:
             raise ValueError(f"simulators: the {self.topology} topology has exactly one simulator")
         check_at_least_one(sync_every=self.sync_every)
@@ -111,6 +131,8 @@ class DQNParams(DeepParams):
 
     @property
     def ranks(self) -> int:
+        if self.topology in ("multi-learner", "master-learner"):
+            return self.learners + self.simulators
         return 1 if self.topology == "sequential" else 1 + self.simulators
 
 
@@ -127,7 +149,7 @@ class DQNState:
     extra: dict[str, Any] = field(default_factory=dict)  # topology counters (e.g. checksums)
 
 
-class DQNExperiment(DeepExperiment):
+class DQNExperiment(RankedExperiment):
     """The runner's view of a DQN run (:class:`popplay.core.experiment.Experiment`)."""
 
     domain = "dqn"
@@ -135,21 +157,7 @@ class DQNExperiment(DeepExperiment):
     def __init__(self, params: DQNParams, backend: Any) -> None:
         self._open(params, backend)
         envs.require_discrete(self.info, "dqn")
-        self._topology: Any = None  # rank 0's side of a multi-rank topology
-        if params.topology != "sequential":
-
-            if current().distributed:
-
-                self._topology = Learner(current(), params, self.info.obs_dim)
-
-    @staticmethod
-    def serve(dist: Any, params: Any, resume: Any) -> None:
-        simulator_loop(dist, params, resume)
-
-    def close(self, state: DQNState) -> None:
-        """Stop the simulators (once; nothing to do in one process)."""
-        if self._topology is not None:
-            self._topology.close(self, state)
+        self._attach_topology()
 
     def initial_state(self) -> DQNState:
         agent = DoubleDQN(self.config, self.info.obs_dim, int(self.info.actions), self.params.seed,
@@ -157,9 +165,8 @@ class DQNExperiment(DeepExperiment):
         return DQNState(agent=agent, explore=networks.generator(self.params.seed * 7919 + 2))
 
     def phase(self, state: DQNState, *, time_left: float | None) -> DQNState:
-        if self._topology is not None:
-            return self._topology.round(self, state)
-        return self._sequential_round(state)
+        ran = self._topology_round(state)
+        return ran if ran is not None else self._sequential_round(state)
 
     def _sequential_round(self, state: DQNState) -> DQNState:
         """Seed 003 Algorithm 1, ``sync_every`` times: an episode, then training; with
@@ -188,12 +195,6 @@ class DQNExperiment(DeepExperiment):
             else:
                 train_on(play_episodes(self._env, actor, seeds))
         return state
-
-    def learn_rows(self, state: DQNState, rows: np.ndarray, returns: np.ndarray, lengths: np.ndarray) -> None:
-        """Hand packed transitions (:mod:`popplay.deep.topologies.wire`) to the learner."""
-
-        state.agent.receive(rows_to_batch(rows, self.info.obs_dim))
-        count_episodes(state, returns, lengths, int(rows.shape[0]))
 
     def learn(self, state: DQNState, episodes: Any) -> None:
         """Hand a batch of episodes to the learner and count them."""
@@ -230,7 +231,7 @@ class DQNExperiment(DeepExperiment):
     def summary_extras(self, state: DQNState) -> dict[str, Any]:
         """What a DQN run adds to the summary every deep run prints."""
         return {"return": recent_mean(state.returns), "updates": state.agent.updates,
-                "epsilon": state.agent.epsilon}
+                "epsilon": state.agent.epsilon, **topology_counters(state.extra)}
 
     # --- evaluation -------------------------------------------------------------------
     def quality(self, state: DQNState, episodes: int | None = None) -> float:

@@ -1,4 +1,5 @@
-"""Seed 003's multi-process DQN: the learner on rank 0, simulators on ranks 1..N.
+"""Seed 003's multi-process topologies: the learner on rank 0, simulators on ranks 1..N,
+for any replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`: DQN, TD3, DDPG).
 
 ``pipelined`` (two ranks, seed §III-B): every ``sync_every`` episodes the simulator
 sends its transitions and the learner answers at once with its weights, then trains on
@@ -16,12 +17,13 @@ work); the main loops only look at queues. A simulator hands its transitions to 
 sender every ``sync_every`` episodes, or keeps them for the next message while the
 previous one is still in flight, and takes the newest weights that have arrived; the
 learner takes every message that has arrived, answers its simulator with its current
-weights (unless the previous ones are still in flight) and trains in between. ε comes with the weights
-and follows learner updates, so fast early simulation cannot end exploration early.
+weights (unless the previous ones are still in flight) and trains in between. The explorer's
+schedule (ε) comes with the weights and follows learner updates, so fast early simulation cannot end exploration early.
 
 Messages are tensors on separate tags: a header (int64: transitions, episodes,
 last), the transitions (float64, :mod:`popplay.deep.topologies.wire`), weights (float64: flag,
-ε, episodes to play, learner updates, then the flat parameters), and at the end each
+the explorer's schedule value (DQN's ε), episodes to play, learner updates, then the
+flat parameters of the agent's ``policy``), and at the end each
 simulator's totals (transitions sent and their checksum), which the learner stores so
 that a test can check it received exactly what was produced. Every blocking wait is
 bounded by the group's timeout.
@@ -42,8 +44,6 @@ import torch.distributed as c10d
 from popplay.core.hooks import hook
 from popplay.deep import envs
 from popplay.deep.agents import networks
-from popplay.deep.agents.dqn import EpsilonGreedy
-from popplay.deep.agents.flat import FlatMLP
 from popplay.deep.envs.rollout import Episodes, episode_seed, play_episodes
 from popplay.deep.topologies import wire
 from popplay.distributed.collectives import CollectiveError, guarded
@@ -52,17 +52,21 @@ TAG_HEADER, TAG_DATA, TAG_WEIGHTS, TAG_TOTALS = 11, 12, 13, 14
 
 
 def _weights_message(agent: Any, flag: float, plan: int) -> Any:
-    head = torch.tensor([flag, agent.epsilon, float(plan), float(agent.updates)], dtype=torch.float64)
-    return torch.cat([head, networks.flat_parameters(agent.online).cpu().double()])  # gloo: CPU tensors
+    head = torch.tensor([flag, agent.exploration_at(agent.updates), float(plan), float(agent.updates)],
+                        dtype=torch.float64)
+    return torch.cat([head, networks.flat_parameters(agent.policy).cpu().double()])  # gloo: CPU tensors
 
 
 class Learner:
-    """Rank 0's side of a multi-rank DQN topology (attached to the experiment)."""
+    """Rank 0's side of a seed-003 topology (attached to the experiment): one round per phase."""
 
-    def __init__(self, dist: Any, params: Any, obs_dim: int) -> None:
+    #: The run's budget alone says when it is done (:meth:`RankedExperiment.finished`).
+    done = None
+
+    def __init__(self, dist: Any, params: Any, info: Any) -> None:
         self.dist = dist
         self.params = params
-        self.obs_dim = obs_dim
+        self.width = wire.row_width(info.obs_dim, wire.action_width(info))
         self.simulators = params.simulators
         self.started = False
         self.closed = False
@@ -76,13 +80,13 @@ class Learner:
 
     # --- receiving ------------------------------------------------------------------
     def _receive_from(self, exp: Any, state: Any, rank: int, transitions: int, episodes: int) -> None:
-        size = transitions * wire.row_width(self.obs_dim) + 2 * episodes
+        size = transitions * self.width + 2 * episodes
         if size == 0:
             return
         data = torch.empty(size, dtype=torch.float64)
         guarded(self.dist, f"receive of transitions from rank {rank}",
                lambda: c10d.recv(data, src=rank, tag=TAG_DATA))
-        rows, returns, lengths = wire.unpack(data.numpy(), transitions, episodes, self.obs_dim)
+        rows, returns, lengths = wire.unpack(data.numpy(), transitions, episodes, self.width)
         self.received += transitions
         self.received_checksum = wire.add_checksums(self.received_checksum, wire.checksum(rows))
         exp.learn_rows(state, rows, returns, lengths)
@@ -155,7 +159,7 @@ class Learner:
         for rank in range(1, self.dist.world_size):
             self.inbox[rank] = queue.Queue()
             self.outbox[rank] = queue.Queue()
-            _thread(_receive_transitions, self.dist, up, rank, self.obs_dim, self.inbox[rank])
+            _thread(_receive_transitions, self.dist, up, rank, self.width, self.inbox[rank])
             _thread(_send_queue, self.dist, down, rank, TAG_WEIGHTS, self.outbox[rank], self.errors)
         self.started = True
 
@@ -187,7 +191,7 @@ class Learner:
     def _take(self, exp: Any, state: Any, data: Any, transitions: int, episodes: int) -> None:
         if transitions + episodes == 0:
             return
-        rows, returns, lengths = wire.unpack(data.numpy(), transitions, episodes, self.obs_dim)
+        rows, returns, lengths = wire.unpack(data.numpy(), transitions, episodes, self.width)
         self.received += transitions
         self.received_checksum = wire.add_checksums(self.received_checksum, wire.checksum(rows))
         exp.learn_rows(state, rows, returns, lengths)
@@ -256,17 +260,18 @@ class _Simulator:
         self.index = dist.rank  # stream of this simulator's episode seeds
         self.env = envs.make_vector(params.env, 1)
         self.info = envs.describe(self.env, params.env)
-        config = params.agent_config()
-        self.q = networks.seeded_mlp(params.seed, self.info.obs_dim, int(self.info.actions), config.hidden)
+        # The learner's initial agent (same seed): version 0 of the weights.
+        learner = params.new_learner(self.info)
+        self.policy = learner.policy
+        self.width = wire.row_width(self.info.obs_dim, wire.action_width(self.info))
         self.episode = 0
         if resume is not None:
             # Episode seeds of a resumed run must not repeat the first run's.
             self.episode = 1_000_000 * (1 + int(resume.state_counters.get("episodes", 0)))
-        # acts through a flat view of its network (no module calls per step); the weights
-        # the learner sends land in the same storage
-        self.actor = EpsilonGreedy(FlatMLP(self.q).forward, int(self.info.actions),
-                                   networks.generator(params.seed * 7919 + 1000 * dist.rank + self.episode))
-        self.actor.epsilon = config.epsilon_start
+        # the weights the learner sends are loaded into the policy in place, where the explorer sees them
+        self.actor = learner.explorer(self.policy,
+                                      networks.generator(params.seed * 7919 + 1000 * dist.rank + self.episode))
+        self.actor.exploration = learner.exploration_at(0)
         self.sent = 0
         self.sent_checksum = 0
         # async: this simulator's share of what is left of the budget, so that simulators
@@ -291,8 +296,8 @@ class _Simulator:
         return int(min(self.params.sync_every, left)) if left > 0 else self.params.sync_every
 
     def load(self, message: Any) -> None:
-        self.actor.epsilon = float(message[wire.W_EPSILON])
-        networks.load_flat_parameters(self.q, message[wire.WEIGHTS_HEADER:].float())
+        self.actor.exploration = float(message[wire.W_EXPLORATION])
+        networks.load_flat_parameters(self.policy, message[wire.WEIGHTS_HEADER:].float())
 
     def play(self, episodes: int) -> Any:
         """``episodes`` episodes, merged into one message's worth."""
@@ -311,8 +316,7 @@ class _Simulator:
 
     def pack(self, episodes: Any, last: bool) -> tuple[Any, Any]:
         data = wire.pack(episodes, self.info.obs_dim)
-        width = wire.row_width(self.info.obs_dim)
-        rows = data[:episodes.steps * width].reshape(episodes.steps, width)
+        rows = data[:episodes.steps * self.width].reshape(episodes.steps, self.width)
         self.sent += episodes.steps
         self.sent_checksum = wire.add_checksums(self.sent_checksum, wire.checksum(rows))
         header = torch.tensor([episodes.steps, len(episodes.returns), int(last)], dtype=torch.int64)
@@ -351,7 +355,7 @@ def simulator_loop(dist: Any, params: Any, resume: Any) -> None:
 
 
 def _weights_buffer(sim: _Simulator) -> Any:
-    return torch.zeros(wire.WEIGHTS_HEADER + networks.parameter_count(sim.q), dtype=torch.float64)
+    return torch.zeros(wire.WEIGHTS_HEADER + networks.parameter_count(sim.policy), dtype=torch.float64)
 
 
 def _pipelined_simulator(sim: _Simulator) -> None:
@@ -422,6 +426,22 @@ def _async_simulator(sim: _Simulator) -> None:
         raise errors[0]
 
 
+class Simulators:
+    """Seed 003's topologies as :mod:`popplay.deep.topologies.families` lists them."""
+
+    names = ("pipelined", "collective", "async")
+    rank0 = Learner
+    serve = staticmethod(simulator_loop)
+
+    @staticmethod
+    def role(params: Any, rank: int) -> str:
+        return "learner" if rank == 0 else f"simulator {rank}"
+
+    @staticmethod
+    def resume_problem(params: Any) -> str | None:
+        return None  # the simulators' episode seeds move on past the first run's
+
+
 # --- threads that do the waiting (async) ------------------------------------------------
 
 def _channels(dist: Any) -> tuple[Any, Any]:
@@ -474,14 +494,14 @@ def _send_queue(dist: Any, group: Any, dst: int, tag: int | None, box: queue.Que
             box.task_done()
 
 
-def _receive_transitions(dist: Any, group: Any, src: int, obs_dim: int, box: queue.Queue) -> None:
+def _receive_transitions(dist: Any, group: Any, src: int, width: int, box: queue.Queue) -> None:
     """The learner's receiver of one simulator's messages, until the one marked last."""
 
     try:
         while True:
             header = torch.zeros(wire.HEADER, dtype=torch.int64)
             guarded(dist, f"receive of a header from rank {src}", lambda: c10d.recv(header, src=src, tag=TAG_HEADER, group=group))
-            size = int(header[0]) * wire.row_width(obs_dim) + 2 * int(header[1])
+            size = int(header[0]) * width + 2 * int(header[1])
             data = torch.empty(size, dtype=torch.float64)
             if size:
                 guarded(dist, f"receive of transitions from rank {src}",

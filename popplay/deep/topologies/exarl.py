@@ -4,7 +4,7 @@ The ``sequential`` workflow lives here: one actor and the learner take turns in
 one process, like seed 003's Algorithm 1 (:mod:`popplay.deep.topologies.dqn`). A2C's
 multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``,
 for all three agents) are :mod:`popplay.deep.topologies.exarl_ranks`; rank 0's side runs
-through the experiments here (:meth:`_Experiment._workflow_phase`).
+through the experiments here (:meth:`_Experiment._topology_phase`).
 
 - **TD3, DDPG**: one phase plays ``sync_every`` episodes with the explorer (uniform
   actions until the learner's first update, then ``mu(s)`` plus Gaussian noise),
@@ -34,12 +34,11 @@ from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.a2c import A2C, A2CConfig, SampledPolicy, Trajectory, greedy_policy, trajectory_from_episodes
-from popplay.deep.agents.ddpg import DDPG, DDPGConfig, GaussianExplorer, deterministic_policy
+from popplay.deep.agents.ddpg import DDPG, DDPGConfig, deterministic_policy
 from popplay.deep.agents.replay import Batch
 from popplay.deep.agents.td3 import TD3, TD3Config
 from popplay.deep.envs import EnvError
 from popplay.deep.envs.rollout import episode_seed, play_episodes
-from popplay.deep.topologies import exarl_ranks
 from popplay.deep.topologies.base import (
     ENV_HELP,
     ENV_STEPS_HELP,
@@ -47,7 +46,6 @@ from popplay.deep.topologies.base import (
     EVAL_HELP,
     GAMMA_HELP,
     SEED_HELP,
-    DeepExperiment,
     DeepParams,
     check_at_least_one,
     check_evaluation_and_timeout,
@@ -59,9 +57,13 @@ from popplay.deep.topologies.base import (
     topology_counters,
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
-from popplay.deep.topologies.exarl_ranks import last_barrier
-from popplay.deep.topologies.workflow_params import SELECTIONS, WORKFLOWS, WorkflowParams  # noqa: F401  (re-exported)
-from popplay.distributed.group import current
+from popplay.deep.topologies.families import RankedExperiment
+from popplay.deep.topologies.workflow_params import (  # noqa: F401  (SELECTIONS, WORKFLOWS re-exported)
+    REPLAY_TOPOLOGIES,
+    SELECTIONS,
+    WORKFLOWS,
+    WorkflowParams,
+)
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,16 @@ class DDPGParams(WorkflowParams, DeepParams):
     """Train DDPG (deterministic actor, Q critic, soft target updates), optionally with
     prioritised experience replay."""
 
+    workflow: str = option(
+        "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
+                      "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
+                      "batches out; central-inference: one rank holds the model and acts for every actor. Seed 003's "
+                      "topologies (see train dqn --help): pipelined (one actor), collective, async, with --actors "
+                      "simulators.",
+        choices=REPLAY_TOPOLOGIES)
     env: str = option("Pendulum-v1", "A gymnasium id with continuous actions (Pendulum-v1, ...).")
-    sync_every: int = option(1, "Episodes per phase.", min=1)
+    sync_every: int = option(1, "Episodes per phase (per simulator between exchanges in seed 003's topologies).",
+                             min=1)
     episodes: int = option(0, EPISODES_HELP, min=0, budget=True)
     env_steps: int = option(0, ENV_STEPS_HELP, min=0, budget=True)
     seed: int = option(0, SEED_HELP)
@@ -98,10 +108,21 @@ class DDPGParams(WorkflowParams, DeepParams):
         return config_from(self, self._config_type())
 
     def validate(self) -> None:
-        self._validate_layout()
+        self._validate_layout(REPLAY_TOPOLOGIES)
+        if self.workflow == "pipelined" and self.actors != 1:
+            raise ValueError("actors: the pipelined topology has exactly one simulator")
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
+
+    # Seed 003's topologies read the layout under their own names.
+    @property
+    def simulators(self) -> int:
+        return self.actors
+
+    @property
+    def ranks(self) -> int:
+        return 1 + self.actors if self.workflow in ("pipelined", "collective", "async") else super().ranks
 
     def new_learner(self, info: Any) -> Any:
         return DDPG(self.agent_config(), info.obs_dim, info.action_low, info.action_high, self.seed)
@@ -175,8 +196,8 @@ class ExarlState:
     extra: dict[str, Any] = field(default_factory=dict)  # multi-process workflows' totals
 
 
-class _Experiment(DeepExperiment):
-    """What the three experiments share beyond :class:`DeepExperiment`: curves and the
+class _Experiment(RankedExperiment):
+    """What the three experiments share beyond :class:`RankedExperiment`: curves and the
     run file's arrays."""
 
     domain = ""
@@ -184,80 +205,15 @@ class _Experiment(DeepExperiment):
     def __init__(self, params: Any, backend: Any) -> None:
         self._open(params, backend, getattr(params, "copies", 1))
         self._check_env()
-        self._flow: Any = None  # rank 0's side of a multi-process workflow
-        self._no_ranks: Any = None
-        if params.workflow != "sequential":
+        self._attach_topology()
 
-            dist = current()
-            if not dist.distributed:
-                # One process may still read the run file (evaluate); training needs the ranks.
-                self._no_ranks = UsageError(f"--workflow {params.workflow} runs on {params.ranks} ranks "
-                                              "(launched by popplay)")
-                return
-            if params.workflow == "central-inference":
-                self._flow = exarl_ranks.CentralServer(dist, params, self.info)
-            else:
-                group = exarl_ranks.learner_group(dist, params)
-                self._flow = exarl_ranks.Learners(dist, params, group, self.info.obs_dim)
-
-    @staticmethod
-    def role(params: Any, rank: int) -> str:
-        learners, _ = exarl_ranks.layout(params)
-        if params.workflow == "central-inference":
-            return "server" if rank == 0 else f"actor {rank - 1}"
-        return f"learner {rank}" if rank in learners else f"actor {rank - len(learners)}"
-
-    @staticmethod
-    def serve(dist: Any, params: Any, resume: Any) -> None:
-        exarl_ranks.rank_loop(dist, params, resume)
-
-    @staticmethod
-    def resume_problem(params: Any) -> str | None:
-        """Why a run of ``params`` cannot be resumed (None: it can): a multi-process
-        workflow's run file holds rank 0's state only."""
-        if params.workflow == "sequential":
-            return None
-        return f"--resume: a {params.workflow} run cannot be resumed in this version (only sequential runs)"
-
-    def finished(self, state: ExarlState, *, time_mode: bool) -> bool:
-        if self.diverged is not None:
-            return True  # close() then stops the other ranks
-        if self._flow is not None:
-            return self._flow.done
-        return super().finished(state, time_mode=time_mode)
-
-    def close(self, state: ExarlState) -> None:
-        """Stop the other ranks if the run ended early (Ctrl-C, a time limit)."""
-        flow = self._flow
-        if flow is None:
-            return
-        if not flow.done:
-            if self.params.workflow != "central-inference":
-                flow.round(state.agent, stop=True)
-            flow.finish(state.agent, stopped=True)
-
-        last_barrier(flow.dist)
-
-    def _workflow_phase(self, state: ExarlState) -> ExarlState | None:
-        """One learner round (or a few inference steps) of a multi-process workflow;
-        None in a sequential run (the caller plays its phase)."""
-        flow = self._flow
-        if flow is None:
-            if self._no_ranks is not None:
-                raise self._no_ranks
-            return None
-        if self.params.workflow == "central-inference":
-            r = flow.steps(state.agent, state.explore, 32)
-        else:
-            r = flow.round(state.agent)
-        state.episodes += len(r.returns)
-        state.env_steps += r.steps
-        state.returns.extend(r.returns)
-        state.lengths.extend(r.lengths)
-        if r.all_finished or r.stop:
-            state.extra.update(flow.finish(state.agent, stopped=r.stop) or {})
-        state.phases += 1
-        return state
+    def _topology_phase(self, state: ExarlState) -> ExarlState | None:
+        """One round of a multi-process topology (counted as a phase); None in a
+        sequential run (the caller plays its phase)."""
+        ran = self._topology_round(state)
+        if ran is not None:
+            ran.phases += 1
+        return ran
 
     def _check_env(self) -> None:
         raise NotImplementedError
@@ -319,15 +275,15 @@ class _ContinuousExperiment(_Experiment):
                           explore=networks.generator(self.params.seed * 7919 + 3))
 
     def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
-        ran = self._workflow_phase(state)
+        ran = self._topology_phase(state)
         if ran is not None:
             return ran
         agent = state.agent
-        explorer = GaussianExplorer(agent.actor, self.config.exploration_noise, state.explore)
+        explorer = agent.explorer(agent.policy, state.explore)
         for _ in range(self.params.sync_every):
             if self.finished(state, time_mode=False):
                 break
-            explorer.uniform = agent.updates == 0
+            explorer.exploration = agent.exploration_at(agent.updates)
             episodes = play_episodes(self._env, explorer, [episode_seed(self.params.seed, 0, state.episodes)])
             agent.receive(Batch(torch.as_tensor(episodes.obs),
                                 torch.as_tensor(episodes.action, dtype=torch.float32).reshape(episodes.steps, -1),
@@ -369,7 +325,7 @@ class A2CExperiment(_Experiment):
 
     def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
         p = self.params
-        ran = self._workflow_phase(state)
+        ran = self._topology_phase(state)
         if ran is not None:
             return ran
         if state.phases % p.sync_every == 0:
@@ -410,7 +366,7 @@ class OnPolicyWorkflowExperiment(_Experiment):
                           explore=networks.generator(self.params.seed * 7919 + 4))
 
     def phase(self, state: ExarlState, *, time_left: float | None) -> ExarlState:
-        ran = self._workflow_phase(state)
+        ran = self._topology_phase(state)
         if ran is None:
             raise UsageError(f"{self.domain}'s sequential runs are not a workflow")
         return ran

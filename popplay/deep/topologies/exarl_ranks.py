@@ -64,10 +64,10 @@ import torch.distributed as c10d
 from popplay.deep import envs
 from popplay.deep.agents import networks, replay
 from popplay.deep.agents.a2c import SampledPolicy, Trajectory, trajectory_from_episodes
-from popplay.deep.agents.ddpg import GaussianExplorer
 from popplay.deep.agents.replay import episode_rows, transition_width
 from popplay.deep.envs.rollout import episode_seed, play_episodes
 from popplay.deep.topologies import wire
+from popplay.deep.topologies.base import count_episodes
 from popplay.distributed.collectives import guarded
 
 TAG_REQ, TAG_WEIGHTS, TAG_REPLY, TAG_DATA = 31, 32, 33, 34
@@ -106,7 +106,7 @@ def width_of(agent: Any, obs_dim: int) -> int:
     """The rows a workflow moves for ``agent``: whole trajectories for an on-policy
     learner, transitions for a replay learner."""
 
-    return row_width(obs_dim) if agent.on_policy else transition_width(obs_dim, len(agent.action_low))
+    return row_width(obs_dim) if agent.on_policy else transition_width(obs_dim, agent.action_dim)
 
 
 def trajectory_rows(traj: Any) -> np.ndarray:
@@ -200,6 +200,7 @@ class _Actor:
         self.obs_dim = info.obs_dim
         # The learners' initial policy (same seed): weight version 0.
         learner = params.new_learner(info)
+        self.learner = learner
         self.policy, self.on_policy = learner.policy, learner.on_policy
         self.version = 0  # the learner updates behind the weights held
         self.generator = networks.generator(params.seed * 7919 + 101 * (index + 1))
@@ -220,9 +221,9 @@ class _Actor:
     def play(self) -> np.ndarray:
         if self.on_policy:
             act: Any = SampledPolicy(self.policy, self.generator)
-        else:  # as the sequential workflow: uniform actions until the learners' first update
-            act = GaussianExplorer(self.policy, self.params.exploration_noise, self.generator)
-            act.uniform = self.version == 0
+        else:  # the schedule of the weights' version, as the sequential workflow's
+            act = self.learner.explorer(self.policy, self.generator)
+            act.exploration = self.learner.exploration_at(self.version)
         episodes = play_episodes(self.env, act, [episode_seed(self.params.seed, 1 + self.index, self.episodes)])
         self.episodes += 1
         self.steps += episodes.steps
@@ -371,7 +372,7 @@ def _central_actor(dist: Any, params: Any, index: int) -> None:
 
     env = envs.make_vector(params.env, 1)
     info = envs.describe(env, params.env)
-    d, k = info.obs_dim, action_width(info)
+    d, k = info.obs_dim, wire.action_width(info)
     tally = _Tally()
     counts = {"episodes": 0, "steps": 0}
     q_episodes = quota(params.episodes, params.actors, index) if params.episodes else 0
@@ -429,11 +430,6 @@ def central_width(obs_dim: int) -> int:
 
 #: The first entry of rank 0's scatter to each actor (then the action).
 ACT, NO_ACTION, STOP = 1, 0, -1
-
-
-def action_width(info: Any) -> int:
-    """Entries of one action: 1 (an index) for discrete actions, else the box's size."""
-    return 1 if info.discrete else len(info.action_low)
 
 
 # --- learners ----------------------------------------------------------------------
@@ -659,7 +655,7 @@ class Learners:
                 traj = rows_trajectory(rows, self.obs_dim)
                 reward = float(traj.reward.sum())
             else:
-                agent.replay.add(replay.rows_batch(rows, self.obs_dim))  # duplicates too (random selection): they train
+                agent.replay.add(replay.rows_batch(rows, self.obs_dim, agent.discrete))  # duplicates too (random selection): they train
                 reward = float(rows[:, self.width - self.obs_dim - 2].sum())  # the float64 rewards, exact
             vec[0] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
@@ -709,20 +705,13 @@ class Learners:
 
         dist, group, L = self.dist, self.group, self.L
 
-        def average(optimizer: Any, args: Any, kwargs: Any) -> None:
-            params = [q for g in optimizer.param_groups for q in g["params"]]
-            flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for q in params])
+        def mean(flat: torch.Tensor) -> torch.Tensor:
             guarded(dist, "all-reduce of the gradients",
                    lambda: c10d.all_reduce(flat, op=c10d.ReduceOp.SUM, group=group))
-            flat /= L
-            offset = 0
-            for q in params:
-                q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
-                offset += q.numel()
             self.tally.bytes += _nbytes(flat)
+            return flat / L
 
-        for optimizer in agent.optimizers().values():
-            optimizer.register_step_pre_hook(average)
+        agent.average_gradients(mean)
         self._averaging = agent
 
     def finish(self, agent: Any, stopped: bool) -> dict[str, Any] | None:
@@ -765,7 +754,7 @@ class CentralServer:
 
     def __init__(self, dist: Any, params: Any, info: Any) -> None:
         self.dist, self.params, self.d = dist, params, info.obs_dim
-        self.k = action_width(info)
+        self.k = wire.action_width(info)
         self.A = params.actors
         self.open: list[list[np.ndarray]] = [[] for _ in range(self.A)]  # rows of each actor's episode so far
         self.last: list[tuple[np.ndarray, int, float] | None] = [None] * self.A  # obs, action, log-prob
@@ -832,8 +821,8 @@ class CentralServer:
                 chosen = torch.multinomial(logp.exp(), 1, generator=generator)
             return chosen.numpy(), logp.gather(1, chosen).squeeze(1).numpy()
 
-        explorer = GaussianExplorer(agent.policy, self.params.exploration_noise, generator)
-        explorer.uniform = agent.updates == 0  # as the sequential workflow starts
+        explorer = agent.explorer(agent.policy, generator)
+        explorer.exploration = agent.exploration_at(agent.updates)  # as the sequential workflow's
         return explorer(obs.numpy()), np.zeros(obs.shape[0])
 
     def _learn(self, agent: Any, rows: np.ndarray) -> float:
@@ -846,7 +835,7 @@ class CentralServer:
             agent.learn_shared(rows_trajectory(rows, d), ALONE)
             agent.received += rows.shape[0]
         else:
-            agent.receive(replay.rows_batch(rows, d))
+            agent.receive(replay.rows_batch(rows, d, agent.discrete))
             agent.train()
         return float(rows[:, d + k].sum())
 
@@ -862,6 +851,63 @@ class CentralServer:
             guarded(self.dist, "scatter of the stop", lambda: c10d.scatter(out, scatter_list=stop, src=0))
         self.done = True
         return _final_report(self.dist, self.tally, _params_checksum(agent.networks()), agent.updates, True)
+
+
+class WorkflowRounds:
+    """Rank 0's side of a workflow, as the experiment drives it: one learner round (or a
+    few inference steps) per phase."""
+
+    def __init__(self, dist: Any, params: Any, info: Any) -> None:
+        self.dist = dist
+        self.central = params.workflow == "central-inference"
+        self.flow: Any = (CentralServer(dist, params, info) if self.central
+                          else Learners(dist, params, learner_group(dist, params), info.obs_dim))
+
+    @property
+    def done(self) -> bool:
+        return self.flow.done
+
+    def round(self, exp: Any, state: Any) -> Any:
+        flow = self.flow
+        r = flow.steps(state.agent, state.explore, 32) if self.central else flow.round(state.agent)
+        count_episodes(state, r.returns, r.lengths, r.steps)
+        if r.all_finished or r.stop:
+            state.extra.update(flow.finish(state.agent, stopped=r.stop) or {})
+        return state
+
+    def close(self, exp: Any, state: Any) -> None:
+        """Stop the other ranks if the run ended early (Ctrl-C, a time limit), then the
+        last barrier."""
+        flow = self.flow
+        if not flow.done:
+            if not self.central:
+                flow.round(state.agent, stop=True)
+            flow.finish(state.agent, stopped=True)
+        last_barrier(self.dist)
+
+
+class Workflows:
+    """EXARL's multi-process workflows as :mod:`popplay.deep.topologies.families` lists them."""
+
+    names = ("multi-learner", "master-learner", "central-inference")
+    rank0 = WorkflowRounds
+
+    @staticmethod
+    def role(params: Any, rank: int) -> str:
+        learners, _ = layout(params)
+        if params.workflow == "central-inference":
+            return "server" if rank == 0 else f"actor {rank - 1}"
+        return f"learner {rank}" if rank in learners else f"actor {rank - len(learners)}"
+
+    @staticmethod
+    def serve(dist: Any, params: Any, resume: Any) -> None:
+        rank_loop(dist, params, resume)
+
+    @staticmethod
+    def resume_problem(params: Any) -> str | None:
+        """A multi-process workflow's run file holds rank 0's state only."""
+        return (f"--resume: a {params.workflow} run cannot be resumed in this version (its run file holds "
+                "rank 0's state only)")
 
 
 def last_barrier(dist: Any) -> None:

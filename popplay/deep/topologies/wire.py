@@ -5,46 +5,40 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
-from popplay.deep.agents.replay import Batch
+from popplay.deep.agents.replay import episode_rows, transition_width
 
 # Header of a transitions message (int64): transitions, episodes, last (1: the sender stops).
 HEADER = 3
 # Header of a weights message (float64), before the flat parameters.
-W_FLAG, W_EPSILON, W_EPISODES, W_UPDATES = range(4)
+W_FLAG, W_EXPLORATION, W_EPISODES, W_UPDATES = range(4)
 WEIGHTS_HEADER = 4
 
 
-def row_width(obs_dim: int) -> int:
-    """obs, action, reward, next_obs, terminated."""
-    return 2 * obs_dim + 3
+def row_width(obs_dim: int, action_dim: int = 1) -> int:
+    """obs, action (``action_dim`` entries; 1 for an index), reward, next_obs, terminated."""
+    return transition_width(obs_dim, action_dim)
+
+
+def action_width(info: Any) -> int:
+    """Entries of one action: 1 (an index) for discrete actions, else the box's size."""
+    return 1 if info.discrete else len(info.action_low)
 
 
 def pack(episodes: Any, obs_dim: int) -> np.ndarray:
-    """Transitions then (return, length) of each episode, as one float64 vector (exact:
+    """Transitions (:func:`~popplay.deep.agents.replay.episode_rows`, the replay agents'
+    one row format) then (return, length) of each episode, as one float64 vector (exact:
     float32 values, small integer actions and lengths are exact in float64)."""
-    rows = np.concatenate([
-        episodes.obs.astype(np.float64), episodes.action.reshape(-1, 1).astype(np.float64),
-        episodes.reward.reshape(-1, 1).astype(np.float64), episodes.next_obs.astype(np.float64),
-        episodes.terminated.reshape(-1, 1).astype(np.float64)], axis=1) if episodes.steps else \
-        np.zeros((0, row_width(obs_dim)))
+    rows = episode_rows(episodes)
     tail = np.stack([episodes.returns.astype(np.float64), episodes.lengths.astype(np.float64)], axis=1)
     return np.concatenate([rows.reshape(-1), tail.reshape(-1)])
 
 
-def unpack(data: np.ndarray, transitions: int, episodes: int, obs_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows (T, width), returns, lengths)`` of a :func:`pack` vector."""
-    width = row_width(obs_dim)
+def unpack(data: np.ndarray, transitions: int, episodes: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows (T, width), returns, lengths)`` of a :func:`pack` vector of rows ``width`` wide."""
     rows = data[:transitions * width].reshape(transitions, width)
     tail = data[transitions * width:transitions * width + 2 * episodes].reshape(episodes, 2)
     return rows, tail[:, 0], tail[:, 1].astype(np.int64)
-
-
-def rows_to_batch(rows: np.ndarray, obs_dim: int) -> Any:
-    t = torch.as_tensor(rows)
-    return Batch(t[:, :obs_dim].float(), t[:, obs_dim].long(), t[:, obs_dim + 1].float(),
-                 t[:, obs_dim + 2:2 * obs_dim + 2].float(), t[:, 2 * obs_dim + 2].float())
 
 
 _MULTIPLIERS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],

@@ -1,0 +1,88 @@
+"""What a topology may ask of an agent: the two protocols every deep agent meets.
+
+A topology (:mod:`popplay.deep.topologies`) never names an agent. It builds the
+learner with ``params.new_learner(info)`` (every rank builds the same one from the
+seed), ships the weights of ``policy`` to whoever acts, and talks to the agent only
+through one of these protocols, so that any replay agent runs in any replay topology
+and any on-policy agent in any on-policy one (TorchRL's collector / replay / loss
+split, stable-baselines3's ``collect_rollouts`` / ``train``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class Explorer(Protocol):
+    """The acting side of a replay agent: actions for a batch of observations, with a
+    schedule value ``exploration`` that the learner's update count sets."""
+
+    exploration: float
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+class ReplayAgent(Protocol):
+    """An off-policy learner (DQN, TD3, DDPG): it stores the transitions it is given
+    and owes ``update_ratio`` updates per transition (:class:`~popplay.deep.agents.credit.UpdateCredit`).
+
+    Transitions travel as float64 rows ``[obs, action (action_dim), reward, next_obs,
+    terminated]`` (:func:`popplay.deep.agents.replay.episode_rows`; ``discrete``:
+    the action is an index)."""
+
+    on_policy: bool  # False
+    discrete: bool
+    action_dim: int
+    config: Any  # with learning_starts, update_ratio
+    replay: Any
+    updates: int
+    received: int
+    update_credit: float
+
+    @property
+    def policy(self) -> nn.Module: ...
+
+    def networks(self) -> nn.Module: ...
+
+    def exploration_at(self, updates: int) -> float:
+        """The explorer's schedule value once the learner has made ``updates`` updates
+        (an actor holding weights of that version acts with it)."""
+        ...
+
+    def explorer(self, policy: nn.Module, generator: torch.Generator) -> Explorer:
+        """An explorer acting with ``policy`` (the learner's own, or an actor's copy whose
+        weights are loaded in place), drawing from ``generator``."""
+        ...
+
+    def receive(self, batch: Any) -> None: ...
+
+    def owed_updates(self) -> int: ...
+
+    def train(self, max_updates: int | None = None) -> int: ...
+
+    def update(self) -> Any: ...
+
+    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """From now on, every gradient step uses ``reduce`` of its flat gradient
+        (data-parallel learners: the mean over the learners)."""
+        ...
+
+
+class OnPolicyAgent(Protocol):
+    """An on-policy learner (A2C, PPO): it learns from whole trajectories of the policy
+    it ships, ``learn_shared(trajectory or None, peers)`` making every collective with
+    its peers (:class:`popplay.deep.topologies.exarl_ranks.Peers`)."""
+
+    on_policy: bool  # True
+    updates: int
+    received: int
+
+    @property
+    def policy(self) -> nn.Module: ...
+
+    def networks(self) -> nn.Module: ...
+
+    def learn_shared(self, trajectory: Any, peers: Any) -> None: ...

@@ -1,0 +1,168 @@
+"""Any replay agent (DQN, TD3, DDPG) in any replay topology: seed 003's simulators and
+EXARL's workflows meet the agents only through :class:`popplay.deep.agents.protocol.ReplayAgent`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from popplay.deep import envs
+from popplay.deep.agents.replay import rows_batch
+from popplay.deep.envs.rollout import Episodes, play_episodes
+from popplay.deep.topologies import wire
+from popplay.deep.topologies.dqn import DQNParams
+from popplay.deep.topologies.exarl import DDPGParams, TD3Params
+from popplay.deep.topologies.families import FAMILIES
+from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WORKFLOWS
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--batch-size", "16", "--json"]
+
+
+def _learner(params: object) -> tuple[object, object]:
+    env = envs.make_vector(params.env, 1)
+    info = envs.describe(env, params.env)
+    env.close()
+    return params.new_learner(info), info
+
+
+def test_every_multi_process_topology_has_one_family() -> None:
+    assert set(FAMILIES) == set(REPLAY_TOPOLOGIES) - {"sequential"}
+    assert set(WORKFLOWS) - {"sequential"} <= set(FAMILIES)  # the on-policy agents' too
+    for family in set(FAMILIES.values()):
+        for name in ("rank0", "serve", "role", "resume_problem"):
+            assert callable(getattr(family, name)), (family, name)
+
+
+@pytest.mark.parametrize("params", [DQNParams(hidden=(8,)), TD3Params(hidden=(8,)), DDPGParams(hidden=(8,))],
+                         ids=["dqn", "td3", "ddpg"])
+def test_replay_agents_meet_the_protocol(params: object) -> None:
+    agent, info = _learner(params)
+    assert agent.on_policy is False and agent.discrete == info.discrete
+    assert agent.action_dim == wire.action_width(info)
+    # Exploration follows learner updates: full before the first, less after many.
+    assert agent.exploration_at(0) == 1.0 and agent.exploration_at(100_000) < 1.0
+    explorer = agent.explorer(agent.policy, torch.Generator().manual_seed(0))
+    explorer.exploration = 0.0
+    obs = np.zeros((3, info.obs_dim), np.float32)
+    actions = explorer(obs)
+    assert actions.shape[0] == 3
+    # With no exploration the explorer acts deterministically from the policy it was given.
+    assert np.array_equal(actions, explorer(obs)) or not agent.discrete
+
+
+def test_rows_carry_continuous_actions_and_empty_messages() -> None:
+    env = envs.make_vector("Pendulum-v1", 1)
+    played = play_episodes(env, lambda obs: np.full((obs.shape[0], 1), 0.5, np.float32), [3])
+    env.close()
+    width = wire.row_width(3, 1)
+    data = wire.pack(played, 3)
+    rows, returns, lengths = wire.unpack(data, played.steps, 1, width)
+    batch = rows_batch(rows, 3, discrete=False)
+    assert batch.action.shape == (played.steps, 1) and bool((batch.action == 0.5).all())
+    assert lengths.tolist() == [played.steps] and returns[0] == pytest.approx(played.returns[0])
+    empty = Episodes(*(getattr(played, f)[:0] for f in ("obs", "action", "reward", "next_obs", "terminated",
+                                                         "returns", "lengths")))
+    assert wire.pack(empty, 3).size == 0
+
+
+def test_dqn_averages_its_gradients_through_the_hook() -> None:
+    """The data-parallel learners' hook: an identity reduce changes nothing, a zero
+    gradient leaves the network where it was (Adam's first step of 0 is 0)."""
+    params = DQNParams(hidden=(8,), batch_size=4, learning_starts=0)
+    plain, _ = _learner(params)
+    hooked, _ = _learner(params)
+    zeroed, _ = _learner(params)
+    hooked.average_gradients(lambda g: g.clone())
+    zeroed.average_gradients(torch.zeros_like)
+    before = torch.cat([p.detach().clone().reshape(-1) for p in zeroed.policy.parameters()])
+    env = envs.make_vector("CartPole-v1", 1)
+    played = play_episodes(env, lambda obs: np.zeros(obs.shape[0], np.int64), [1])
+    env.close()
+    batch = rows_batch(wire.pack(played, 4)[:played.steps * wire.row_width(4)].reshape(played.steps, -1), 4, True)
+    for agent in (plain, hooked, zeroed):
+        agent.receive(batch)
+        agent.train(3)
+    flat = [torch.cat([p.detach().reshape(-1) for p in a.policy.parameters()]) for a in (plain, hooked, zeroed)]
+    assert torch.equal(flat[0], flat[1]) and not torch.equal(flat[0], before)
+    assert torch.equal(flat[2], before)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "a2c", "--workflow", "collective", "--episodes", "2"], "--workflow"),  # an on-policy agent: no replay
+    (["train", "td3", "--workflow", "pipelined", "--actors", "2", "--episodes", "2"], "exactly one simulator"),
+    (["train", "dqn", "--topology", "multi-learner", "--learners", "0", "--episodes", "2"], "--learners"),
+])
+def test_pairings_that_cannot_work_are_refused_in_one_line(tmp_path: Path, capsys, args: list[str],
+                                                           message: str) -> None:
+    from popplay.cli.main import main
+
+    assert main([*args, "--out", str(tmp_path / "x.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], err
+    assert not (tmp_path / "x.h5").exists()
+
+
+def _start(agent: str, args: list[str], options: tuple[str, ...] = (*TINY,)) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "popplay", "train", agent, *args, *options], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 150) -> dict:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.procs
+def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> None:
+    """TD3 and DDPG in seed 003's topologies, DQN in EXARL's workflows: every
+    transition played arrives exactly once (equal counts and checksums), data-parallel
+    DQN learners stay identical, and the run files evaluate and resume."""
+    pendulum = ["--env", "Pendulum-v1", "--learning-starts", "200"]
+    cartpole = ["--learning-starts", "50"]
+    jobs = {
+        "td3-collective": _start("td3", ["--workflow", "collective", "--actors", "2", "--episodes", "4", *pendulum,
+                                         "--out", str(tmp_path / "td3.h5")]),
+        "ddpg-async": _start("ddpg", ["--workflow", "async", "--actors", "2", "--env-steps", "800", "--per",
+                                      *pendulum, "--out", str(tmp_path / "ddpg.h5")]),
+        "dqn-multi-learner": _start("dqn", ["--topology", "multi-learner", "--learners", "2", "--simulators", "2",
+                                            "--episodes", "12", *cartpole, "--out", str(tmp_path / "dqn.h5")]),
+        "dqn-central-inference": _start("dqn", ["--topology", "central-inference", "--simulators", "2",
+                                                "--episodes", "6", *cartpole, "--out", str(tmp_path / "central.h5")]),
+    }
+    runs = {name: _finish(process) for name, process in jobs.items()}
+    for name in ("td3-collective", "ddpg-async"):
+        run = runs[name]
+        assert run["ranks"] == 3 and run["topology"] == name.split("-")[1]
+        assert run["topology_sent"] == run["topology_received"] == run["env_steps"] == run["topology_replay_added"]
+        assert run["topology_sent_checksum"] == run["topology_received_checksum"]
+    assert runs["td3-collective"]["episodes"] == 4 and runs["ddpg-async"]["env_steps"] >= 800
+    multi = runs["dqn-multi-learner"]
+    assert multi["ranks"] == 4 and multi["episodes"] == 12
+    assert multi["topology_produced"] == multi["topology_reads"] == 12
+    assert multi["topology_produced_checksum"] == multi["topology_reads_checksum"]
+    assert multi["topology_learners_identical"] == 1 and multi["updates"] > 0
+    central = runs["dqn-central-inference"]
+    assert central["ranks"] == 3 and central["episodes"] == 6
+    assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
+
+    from popplay.cli.main import main
+
+    assert main(["evaluate", str(tmp_path / "dqn.h5"), "--episodes", "1", "--json"]) == 0
+    # Seed 003's topologies resume (the simulators' episode seeds move past the first run's).
+    resumed = _finish(_start("td3", ["--resume", str(tmp_path / "td3.h5"), "--episodes", "6"], ("--json",)))
+    assert resumed["episodes"] == 6 and resumed["env_steps"] == 6 * 200
