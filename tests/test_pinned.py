@@ -24,8 +24,9 @@ GOLDEN = json.loads(commands.GOLDEN.read_text())
 #: knobs now (popplay.core.hooks) and no longer reach a run file.
 HOOKS = {"slow_learner", "slow_simulator", "inject_stale_every", "inject_huge_every"}
 #: Parameters a command gained since the recording (their defaults change nothing it did):
-#: DQN runs in EXARL's workflows, whose layout it now records.
-ADDED = {name: {"learners", "selection", "queue_capacity"} for name in ("dqn", "dqn-train-every", "dqn-collective")}
+#: DQN and REINFORCE run in EXARL's workflows, whose layout they now record.
+ADDED = {name: {"learners", "selection", "queue_capacity"}
+         for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}
 
 
 def _same(got: object, expected: object) -> bool:

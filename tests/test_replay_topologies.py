@@ -1,5 +1,6 @@
 """Any replay agent (DQN, TD3, DDPG) in any replay topology: seed 003's simulators and
-EXARL's workflows meet the agents only through :class:`popplay.deep.agents.protocol.ReplayAgent`."""
+EXARL's workflows meet the agents only through :class:`popplay.deep.agents.protocol.ReplayAgent`;
+REINFORCE joins A2C and PPO in EXARL's workflows as an on-policy agent."""
 from __future__ import annotations
 
 import json
@@ -95,6 +96,32 @@ def test_dqn_averages_its_gradients_through_the_hook() -> None:
     assert torch.equal(flat[2], before)
 
 
+def test_reinforce_learns_alone_exactly_as_its_server_updates() -> None:
+    """One episode through ``learn_shared`` with no peers is the parameter server's
+    update with one worker (the episode gradient, then Adam)."""
+    from popplay.deep.agents import networks
+    from popplay.deep.agents.a2c import trajectory_from_episodes
+    from popplay.deep.agents.reinforce import SampledPolicy, episode_gradient
+    from popplay.deep.topologies.exarl_ranks import ALONE, rows_trajectory, trajectory_rows
+    from popplay.deep.topologies.reinforce import ReinforceParams
+
+    params = ReinforceParams(hidden=(8,), lr=0.05)
+    agent, _ = _learner(params)
+    server, _ = _learner(params)  # the same network, stepped by hand as the server does
+    env = envs.make_vector("CartPole-v1", 1)
+    played = play_episodes(env, SampledPolicy(agent.policy, torch.Generator().manual_seed(1)), [5])
+    env.close()
+    traj = rows_trajectory(trajectory_rows(trajectory_from_episodes(played, agent.policy)), 4)  # as the wire moves it
+    agent.learn_shared(traj, ALONE)
+    grad, _ = episode_gradient(server.policy, played.obs, played.action, played.reward, params.gamma)
+    networks.set_flat_gradients(server.policy, grad)
+    server.optimizer.step()
+    assert agent.updates == 1
+    assert torch.equal(networks.flat_parameters(agent.policy), networks.flat_parameters(server.policy))
+    fresh, _ = _learner(params)
+    assert not torch.equal(networks.flat_parameters(agent.policy), networks.flat_parameters(fresh.policy))
+
+
 @pytest.mark.parametrize("args,message", [
     (["train", "a2c", "--workflow", "collective", "--episodes", "2"], "--workflow"),  # an on-policy agent: no replay
     (["train", "td3", "--workflow", "pipelined", "--actors", "2", "--episodes", "2"], "exactly one simulator"),
@@ -129,7 +156,7 @@ def _finish(process: subprocess.Popen, timeout: float = 150) -> dict:
 
 @pytest.mark.procs
 def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> None:
-    """TD3 and DDPG in seed 003's topologies, DQN in EXARL's workflows: every
+    """TD3 and DDPG in seed 003's topologies, DQN and REINFORCE in EXARL's workflows: every
     transition played arrives exactly once (equal counts and checksums), data-parallel
     DQN learners stay identical, and the run files evaluate and resume."""
     pendulum = ["--env", "Pendulum-v1", "--learning-starts", "200"]
@@ -143,6 +170,10 @@ def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> No
                                             "--episodes", "12", *cartpole, "--out", str(tmp_path / "dqn.h5")]),
         "dqn-central-inference": _start("dqn", ["--topology", "central-inference", "--simulators", "2",
                                                 "--episodes", "6", *cartpole, "--out", str(tmp_path / "central.h5")]),
+        "reinforce-multi-learner": _start("reinforce", ["--topology", "multi-learner", "--learners", "2",
+                                                        "--workers", "2", "--episodes", "8",
+                                                        "--out", str(tmp_path / "reinforce.h5")],
+                                          ("--hidden", "8", "--eval-episodes", "1", "--json")),
     }
     runs = {name: _finish(process) for name, process in jobs.items()}
     for name in ("td3-collective", "ddpg-async"):
@@ -156,6 +187,10 @@ def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> No
     assert multi["topology_produced"] == multi["topology_reads"] == 12
     assert multi["topology_produced_checksum"] == multi["topology_reads_checksum"]
     assert multi["topology_learners_identical"] == 1 and multi["updates"] > 0
+    reinforce = runs["reinforce-multi-learner"]
+    assert reinforce["ranks"] == 4 and reinforce["episodes"] == 8 and reinforce["updates"] > 0
+    assert reinforce["topology_produced_checksum"] == reinforce["topology_reads_checksum"]
+    assert reinforce["topology_learners_identical"] == 1
     central = runs["dqn-central-inference"]
     assert central["ranks"] == 3 and central["episodes"] == 6
     assert central["topology_produced_checksum"] == central["topology_reads_checksum"]

@@ -103,3 +103,57 @@ def worker_episode(policy: nn.Module, env: Any, generator: torch.Generator, seed
                              max_steps=max_steps)
     grad, _ = episode_gradient(policy, episodes.obs, episodes.action, episodes.reward, gamma)
     return grad, float(episodes.returns[0]), episodes.steps
+
+
+@dataclass(eq=False)
+class Reinforce:
+    """REINFORCE as an on-policy agent (:class:`popplay.deep.agents.protocol.OnPolicyAgent`):
+    what EXARL's workflows need to run it. Each trajectory a learner receives is one
+    whole episode (the return needs its end); every step follows the mean of the episode
+    gradients the learners hold that round (seed 001's server sums one per worker: the
+    mean keeps the step the same however many learners share the work)."""
+
+    config: ReinforceConfig
+    obs_dim: int
+    actions: int
+    seed: int
+
+    #: Learns from the episode it is given, once (no replay).
+    on_policy = True
+
+    def __post_init__(self) -> None:
+        self.config.validate()
+        self.policy = policy_network(self.seed, self.obs_dim, self.actions, self.config)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
+        self.updates = 0
+        self.received = 0  # env-steps learned from
+        self.last_loss = float("nan")
+
+    def networks(self) -> nn.Module:
+        return self.policy
+
+    def learn_shared(self, traj: Any, peers: Any) -> None:
+        """One Adam step along the mean episode gradient of the learners holding one
+        (``traj``: a ``(T, 1)`` trajectory of one episode, or None)."""
+        if traj is not None:
+            grad, self.last_loss = episode_gradient(self.policy, traj.obs[:, 0].numpy(), traj.action[:, 0].numpy(),
+                                                    traj.reward[:, 0].numpy(), self.config.gamma)
+        else:
+            grad = torch.zeros(networks.parameter_count(self.policy))
+        networks.set_flat_gradients(self.policy, peers.mean(grad, 1.0 if traj is not None else 0.0).float())
+        self.optimizer.step()
+        self.updates += 1
+
+    # --- run-file arrays ------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**networks.module_arrays(self.policy, "policy"), **networks.optimizer_arrays(self.optimizer, "adam")}
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.updates, "received": self.received, "last_loss": self.last_loss}
+
+    def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
+        networks.load_module_arrays(self.policy, "policy", arrays)
+        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.updates = int(counters["updates"])
+        self.received = int(counters["received"])
+        self.last_loss = float(counters.get("last_loss", float("nan")))

@@ -16,7 +16,7 @@ R ← 0.05·reward + 0.95·R, kept per worker; ``running_reward`` is their mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,7 +26,13 @@ from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import greedy_policy
-from popplay.deep.agents.reinforce import ReinforceConfig, policy_network, worker_episode, worker_generator
+from popplay.deep.agents.reinforce import (
+    Reinforce,
+    ReinforceConfig,
+    policy_network,
+    worker_episode,
+    worker_generator,
+)
 from popplay.deep.topologies.base import (
     ENV_HELP,
     EVAL_HELP,
@@ -42,10 +48,13 @@ from popplay.deep.topologies.base import (
     topology_extra,
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
+from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
+from popplay.deep.topologies.families import family_of
 from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
+from popplay.deep.topologies.workflow_params import SELECTIONS, WORKFLOWS
 from popplay.distributed.group import current
 
-REINFORCE_TOPOLOGIES = ("server", "local")
+REINFORCE_TOPOLOGIES = ("server", "local", *WORKFLOWS[1:])
 
 
 @dataclass(frozen=True)
@@ -53,14 +62,20 @@ class ReinforceParams(DeepParams):
     """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
     episode; the server sums the workers' gradients and steps Adam (as in the 'Distributed Reinforcement Learning: A draft' post)."""
 
+    domain: ClassVar[str] = "reinforce"
+
     env: str = option("CartPole-v1", ENV_HELP)
     topology: str = option(
         "server", "server: rank 0 is the parameter server, ranks 1..N the workers (real processes); local: the "
-                  "same workers one after another in this process (same episodes, same summed gradient).",
+                  "same workers one after another in this process (same episodes, same summed gradient); "
+                  "multi-learner, master-learner, central-inference: EXARL's workflows with --workers actors "
+                  "(see train a2c --help); REINFORCE has no correction for their actors' lag, so give them a "
+                  "smaller --lr (1e-3 reached 500 on CartPole-v1 within 2000 episodes; 1e-2 collapses).",
         choices=REINFORCE_TOPOLOGIES)
-    workers: int = option(1, "Worker ranks; each plays one episode per update.", min=1)
-    episodes: int = option(200, "Budget: server updates (every worker plays one episode per update; 0: none).",
-                           min=0, budget=True)
+    workers: int = option(1, "Worker ranks; each plays one episode per update (the actors of EXARL's workflows).",
+                          min=1)
+    episodes: int = option(200, "Budget: server updates (every worker plays one episode per update; in EXARL's "
+                                "workflows: episodes over all actors; 0: none).", min=0, budget=True)
     env_steps: int = option(0, "Budget: environment steps summed over workers (0: none).", min=0, budget=True)
     seed: int = option(0, SEED_HELP)
     hidden: tuple[int, ...] = option((128,), "Hidden layer widths of the policy, comma separated.")
@@ -69,20 +84,43 @@ class ReinforceParams(DeepParams):
     max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # seed 001's max_iters
     eval_episodes: int = option(100, EVAL_HELP, min=0)
     timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
+    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
+    selection: str = option("range", "multi-learner: range (each learner pops its own block of actors' queues) or "
+                                     "random (any actor's newest episode, read without removing it).",
+                            choices=SELECTIONS)
+    queue_capacity: int = option(4, "multi-learner, range: episodes an actor keeps unread at most.", min=1)
 
     def agent_config(self) -> Any:
         return ReinforceConfig(hidden=self.hidden, lr=self.lr, gamma=self.gamma)
 
+    def new_learner(self, info: Any) -> Reinforce:
+        """REINFORCE as an on-policy agent, for EXARL's workflows."""
+        return Reinforce(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
+
+    # EXARL's workflows read the layout under their own names.
+    @property
+    def workflow(self) -> str:
+        return self.topology
+
+    @property
+    def actors(self) -> int:
+        return self.workers
+
     def validate(self) -> None:
         if self.topology not in REINFORCE_TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(REINFORCE_TOPOLOGIES)} (got {self.topology!r})")
-        check_at_least_one(workers=self.workers, max_steps=self.max_steps)
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        check_at_least_one(workers=self.workers, max_steps=self.max_steps, learners=self.learners,
+                           queue_capacity=self.queue_capacity)
         check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
 
     @property
     def ranks(self) -> int:
+        if self.topology in ("multi-learner", "master-learner"):
+            return self.learners + self.workers
         return 1 if self.topology == "local" else 1 + self.workers
 
 
@@ -102,9 +140,16 @@ class ReinforceState:
 
 
 class ReinforceExperiment(DeepExperiment):
-    """The runner's view of a REINFORCE run; one phase is one server update."""
+    """The runner's view of a REINFORCE run; one phase is one server update. EXARL's
+    workflows run it as any on-policy agent
+    (:class:`popplay.deep.topologies.exarl.OnPolicyWorkflowExperiment`)."""
 
     domain = "reinforce"
+
+    def __new__(cls, params: Any, backend: Any) -> Any:
+        if family_of(params) is not None:
+            return OnPolicyWorkflowExperiment(params, backend)
+        return super().__new__(cls)
 
     def __init__(self, params: ReinforceParams, backend: Any) -> None:
         self._open(params, backend)
@@ -118,11 +163,20 @@ class ReinforceExperiment(DeepExperiment):
 
     @staticmethod
     def role(params: Any, rank: int) -> str:
+        if family_of(params) is not None:
+            return OnPolicyWorkflowExperiment.role(params, rank)
         return "server" if rank == 0 else f"worker {rank}"
 
     @staticmethod
     def serve(dist: Any, params: Any, resume: Any) -> None:
-        worker_loop(dist, params, resume)
+        if family_of(params) is not None:
+            OnPolicyWorkflowExperiment.serve(dist, params, resume)
+        else:
+            worker_loop(dist, params, resume)
+
+    @staticmethod
+    def resume_problem(params: Any) -> str | None:
+        return OnPolicyWorkflowExperiment.resume_problem(params)
 
     def close(self, state: ReinforceState) -> None:
         """Tell the workers to stop (once; nothing to do in one process)."""
