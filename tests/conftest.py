@@ -1,4 +1,99 @@
+"""What the tests share: real popplay processes started and finished within bounds
+(``jobs``), the command line in this process (``cli``), and the knobs every test runs under."""
+from __future__ import annotations
+
+import json
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
 
 # Tests must not depend on the number of cores of the machine running them.
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Seconds for a whole job on a loaded 2-core machine: generous, never forever.
+WAIT = 180
+
+
+class Jobs:
+    """``python -m popplay ARGS`` as real processes, each in its own session so that a
+    job that hangs is killed with all of its ranks; every job a test leaves running is
+    killed when it ends."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], hooks: dict[str, float] | None = None, env: dict[str, str] | None = None,
+              module: str = "popplay") -> subprocess.Popen:
+        """Start ``python -m MODULE ARGS`` with this checkout first on the path;
+        ``hooks`` set test hooks (:mod:`popplay.core.hooks`) in its environment."""
+        from popplay.core.hooks import variable
+
+        full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                    **{variable(k): str(v) for k, v in (hooks or {}).items()}, **(env or {})}
+        process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.started.append(process)
+        return process
+
+    def finish(self, process: subprocess.Popen, timeout: float = WAIT,
+               expect: int | None = None) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr); a job not done within ``timeout`` fails the test
+        (after its whole process group is killed), and so does an exit code other than
+        ``expect`` when one is given."""
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(process)
+            out, err = process.communicate()
+            pytest.fail(f"no result within {timeout:g}s: {err[-2000:]}")
+        if expect is not None:
+            assert process.returncode == expect, err[-4000:]
+        return process.returncode, out, err
+
+    def summary(self, process: subprocess.Popen, timeout: float = WAIT, expect: int = 0) -> dict[str, Any]:
+        """The ``--json`` summary (the last line) of a job that must end with ``expect``."""
+        _, out, _ = self.finish(process, timeout, expect=expect)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                _kill(process)
+                process.communicate()
+
+
+def _kill(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def jobs() -> Iterator[Jobs]:
+    """Real popplay processes for this test (see :class:`Jobs`)."""
+    started = Jobs()
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """``popplay ARGV`` in this process: (exit code, stdout, stderr)."""
+    from popplay.cli.main import main
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(argv)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

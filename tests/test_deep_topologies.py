@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import pytest
 import torch
 
 from popplay.checkpoints.validation import load_run
-from popplay.core.hooks import variable
 
 # Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
 pytestmark = pytest.mark.procs
@@ -22,23 +19,6 @@ pytestmark = pytest.mark.procs
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
         "--target-every", "5", "--eval-episodes", "2", "--timeout", "60"]
-
-
-def _popplay(args: list[str], hooks: dict[str, float] | None = None) -> subprocess.Popen:
-    """``popplay ARGS`` in a new process; ``hooks`` set test hooks (popplay.core.hooks) in its environment."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **{variable(k): str(v) for k, v in (hooks or {}).items()}}
-    return subprocess.Popen([sys.executable, "-m", "popplay", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _finish(process: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
-    return process.returncode, out, err
 
 
 def _comms() -> set[str]:
@@ -51,16 +31,16 @@ def _comms() -> set[str]:
     return names
 
 
-def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
+def test_parameter_server_sums_the_workers_gradients(jobs, tmp_path: Path) -> None:
     from popplay.deep import envs
     from popplay.deep.agents import networks
     from popplay.deep.agents.reinforce import ReinforceConfig, policy_network
     from popplay.deep.agents.reinforce import worker_episode, worker_generator
 
     out = tmp_path / "ps.h5"
-    code, stdout, err = _finish(_popplay(["train", "reinforce", "--workers", "3", "--episodes", "1", "--hidden", "8",
-                                          "--eval-episodes", "1", "--timeout", "60", "--seed", "4", "--out", str(out),
-                                          "--json"]))
+    code, stdout, err = jobs.finish(jobs.start(["train", "reinforce", "--workers", "3", "--episodes", "1",
+                                                "--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--seed",
+                                                "4", "--out", str(out), "--json"]))
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["backend"] == "gloo" and summary["ranks"] == 4 and "running_reward" in summary
@@ -84,10 +64,10 @@ def test_parameter_server_sums_the_workers_gradients(tmp_path: Path) -> None:
     # nobody) in one run: each process spends most of its time asleep.
     ("async", 2, {"slow_simulator": 0.05, "slow_learner": 0.01}),
 ])
-def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, topology: str, simulators: int,
+def test_learner_receives_exactly_what_the_simulators_produced(jobs, tmp_path: Path, topology: str, simulators: int,
                                                                extra: dict[str, float]) -> None:
     out = tmp_path / f"{topology}.h5"
-    process = _popplay(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
+    process = jobs.start(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
                         "--episodes", "10", "--out", str(out), "--json", *TINY], hooks=extra)
     seen: set[str] = set()
     if "slow_simulator" in extra:
@@ -98,7 +78,7 @@ def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, t
             seen |= _comms()
             time.sleep(0.1)
         assert roles <= seen  # roles visible to ps -e / pgrep
-    code, stdout, err = _finish(process)
+    code, stdout, err = jobs.finish(process)
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["backend"] == "gloo" and summary["ranks"] == simulators + 1 and summary["topology"] == topology
@@ -112,7 +92,7 @@ def test_learner_receives_exactly_what_the_simulators_produced(tmp_path: Path, t
         assert summary["updates"] < summary["env_steps"]  # ε follows the (slow) learner, not simulation
 
 
-def test_async_simulators_stop_at_their_share_of_either_budget(tmp_path: Path) -> None:
+def test_async_simulators_stop_at_their_share_of_either_budget(jobs, tmp_path: Path) -> None:
     """Simulators that never wait used to play on until the stop reached them (2 of
     them, asked for 6 episodes, played 107). Now each plays its share; with both
     budgets set, until both of its shares are played (so that one of the totals
@@ -120,9 +100,9 @@ def test_async_simulators_stop_at_their_share_of_either_budget(tmp_path: Path) -
     runs = {"episodes": ["--episodes", "6"], "both": ["--episodes", "4", "--env-steps", "400"]}
     for name, budget in runs.items():
         out = tmp_path / f"{name}.h5"
-        process = _popplay(["train", "dqn", "--topology", "async", "--simulators", "2", *budget,
+        process = jobs.start(["train", "dqn", "--topology", "async", "--simulators", "2", *budget,
                             "--out", str(out), "--json", *TINY])
-        code, stdout, err = _finish(process)
+        code, stdout, err = jobs.finish(process)
         assert code == 0, err
         summary = json.loads(stdout.strip().splitlines()[-1])
         if name == "episodes":
@@ -135,9 +115,9 @@ def test_async_simulators_stop_at_their_share_of_either_budget(tmp_path: Path) -
             assert summary["episodes"] <= 2 * (200 // 8 + 1)
 
 
-def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
+def test_a_killed_simulator_ends_the_job_with_one_line(jobs, tmp_path: Path) -> None:
     out = tmp_path / "dead.h5"
-    process = _popplay(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",
+    process = jobs.start(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",
                         "--out", str(out), "--checkpoint-every", "2", *TINY],
                        hooks={"slow_simulator": 0.02})
     deadline = time.monotonic() + 40
@@ -153,7 +133,7 @@ def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     assert victim is not None, "simulator 2 never showed up"
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
-    code, _, err = _finish(process, timeout=40)
+    code, _, err = jobs.finish(process, timeout=40)
     assert time.monotonic() - started < 30
     assert code == 3, err
     lines = [line for line in err.splitlines() if line.startswith("Error:")]
@@ -162,16 +142,16 @@ def test_a_killed_simulator_ends_the_job_with_one_line(tmp_path: Path) -> None:
     assert load_run(out).domain == "dqn"  # the last checkpoint is intact
 
 
-def test_a_multi_rank_run_resumes(tmp_path: Path) -> None:
+def test_a_multi_rank_run_resumes(jobs, tmp_path: Path) -> None:
     """The launcher reads the run file to learn its layout, then leaves the lock to rank 0
     (it used to keep it, and rank 0 was refused)."""
     out = tmp_path / "p.h5"
-    first = _popplay(["train", "dqn", "--topology", "pipelined", "--episodes", "3", "--out", str(out), "--json",
+    first = jobs.start(["train", "dqn", "--topology", "pipelined", "--episodes", "3", "--out", str(out), "--json",
                       *TINY])
-    code, _, err = _finish(first)
+    code, _, err = jobs.finish(first)
     assert code == 0, err
-    again = _popplay(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"])
-    code, stdout, err = _finish(again)
+    again = jobs.start(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"])
+    code, stdout, err = jobs.finish(again)
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 6 and summary["ranks"] == 2 and load_run(out).state_counters["episodes"] == 6

@@ -4,11 +4,8 @@ The three jobs run side by side (one launch each, started together) to keep the
 wall time down; each rank's every wait is bounded by --timeout."""
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,25 +16,11 @@ from popplay.checkpoints.validation import load_run
 # Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
 pytestmark = pytest.mark.procs
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--json"]
 
 
-def _start(args: list[str], agent: str = "a2c") -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "popplay", "train", agent, *args, *TINY], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _finish(process: subprocess.Popen, timeout: float = 150, expect: int = 0) -> dict:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
-    assert process.returncode == expect, err
-    return json.loads(out.strip().splitlines()[-1])
+def _start(jobs, args: list[str], agent: str = "a2c") -> subprocess.Popen:
+    return jobs.start(["train", agent, *args, *TINY])
 
 
 def test_owned_ranges_partition_the_actors_and_rows_round_trip() -> None:
@@ -59,23 +42,23 @@ def test_owned_ranges_partition_the_actors_and_rows_round_trip() -> None:
         assert torch.equal(a, b.to(a.dtype)), name
 
 
-def test_workflows_through_real_processes(tmp_path: Path) -> None:
-    jobs = {
+def test_workflows_through_real_processes(jobs, tmp_path: Path) -> None:
+    runs = {
         # Learner 0 owns actor 0, learner 1 actors 1 and 2 (range-based selection).
-        "multi": _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--episodes", "15",
+        "multi": _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--episodes", "15",
                          "--queue-capacity", "2", "--out", str(tmp_path / "multi.h5")]),
-        "master": _start(["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--episodes", "6",
+        "master": _start(jobs, ["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--episodes", "6",
                           "--out", str(tmp_path / "master.h5")]),
-        "central": _start(["--workflow", "central-inference", "--actors", "2", "--episodes", "6",
+        "central": _start(jobs, ["--workflow", "central-inference", "--actors", "2", "--episodes", "6",
                            "--out", str(tmp_path / "central.h5")]),
     }
     # A run with a budget it will not reach, stopped by Ctrl-C once the others are done:
     # rank 0 stops the other learners (a stop round) and releases the actors.
-    endless = _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
+    endless = _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
                       "--out", str(tmp_path / "stopped.h5")])
-    summaries = {name: _finish(process) for name, process in jobs.items()}
+    summaries = {name: jobs.summary(process, 150) for name, process in runs.items()}
     endless.send_signal(signal.SIGINT)
-    stopped = _finish(endless, expect=130)
+    stopped = jobs.summary(endless, 150, expect=130)
     assert stopped["complete"] is False and stopped["episodes"] > 0
 
     multi = summaries["multi"]
@@ -114,21 +97,21 @@ def test_workflows_through_real_processes(tmp_path: Path) -> None:
     assert central["topology_bytes"] >= steps * ((2 * 4 + 5) * 4 + 16)
 
 
-def test_replay_learners_through_real_processes(tmp_path: Path) -> None:
+def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
     """TD3 (multi-learner, range selection; central-inference) and DDPG with
     prioritised replay (master-learner): every episode played is stored exactly once,
     the learners run the updates owed for all of them, and their networks stay
     identical (each optimiser step on the gradient averaged over the learners)."""
     small = ["--env", "Pendulum-v1", "--batch-size", "16", "--learning-starts", "200"]
-    jobs = {
-        "td3": _start(["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "1200",
+    runs = {
+        "td3": _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "1200",
                        *small, "--out", str(tmp_path / "td3.h5")], agent="td3"),
-        "ddpg": _start(["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "800",
+        "ddpg": _start(jobs, ["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "800",
                         "--per", *small, "--out", str(tmp_path / "ddpg.h5")], agent="ddpg"),
-        "central": _start(["--workflow", "central-inference", "--actors", "2", "--env-steps", "800", *small,
+        "central": _start(jobs, ["--workflow", "central-inference", "--actors", "2", "--env-steps", "800", *small,
                            "--out", str(tmp_path / "central.h5")], agent="td3"),
     }
-    summaries = {name: _finish(process) for name, process in jobs.items()}
+    summaries = {name: jobs.summary(process, 150) for name, process in runs.items()}
     central = summaries["central"]
     assert central["ranks"] == 3 and central["env_steps"] == 800
     assert central["topology_produced"] == central["topology_reads"] == central["episodes"] == 4

@@ -3,11 +3,7 @@ EXARL's workflows meet the agents only through :class:`popplay.deep.agents.proto
 REINFORCE joins A2C and PPO in EXARL's workflows as an on-policy agent."""
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +19,6 @@ from popplay.deep.topologies.exarl import DDPGParams, TD3Params
 from popplay.deep.topologies.families import FAMILIES
 from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WORKFLOWS
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--batch-size", "16", "--json"]
 
 
@@ -127,55 +122,41 @@ def test_reinforce_learns_alone_exactly_as_its_server_updates() -> None:
     (["train", "td3", "--workflow", "pipelined", "--actors", "2", "--episodes", "2"], "exactly one simulator"),
     (["train", "dqn", "--topology", "multi-learner", "--learners", "0", "--episodes", "2"], "--learners"),
 ])
-def test_pairings_that_cannot_work_are_refused_in_one_line(tmp_path: Path, capsys, args: list[str],
+def test_pairings_that_cannot_work_are_refused_in_one_line(cli, tmp_path: Path, args: list[str],
                                                            message: str) -> None:
-    from popplay.cli.main import main
-
-    assert main([*args, "--out", str(tmp_path / "x.h5")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    code, _, err = cli([*args, "--out", str(tmp_path / "x.h5")])
+    assert code == 2
+    err = err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], err
     assert not (tmp_path / "x.h5").exists()
 
 
-def _start(agent: str, args: list[str], options: tuple[str, ...] = (*TINY,)) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "popplay", "train", agent, *args, *options], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _finish(process: subprocess.Popen, timeout: float = 150) -> dict:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"no result within {timeout}s: {err[-2000:]}")
-    assert process.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+def _train(jobs, agent: str, args: list[str], options: tuple[str, ...] = (*TINY,)) -> subprocess.Popen:
+    return jobs.start(["train", agent, *args, *options])
 
 
 @pytest.mark.procs
-def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> None:
+def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: Path) -> None:
     """TD3 and DDPG in seed 003's topologies, DQN and REINFORCE in EXARL's workflows: every
     transition played arrives exactly once (equal counts and checksums), data-parallel
     DQN learners stay identical, and the run files evaluate and resume."""
     pendulum = ["--env", "Pendulum-v1", "--learning-starts", "200"]
     cartpole = ["--learning-starts", "50"]
-    jobs = {
-        "td3-collective": _start("td3", ["--workflow", "collective", "--actors", "2", "--episodes", "4", *pendulum,
-                                         "--out", str(tmp_path / "td3.h5")]),
-        "ddpg-async": _start("ddpg", ["--workflow", "async", "--actors", "2", "--env-steps", "800", "--per",
-                                      *pendulum, "--out", str(tmp_path / "ddpg.h5")]),
-        "dqn-multi-learner": _start("dqn", ["--topology", "multi-learner", "--learners", "2", "--simulators", "2",
-                                            "--episodes", "12", *cartpole, "--out", str(tmp_path / "dqn.h5")]),
-        "dqn-central-inference": _start("dqn", ["--topology", "central-inference", "--simulators", "2",
-                                                "--episodes", "6", *cartpole, "--out", str(tmp_path / "central.h5")]),
-        "reinforce-multi-learner": _start("reinforce", ["--topology", "multi-learner", "--learners", "2",
-                                                        "--workers", "2", "--episodes", "8",
-                                                        "--out", str(tmp_path / "reinforce.h5")],
-                                          ("--hidden", "8", "--eval-episodes", "1", "--json")),
+    layouts = {
+        "td3-collective": ("td3", ["--workflow", "collective", "--actors", "2", "--episodes", "4", *pendulum]),
+        "ddpg-async": ("ddpg", ["--workflow", "async", "--actors", "2", "--env-steps", "800", "--per", *pendulum]),
+        "dqn-multi-learner": ("dqn", ["--topology", "multi-learner", "--learners", "2", "--simulators", "2",
+                                      "--episodes", "12", *cartpole]),
+        "dqn-central-inference": ("dqn", ["--topology", "central-inference", "--simulators", "2", "--episodes", "6",
+                                          *cartpole]),
     }
-    runs = {name: _finish(process) for name, process in jobs.items()}
+    started = {name: _train(jobs, agent, [*args, "--out", str(tmp_path / f"{name}.h5")])
+               for name, (agent, args) in layouts.items()}
+    started["reinforce-multi-learner"] = _train(
+        jobs, "reinforce", ["--topology", "multi-learner", "--learners", "2", "--workers", "2", "--episodes", "8",
+                            "--out", str(tmp_path / "reinforce.h5")],
+        ("--hidden", "8", "--eval-episodes", "1", "--json"))
+    runs = {name: jobs.summary(process, 150) for name, process in started.items()}
     for name in ("td3-collective", "ddpg-async"):
         run = runs[name]
         assert run["ranks"] == 3 and run["topology"] == name.split("-")[1]
@@ -195,9 +176,8 @@ def test_each_agent_in_the_other_family_through_real_ranks(tmp_path: Path) -> No
     assert central["ranks"] == 3 and central["episodes"] == 6
     assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
 
-    from popplay.cli.main import main
-
-    assert main(["evaluate", str(tmp_path / "dqn.h5"), "--episodes", "1", "--json"]) == 0
+    assert cli(["evaluate", str(tmp_path / "dqn-multi-learner.h5"), "--episodes", "1", "--json"])[0] == 0
     # Seed 003's topologies resume (the simulators' episode seeds move past the first run's).
-    resumed = _finish(_start("td3", ["--resume", str(tmp_path / "td3.h5"), "--episodes", "6"], ("--json",)))
+    resumed = jobs.summary(_train(jobs, "td3", ["--resume", str(tmp_path / "td3-collective.h5"), "--episodes", "6"],
+                                  ("--json",)))
     assert resumed["episodes"] == 6 and resumed["env_steps"] == 6 * 200
