@@ -19,7 +19,6 @@ from popplay.cli import (  # noqa: F401  (registration)
     plot,
     reproduce,
     tournament,
-    train_gorila,
     train_plugin,  # noqa: F401  (after the hand-written train commands: it fills the gaps)
 )
 from popplay.cli.app import app, set_invocation
@@ -107,7 +106,8 @@ def _main(argv: list[str] | None) -> int:
         print_error("interrupted")
         return EXIT_INTERRUPTED
     except PopplayError as error:
-        print_error(str(error))
+        if str(error):  # none: another process of the job says what happened
+            print_error(str(error))
         return error.exit_code
     except _EXIT as error:
         return int(getattr(error, "exit_code", 0) or 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from enum import Enum
 from typing import Annotated, Any, Callable
 
@@ -35,13 +36,17 @@ from popplay.cli.common import (
     ResumeOption,
     SeedsOption,
     TimeBudgetOption,
+    default_out,
     given,
+    print_json,
 )
-from popplay.cli.train import check_schedule, load_resume, resume_time_budget, run_training
+from popplay.cli.train import check_schedule, link_latest, load_resume, resume_time_budget, run_training
 from popplay.core import registry
 from popplay.core.errors import UsageError
+from popplay.core.experiment import RunRequest
 from popplay.core.options import Spec, budget_fields, resume_fields, show, specs, user_message
 from popplay.core.registry import DEEP, POPULATION
+from popplay.training.job import stop_on_signals
 
 #: The options every generated command has beside its domain's fields: how to run
 #: (not what to learn), in the order help lists them; ``None`` kinds: every domain.
@@ -146,6 +151,9 @@ def build_command(domain: str) -> Callable[..., None]:
             params.validate()
         except ValueError as error:
             raise UsageError(user_message(params_type, str(error))) from None
+        if spec.runner is not None:
+            _hand_to_runner(ctx, spec, params, run, resume)
+            return
         given_per = values[per_option.key] if per_option is not None and (resume is None or given(ctx, per_option.key)) \
             else None
         check_schedule(params, domain=domain, time_budget=schedule_time, agent_steps=given_per)
@@ -168,6 +176,34 @@ def build_command(domain: str) -> Callable[..., None]:
     doc = inspect.getdoc(params_type) or ""
     command.__doc__ = "\n\n".join(" ".join(paragraph.split()) for paragraph in doc.split("\n\n"))
     return command
+
+
+#: Run options of the one pipeline that a domain with its own runner does not take.
+_PIPELINE_ONLY = (("seeds", "--seeds"), ("time_budget", "--time-budget"), ("checkpoint_every", "--checkpoint-every"),
+                  ("log_dir", "--log-dir"))
+
+
+def _hand_to_runner(ctx: typer.Context, spec: Any, params: Any, run: dict[str, Any], stored: Any) -> None:
+    """The rest of ``train DOMAIN`` for a domain that runs its own job (``DomainSpec.runner``)."""
+    for name, flag in _PIPELINE_ONLY:
+        if given(ctx, name):
+            raise UsageError(f"{flag}: {spec.name} runs its own processes and does not take it in this version")
+    spec.backend(device=run["device"].value)  # --device cuda: one line where it cannot run
+    defaulted = run["out"] is None and stored is None
+    out = run["out"] if run["out"] is not None else (stored.path if stored is not None else default_out(spec.name))
+    with stop_on_signals() as should_stop:
+        result = spec.runner_type()(params, RunRequest(out, stored, bool(run["overwrite"]), bool(run["json_output"]),
+                                                       should_stop))
+    if run["json_output"]:
+        print_json(result.summary)
+    else:
+        print(result.text)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    if result.exit_code == 0 and defaulted:
+        link_latest(spec.name, out)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 def _check_learned(spec: Any, stored: Any, params: Any, by_field: dict[str, Spec]) -> None:

@@ -7,7 +7,8 @@ its domain; the pipeline (:mod:`popplay.training`) knows nothing of domains.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Protocol
 
 
 class Experiment(Protocol):
@@ -161,3 +162,23 @@ class Reporter(Protocol):
     # Optional: ``status(message)`` for one-off lines (compiling, saving), shown apart
     # from the progress display.
 
+
+
+class RunRequest(NamedTuple):
+    """What the generated ``train`` command hands a domain's own runner
+    (``DomainSpec.runner``): where the run goes, what it continues, how it reports."""
+
+    out: Path
+    resume: Any  # the stored run to continue (checkpoints.validation.StoredRun), or None
+    overwrite: bool
+    json_output: bool
+    should_stop: Callable[[], bool]  # polled: true once Ctrl-C asked the run to stop and save
+
+
+class RunResult(NamedTuple):
+    """What a domain's runner gives back to the command that prints it."""
+
+    summary: dict[str, Any]  # the --json object
+    text: str  # the summary for people
+    notes: list[str]  # lines for stderr
+    exit_code: int

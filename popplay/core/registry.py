@@ -82,6 +82,11 @@ class DomainSpec:
     #: ``(state counter, params field)``: what a resumed run has already learned, which
     #: its new budget (that field) may not fall below.
     budget_counter: tuple[str, str] = ()
+    #: ``runner(params, request) -> result`` for a domain whose job is not phases of one
+    #: experiment under the pipeline (Gorila: ranks that may be lost while the run goes
+    #: on, shards with their own checkpoints); may be a ``"module:name"`` string. Its
+    #: command is generated like every other; the runner takes over after the options.
+    runner: Any = None
     #: The order in which lineage exports list the per-agent parameters that
     #: replication mutates (others follow alphabetically).
     lineage_parameters: tuple[str, ...] = ()
@@ -91,6 +96,9 @@ class DomainSpec:
 
     def experiment_type(self) -> type:
         return _resolve(self.experiment)
+
+    def runner_type(self) -> Callable[..., Any] | None:
+        return None if self.runner is None else _resolve(self.runner)
 
     def build(self, params: Any, backend: Any) -> Any:
         """The experiment of ``params`` on ``backend``."""

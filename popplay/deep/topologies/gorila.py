@@ -58,7 +58,7 @@ import torch
 import torch.distributed as c10d
 
 from popplay.checkpoints.runfile import write_run
-from popplay.core.options import option
+from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
@@ -85,7 +85,7 @@ class GorilaConfig:
     learners: int = option(1, "Learner processes (see --replay).", min=1, on_resume=True)
     shards: int = option(1, "Parameter-server shards (AdaGrad on a slice each).", min=1, on_resume=True)
     # over all actors (each plays its share, whole episodes); 0: none
-    env_steps: int = option(20_000, "Budget: environment steps over all actors (0: none).", min=0, budget=True)
+    env_steps: int = option(0, "Budget: environment steps over all actors (0: none).", min=0, budget=True)
     # over all actors (each plays its share); 0: none; both: whichever first
     episodes: int = option(0, "Budget: episodes over all actors (0: none).", min=0, budget=True)
     seed: int = option(0, "Seed of every random stream.")
@@ -125,11 +125,13 @@ class GorilaConfig:
                  "global: one memory distributed over the learners (each holds its actors' part) and every "
                  "minibatch drawn from all of it.", choices=("local", "global"), name="--replay", on_resume=True)
 
-    @classmethod
-    def from_options(cls, values: dict[str, Any]) -> "GorilaConfig":
-        """The command line's settings: the outlier guard starts judging after at most
-        20 norms (fewer when its window is smaller)."""
-        return cls(**values, outlier_min_samples=min(20, int(values.get("outlier_window", 100))))
+    def __post_init__(self) -> None:
+        if isinstance(self.hidden, str):  # the command line's widths, e.g. "64,64"
+            object.__setattr__(self, "hidden", parse_widths(self.hidden))
+        else:
+            object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
+        # The outlier guard judges once it has seen this many norms: never more than its window holds.
+        object.__setattr__(self, "outlier_min_samples", min(self.outlier_min_samples, self.outlier_window))
 
     @property
     def world_size(self) -> int:
@@ -146,7 +148,7 @@ class GorilaConfig:
         if self.env_steps < 0 or self.episodes < 0:
             raise ValueError("env_steps and episodes must be non-negative")
         if self.env_steps == 0 and self.episodes == 0:
-            raise ValueError("episodes or env_steps must be positive (a budget is needed)")
+            raise ValueError("a budget is needed: --episodes or --env-steps must be positive")
         if 0 < self.env_steps < self.actors or 0 < self.episodes < self.actors:
             raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
         if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
@@ -661,5 +663,6 @@ class GorilaExperiment:
         return {"server_version": state.version}
 
 
-SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, experiment=GorilaExperiment, kind=DEEP, steps_label="environment steps",
+SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, experiment=GorilaExperiment, kind=DEEP,
+                           steps_label="environment steps", runner="popplay.deep.topologies.gorila_job:run",
                            summary="Gorila's actors, learners and sharded parameter server (Nair et al. 2015)."))

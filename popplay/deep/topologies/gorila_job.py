@@ -1,0 +1,90 @@
+"""Gorila's job as the generated ``popplay train gorila`` runs it (``DomainSpec.runner``).
+
+Gorila's ranks are not phases of one experiment: its actors and learners may be lost
+while the run goes on, and its shards keep their own checkpoints, so its launcher
+(:func:`popplay.deep.topologies.gorila.run_gorila`) and, under ``torchrun``,
+:mod:`popplay.deep.topologies.gorila_torchrun` run it. What the command line shares with
+every other domain (the options generated from :class:`GorilaConfig`'s fields, ``--out``,
+``--overwrite``, ``--resume``, ``--json``, one-line errors) comes from the one generated
+command; this module takes over from there.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from popplay.checkpoints.runfile import RunFileError, check_writable
+from popplay.core.errors import EXIT_INTERRUPTED, EXIT_LOST, PopplayError, UsageError
+from popplay.core.experiment import RunRequest, RunResult
+from popplay.deep import envs
+from popplay.deep.topologies import gorila_torchrun
+from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, summary_text, train_gorila
+
+
+def run(config: GorilaConfig, request: RunRequest) -> RunResult:
+    """Run (or, under torchrun, become one rank of) a Gorila job."""
+    torchrun = gorila_torchrun.under_torchrun()
+    try:
+        return _run(config, request, torchrun)
+    except PopplayError as error:
+        if torchrun and gorila_torchrun.rank() != 0:
+            # Every worker finds the same problem; rank 0 alone says it (one line). Its
+            # line must come first: once any worker exits, torchrun stops the others,
+            # and a quiet rank that exits at once can stop rank 0 before it prints (CI
+            # saw no line). Rank 0 exits within a second or two; torchrun then ends this one.
+            time.sleep(10)
+            raise PopplayError("", error.exit_code) from None
+        raise
+
+
+def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult:
+    resume_state = None
+    if request.resume is not None:
+        resume_state = {**request.resume.state, "version": request.resume.state_counters["version"]}
+    if torchrun:
+        problem = gorila_torchrun.layout_problem(config)  # before anything waits for a peer
+        if problem is not None:
+            raise UsageError(problem)
+    _check_env(config.env)
+
+    def check_out(path: Path) -> None:
+        if path.exists() and not request.overwrite and request.resume is None:
+            raise UsageError(f"--out {path}: file exists (pass --overwrite to replace it)")
+        try:
+            check_writable(path, overwrite=request.overwrite, resume=request.resume is not None)
+        except RunFileError as error:
+            raise UsageError(str(error)) from None
+
+    progress = 0.0 if request.json_output and not sys.stderr.isatty() else 2.0
+    if torchrun:
+        # Rank 0 checks --out (unless this is a restart of the job), prepares the
+        # attempt; then this process becomes its rank (exec) and does not return.
+        gorila_torchrun.start(config, request.out, json_output=request.json_output, progress_every=progress,
+                              resume_state=resume_state, check_out=check_out)
+    check_out(request.out)
+    should_stop = request.should_stop
+    try:
+        summary = train_gorila(config, request.out, resume_state=resume_state, should_stop=should_stop,
+                               log=sys.stderr, progress_every=progress)
+    except GorilaJobLost as error:
+        raise PopplayError(f"{error}: resume with --resume {request.out}", EXIT_LOST) from None
+    summary.pop("started_at", None)
+    notes = [f"Lost during the run: {line}" for line in summary["lost"]]
+    code = 0
+    if not summary["complete"] and not (summary["lost"] and not should_stop()):
+        # A run that went on without lost ranks is a result; one stopped early is not.
+        notes.append(f"Stopped early; the run file {summary['out']} holds the state so far.")
+        code = EXIT_INTERRUPTED
+    return RunResult(summary, summary_text(summary, config), notes, code)
+
+
+def _check_env(env_id: str) -> None:
+    try:
+        vec = envs.make_vector(env_id, 1)
+        try:
+            envs.require_discrete(envs.describe(vec, env_id), "gorila (DQN)")
+        finally:
+            vec.close()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
