@@ -49,7 +49,10 @@ def die_with_parent() -> None:
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
-        pass
+        return
+    launcher = os.environ.get("POPPLAY_LAUNCHER_PID", "")
+    if launcher.isdigit() and os.getppid() != int(launcher):  # it died before the request: nobody waits for us
+        os._exit(1)
 
 
 _SINGLE = Dist()

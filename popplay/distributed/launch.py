@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 #: Exit code of a job that lost a rank (and of ``launch_local`` in that case).
 LOST_EXIT = 3
@@ -73,6 +73,21 @@ def rank_environment(rank: int, world_size: int, port: int, threads: int,
     return env
 
 
+def spawn_rank(rank: int, world_size: int, port: int, threads: int, module: str, role_text: str, args: list[str],
+               *, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.PIPE, pass_fds: tuple[int, ...] = (),
+               extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start one local rank: ``python -m MODULE ROLE ARGS...`` with torchrun's
+    environment (:func:`rank_environment`), its role first on its command line (``ps``
+    shows it; the rank asks to die with this process), in its own session so that the
+    terminal's Ctrl-C reaches it once, through the launcher. Every launcher starts its
+    ranks here."""
+    env = rank_environment(rank, world_size, port, threads)
+    env["POPPLAY_ROLE"] = role_text
+    env.update(extra_env or {})
+    return subprocess.Popen([sys.executable, "-m", module, role_text, *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=stderr, start_new_session=True, pass_fds=pass_fds)
+
+
 @dataclass
 class _Rank:
     rank: int
@@ -93,7 +108,8 @@ def _forward(stream: IO[bytes], target: IO[str] | None, held: list[str]) -> None
     stream.close()
 
 
-def _describe_status(code: int) -> str:
+def describe_status(code: int) -> str:
+    """How a rank ended, in words (a signal by name)."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -155,18 +171,13 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
             pass
     try:
         for rank in range(nproc):
-            env = rank_environment(rank, nproc, port, threads)
+            extra: dict[str, str] = {}
             passed: tuple[int, ...] = ()
             if rank == 0:
-                env["POPPLAY_STORE_FD"] = str(listener.fileno())
+                extra["POPPLAY_STORE_FD"] = str(listener.fileno())
                 passed = (listener.fileno(),)
-            process = subprocess.Popen(
-                [sys.executable, "-m", module, role(rank, nproc), *argv], env=env,
-                stdin=subprocess.DEVNULL, stdout=None if rank == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                # Own session: the terminal's Ctrl-C reaches the ranks once, through us.
-                start_new_session=True, pass_fds=passed,
-            )
+            process = spawn_rank(rank, nproc, port, threads, module, role(rank, nproc), argv,
+                                 stdout=None if rank == 0 else subprocess.DEVNULL, pass_fds=passed, extra_env=extra)
             if rank == 0:
                 listener.close()  # rank 0 holds it now
             entry = _Rank(rank, process)
@@ -248,13 +259,13 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
         return code
     if not lost:
         # One rank failed for its own reason: show its error, say which rank it was.
-        detail = cause.held[0][len("Error:"):].strip() if cause.held else _describe_status(code)
+        detail = cause.held[0][len("Error:"):].strip() if cause.held else describe_status(code)
         suffix = f"; {describe_lost()}" if describe_lost is not None else ""
         out.write(f"Error: rank {cause.rank} of {nproc} failed: {detail}{suffix}\n")
         out.flush()
         return code if code not in (0, None) else LOST_EXIT
     suffix = f"; {describe_lost()}" if describe_lost is not None else ""
-    out.write(f"Error: rank {cause.rank} of {nproc} was lost ({_describe_status(code)}); "
+    out.write(f"Error: rank {cause.rank} of {nproc} was lost ({describe_status(code)}); "
               f"stopped the job{suffix}\n")
     out.flush()
     return LOST_EXIT

@@ -47,11 +47,17 @@ from popplay.deep.topologies.base import (
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.families import RankedExperiment
-from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, SELECTIONS
+from popplay.deep.topologies.workflow_params import (
+    REPLAY_TOPOLOGIES,
+    ExarlLayout,
+    learners_option,
+    queue_capacity_option,
+    selection_option,
+)
 
 
 @dataclass(frozen=True)
-class DQNParams(DeepParams):
+class DQNParams(ExarlLayout, DeepParams):
     """Train Double DQN: the online network picks the next action and the target network
     values it (Grandio's MPI Deep Q-Learning, eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
 
@@ -89,11 +95,9 @@ class DQNParams(DeepParams):
                                 "(0: constant).", min=0)
     eval_episodes: int = option(100, EVAL_HELP, min=0)
     timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
-    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
-    selection: str = option("range", "multi-learner: range (each learner pops its own block of simulators' queues) "
-                                     "or random (any simulator's newest episode, read without removing it).",
-                            choices=SELECTIONS)
-    queue_capacity: int = option(4, "multi-learner, range: episodes a simulator keeps unread at most.", min=1)
+    learners: int = learners_option()
+    selection: str = selection_option()
+    queue_capacity: int = queue_capacity_option()
 
     def agent_config(self) -> Any:
         return config_from(self, DQNConfig)
@@ -102,21 +106,15 @@ class DQNParams(DeepParams):
         """The learner of this run on the CPU (same seed, same initial network on every rank)."""
         return DoubleDQN(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
 
-    # EXARL's workflows read the layout under their own names.
     @property
-    def workflow(self) -> str:
-        return self.topology
-
-    @property
-    def actors(self) -> int:
+    def actors(self) -> int:  # EXARL's workflows' name for them
         return self.simulators
 
     def validate(self) -> None:
         if self.topology not in REPLAY_TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(REPLAY_TOPOLOGIES)} (got {self.topology!r})")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
-        check_at_least_one(simulators=self.simulators, learners=self.learners, queue_capacity=self.queue_capacity)
+        self._check_learner_layout()
+        check_at_least_one(simulators=self.simulators)
         if self.topology in ("sequential", "pipelined") and self.simulators != 1:
             raise ValueError(f"simulators: the {self.topology} topology has exactly one simulator")
         check_at_least_one(sync_every=self.sync_every)
@@ -131,8 +129,9 @@ class DQNParams(DeepParams):
 
     @property
     def ranks(self) -> int:
-        if self.topology in ("multi-learner", "master-learner"):
-            return self.learners + self.simulators
+        workflow = self._workflow_ranks(self.simulators)
+        if workflow is not None:
+            return workflow
         return 1 if self.topology == "sequential" else 1 + self.simulators
 
 

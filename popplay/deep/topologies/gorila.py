@@ -24,10 +24,11 @@ die (``waitpid``), and hosting the store here means no rank's death takes the
 rendezvous with it. gloo cannot tell a pending receive that its peer died (the
 receive just waits), so every rank polls the store between messages instead.
 
-Why not :func:`popplay.distributed.launch.launch_local`: it stops the whole job when
-any rank is lost, by design; Gorila must keep going without a lost actor or learner
-and stop only for a lost shard. The rank environment is the same
-(:func:`popplay.distributed.launch.rank_environment`, torchrun's variables). Under
+Its ranks start as every launcher's do (:func:`popplay.distributed.launch.spawn_rank`:
+torchrun's variables, the role on the command line, its own session); what differs from
+:func:`popplay.distributed.launch.launch_local` is the watching: that one stops the whole
+job when any rank is lost, by design; Gorila must keep going without a lost actor or
+learner and stop only for a lost shard. Under
 ``torchrun`` itself the ranks are torchrun's workers (:mod:`gorila_torchrun`): its
 agent hosts the store and ends the attempt when any rank is lost.
 
@@ -45,7 +46,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -64,10 +64,9 @@ from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
-from popplay.distributed.launch import rank_environment
+from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, spawn_rank
 
 ROLE_PREFIX = "popplay gorila"
-PEER_LOST_EXIT = 75  # a rank that stopped because a peer it needs was lost
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
 
 
@@ -299,14 +298,9 @@ class GorilaJobLost(RuntimeError):
 
 
 def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
     if code == PEER_LOST_EXIT:
         return "stopped: a peer it needs was lost"
-    return f"exit code {code}"
+    return describe_status(code)
 
 
 def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[], bool] | None = None,
@@ -342,12 +336,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     try:
         for rank in range(world):
             role = role_of(rank, config)
-            env = rank_environment(rank, world, store.port, 1)
-            env["POPPLAY_ROLE"] = f"{ROLE_PREFIX} {role}"
-            process = subprocess.Popen(
-                [sys.executable, "-m", "popplay.deep.topologies.gorila_ranks", f"{ROLE_PREFIX} {role}", str(config_path)],
-                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-                start_new_session=True)
+            process = spawn_rank(rank, world, store.port, 1, "popplay.deep.topologies.gorila_ranks",
+                                 f"{ROLE_PREFIX} {role}", [str(config_path)], stderr=None)
             procs.append(_Proc(rank, role, process))
         if on_start is not None:
             on_start({p.rank: p.process.pid for p in procs})

@@ -18,7 +18,6 @@ one lost actor would deafen a shard that listened that way.
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import json
 import os
@@ -46,6 +45,7 @@ from popplay.deep.topologies import gorila as G
 from popplay.deep.topologies import gorila_torchrun as T
 from popplay.deep.topologies.gorila_guards import OutlierGuard, StalenessGuard
 from popplay.deep.topologies.gorila_torchrun import ATTEMPT_STRIDE
+from popplay.distributed.group import die_with_parent
 
 PULL, GRAD = 1, 2
 TAG_REQ, TAG_GRAD, TAG_REPLY_HDR, TAG_REPLY, TAG_TRANS_HDR, TAG_TRANS = 11, 12, 13, 14, 15, 16
@@ -585,14 +585,6 @@ def _line(error: BaseException) -> str:
     return text.split(". ")[0][:120]
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this rank when the launcher dies, so no orphan outlives its job."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _stop_on_interrupt(store: Any, rank: int) -> None:
     """Under torchrun, Ctrl-C reaches each worker as SIGINT from the agent (the workers
     have sessions of their own): "stop" in the store, as the local launcher would do."""
@@ -632,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: usage: python -m popplay.deep.topologies.gorila_ranks '{G.ROLE_PREFIX} ROLE I' CONFIG.json",
               file=sys.stderr)
         return 2
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the job through the store
     torch.set_num_threads(1)
     config_path = Path(args[1])

@@ -51,14 +51,20 @@ from popplay.deep.topologies.common import check_budget, greedy_quality, recent_
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 from popplay.deep.topologies.families import family_of
 from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
-from popplay.deep.topologies.workflow_params import SELECTIONS, WORKFLOWS
+from popplay.deep.topologies.workflow_params import (
+    WORKFLOWS,
+    ExarlLayout,
+    learners_option,
+    queue_capacity_option,
+    selection_option,
+)
 from popplay.distributed.group import current
 
 REINFORCE_TOPOLOGIES = ("server", "local", *WORKFLOWS[1:])
 
 
 @dataclass(frozen=True)
-class ReinforceParams(DeepParams):
+class ReinforceParams(ExarlLayout, DeepParams):
     """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
     episode; the server sums the workers' gradients and steps Adam (as in the 'Distributed Reinforcement Learning: A draft' post)."""
 
@@ -84,11 +90,9 @@ class ReinforceParams(DeepParams):
     max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # seed 001's max_iters
     eval_episodes: int = option(100, EVAL_HELP, min=0)
     timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
-    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
-    selection: str = option("range", "multi-learner: range (each learner pops its own block of actors' queues) or "
-                                     "random (any actor's newest episode, read without removing it).",
-                            choices=SELECTIONS)
-    queue_capacity: int = option(4, "multi-learner, range: episodes an actor keeps unread at most.", min=1)
+    learners: int = learners_option()
+    selection: str = selection_option()
+    queue_capacity: int = queue_capacity_option()
 
     def agent_config(self) -> Any:
         return ReinforceConfig(hidden=self.hidden, lr=self.lr, gamma=self.gamma)
@@ -97,30 +101,24 @@ class ReinforceParams(DeepParams):
         """REINFORCE as an on-policy agent, for EXARL's workflows."""
         return Reinforce(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
 
-    # EXARL's workflows read the layout under their own names.
     @property
-    def workflow(self) -> str:
-        return self.topology
-
-    @property
-    def actors(self) -> int:
+    def actors(self) -> int:  # EXARL's workflows' name for them
         return self.workers
 
     def validate(self) -> None:
         if self.topology not in REINFORCE_TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(REINFORCE_TOPOLOGIES)} (got {self.topology!r})")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
-        check_at_least_one(workers=self.workers, max_steps=self.max_steps, learners=self.learners,
-                           queue_capacity=self.queue_capacity)
+        self._check_learner_layout()
+        check_at_least_one(workers=self.workers, max_steps=self.max_steps)
         check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
 
     @property
     def ranks(self) -> int:
-        if self.topology in ("multi-learner", "master-learner"):
-            return self.learners + self.workers
+        workflow = self._workflow_ranks(self.workers)
+        if workflow is not None:
+            return workflow
         return 1 if self.topology == "local" else 1 + self.workers
 
 

@@ -16,6 +16,43 @@ REPLAY_TOPOLOGIES = ("sequential", "pipelined", "collective", "async", *WORKFLOW
 SELECTIONS = ("range", "random")
 
 
+def learners_option() -> Any:
+    return option(2, "multi-learner, master-learner: learner ranks.", min=1)
+
+
+def selection_option() -> Any:
+    return option("range", "multi-learner: range (each learner pops its own block of actors' queues) or random "
+                           "(any actor's newest episode, read without removing it).", choices=SELECTIONS)
+
+
+def queue_capacity_option() -> Any:
+    return option(4, "multi-learner, range: episodes an actor keeps unread at most.", min=1)
+
+
+class ExarlLayout:
+    """For parameters whose ``topology`` field may name one of EXARL's workflows (DQN's,
+    REINFORCE's): the learner fields (declared with the options above), the name the
+    workflows read, and their checks. Each gives ``actors`` (its simulators, its workers)."""
+
+    topology: str
+    learners: int
+    selection: str
+    queue_capacity: int
+
+    @property
+    def workflow(self) -> str:
+        return self.topology
+
+    def _check_learner_layout(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
+        check_at_least_one(learners=self.learners, queue_capacity=self.queue_capacity)
+
+    def _workflow_ranks(self, actors: int) -> int | None:
+        """Ranks of a data-parallel workflow (None: another topology)."""
+        return self.learners + actors if self.topology in ("multi-learner", "master-learner") else None
+
+
 def check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None:
     if workflow not in allowed:
         raise ValueError(f"workflow must be one of {', '.join(allowed)} (got {workflow!r})")
@@ -30,12 +67,10 @@ class WorkflowParams:
                       "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
                       "batches out; central-inference: one rank holds the model and acts for every actor.",
         choices=WORKFLOWS)
-    learners: int = option(2, "multi-learner, master-learner: learner ranks.", min=1)
+    learners: int = learners_option()
     actors: int = option(2, "Multi-process workflows: actor ranks.", min=1)
-    selection: str = option("range", "multi-learner: range (each learner pops its own block of actors' queues) or "
-                                     "random (any actor's newest trajectory, read without removing it).",
-                            choices=SELECTIONS)
-    queue_capacity: int = option(4, "multi-learner, range: trajectories an actor keeps unread at most.", min=1)
+    selection: str = selection_option()
+    queue_capacity: int = queue_capacity_option()
     timeout: float = option(60.0, "Seconds any wait for another rank may take.", on_resume=True)
 
     def _validate_layout(self, allowed: tuple[str, ...] = WORKFLOWS) -> None:
