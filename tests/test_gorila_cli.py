@@ -98,3 +98,59 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], err
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_parts_directory_gorila_did_not_make_is_refused_and_kept(tmp_path, cli):
+    parts = tmp_path / "victim.h5.parts"
+    parts.mkdir()
+    (parts / "thesis.txt").write_text("years of work")
+    code, _, err = cli(["train", "gorila", "--env-steps", "100", *TINY, "--out", str(tmp_path / "victim.h5")])
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "holds no popplay gorila working files" in lines[0], lines
+    assert (parts / "thesis.txt").read_text() == "years of work"
+    assert not (tmp_path / "victim.h5").exists()
+
+
+def test_gorila_takes_the_run_files_lock(tmp_path, jobs):
+    from popplay.checkpoints.lock import RunLock
+
+    out = tmp_path / "held.h5"
+    with RunLock(out):  # another writer of the same run file
+        code, _, err = jobs.finish(jobs.start(["train", "gorila", "--env-steps", "100", *TINY, "--out", str(out)]),
+                                   timeout=60)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Error: " in err
+    assert not out.exists() and not (tmp_path / "held.h5.parts").exists()
+
+
+def _listening(pid: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp* has them) of the sockets ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1])
+    return found
+
+
+def test_the_local_launch_listens_on_loopback_only(tmp_path, jobs):
+    process = jobs.start(["train", "gorila", "--actors", "1", "--env-steps", "300", *TINY,
+                          "--out", str(tmp_path / "l.h5")])
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline and not seen:
+        seen = _listening(process.pid)
+        time.sleep(0.05)
+    jobs.finish(process, timeout=120, expect=0)
+    assert seen, "the launcher's store was never seen listening"
+    assert all(address.startswith("0100007F:") for address in seen), seen  # 127.0.0.1

@@ -55,6 +55,16 @@ def role(rank: int, world_size: int) -> str:
     return f"popplay rank {rank}/{world_size}"
 
 
+def loopback_listener(clients: int) -> socket.socket:
+    """A listening socket on 127.0.0.1 for a job's ``TCPStore`` (``master_listen_fd``):
+    c10d's own would listen on every interface, with no authentication, and a port
+    picked then released could be taken by another job in between."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(max(128, clients))
+    return listener
+
+
 def rank_environment(rank: int, world_size: int, port: int, threads: int,
                      base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of one local rank (torchrun's variables plus ours)."""
@@ -144,12 +154,8 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
         raise ValueError(f"nproc must be at least 1 (got {nproc})")
     out = stderr if stderr is not None else sys.stderr
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
-    # The store's socket is bound here, to loopback, and handed to rank 0 (c10d's own
-    # TCPStore would listen on every interface, and a port picked then released could
-    # be taken by another job in between).
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(max(128, nproc))
+    # The store's socket is bound here and handed to rank 0.
+    listener = loopback_listener(nproc)
     port = int(listener.getsockname()[1])
     ranks: list[_Rank] = []
     interrupts = {"count": 0}

@@ -57,14 +57,14 @@ import numpy as np
 import torch
 import torch.distributed as c10d
 
-from popplay.checkpoints.runfile import write_run
+from popplay.checkpoints.runfile import RunFileError, write_run
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
-from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, spawn_rank
+from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, loopback_listener, spawn_rank
 
 ROLE_PREFIX = "popplay gorila"
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
@@ -322,8 +322,10 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps({**config.to_dict(), **_spaces(config.env)}, indent=1))
     world = config.world_size
-    store = c10d.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=config.timeout))
+    listener = loopback_listener(world + 1)  # local jobs listen on loopback only
+    store = c10d.TCPStore("127.0.0.1", int(listener.getsockname()[1]), world + 1, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=config.timeout),
+                          master_listen_fd=listener.fileno())
     procs: list[_Proc] = []
     lost: list[str] = []
     start = time.monotonic()
@@ -574,9 +576,9 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
 
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
-    if parts.exists():
-        shutil.rmtree(parts)
+    clear_parts(parts)
     parts.mkdir(parents=True)
+    save_text(parts / PARTS_MARK, "popplay gorila working files\n")
     if resume_state is not None:
         save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
         config = _replace(config, resume=str(parts / "resume.npz"))
@@ -597,6 +599,22 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
     summary["out"] = str(out)
     summary.pop("run_dir", None)
     return summary
+
+
+#: The file that marks a ``.parts`` directory as Gorila's own working files: any other
+#: directory by that name is the user's, and is never removed.
+PARTS_MARK = ".popplay-gorila"
+
+
+def clear_parts(parts: Path) -> None:
+    """Remove a previous run's working files; refuse (one line) a directory by that name
+    that Gorila did not make."""
+    if not parts.exists() and not parts.is_symlink():
+        return
+    if parts.is_symlink() or not parts.is_dir() or not (parts / PARTS_MARK).is_file():
+        raise RunFileError(f"{parts} exists and holds no popplay gorila working files; move it away "
+                           "(popplay never removes what it did not make)")
+    shutil.rmtree(parts)
 
 
 def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:

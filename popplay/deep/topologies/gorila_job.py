@@ -10,10 +10,12 @@ command; this module takes over from there.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
 
+from popplay.checkpoints.lock import LockBusy, RunLock
 from popplay.checkpoints.runfile import RunFileError, check_writable
 from popplay.core.errors import EXIT_INTERRUPTED, EXIT_LOST, PopplayError, UsageError
 from popplay.core.experiment import RunRequest, RunResult
@@ -64,9 +66,15 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
                               resume_state=resume_state, check_out=check_out)
     check_out(request.out)
     should_stop = request.should_stop
+    # One writer per run file, as every other run: a resume holds the lock since its
+    # read (the command took it); a fresh run takes it here, before its working files.
+    lock = RunLock(request.out) if request.resume is None else contextlib.nullcontext()
     try:
-        summary = train_gorila(config, request.out, resume_state=resume_state, should_stop=should_stop,
-                               log=sys.stderr, progress_every=progress)
+        with lock:
+            summary = train_gorila(config, request.out, resume_state=resume_state, should_stop=should_stop,
+                                   log=sys.stderr, progress_every=progress)
+    except LockBusy as error:
+        raise UsageError(str(error)) from None
     except GorilaJobLost as error:
         raise PopplayError(f"{error}: resume with --resume {request.out}", EXIT_LOST) from None
     summary.pop("started_at", None)

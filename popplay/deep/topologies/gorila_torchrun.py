@@ -219,8 +219,9 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
         # A fresh job (or a restart of one that failed before rank 0 got this far).
         continuing, earlier = False, []
         check_out(out)
-        if parts.exists():
-            shutil.rmtree(parts)
+        G.clear_parts(parts)
+        parts.mkdir(parents=True)
+        G.save_text(parts / G.PARTS_MARK, "popplay gorila working files\n")
         started_at = time.time()
         state, attempt_config, done = resume_state, config, False
     else:
