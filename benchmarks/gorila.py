@@ -112,7 +112,7 @@ def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_
     curves = load_run(out).curves
     row = {"layout": layout if args.replay == "local" else f"{layout} global", "kind": "gorila",
            "wall_seconds": wall, **summary,
-           "curve": _thin(curves["env_steps"], curves["return"]), "killed": killed,
+           "curve": _thin(curves["agent_steps"], curves["return"]), "killed": killed,
            "model": model(config, summary["learner_updates"], summary["gradients_sent"], summary["env_steps"],
                           summary["episodes"]),
            "measured_per_shard": {"gradients": (summary["gradients_applied"] + summary["stale_discarded"])

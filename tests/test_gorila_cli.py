@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from popplay.checkpoints.validation import load_run
@@ -81,7 +82,7 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     assert summary["server_versions"] == [sent - stale, sent - stale]
     stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.state["params"].size == 4 * 16 + 16 + 16 * 2 + 2
-    assert stored.curves["env_steps"][-1] == summary["env_steps"]
+    assert stored.curves["agent_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "g.h5.parts").exists()
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -154,3 +155,30 @@ def test_the_local_launch_listens_on_loopback_only(tmp_path, jobs):
     jobs.finish(process, timeout=120, expect=0)
     assert seen, "the launcher's store was never seen listening"
     assert all(address.startswith("0100007F:") for address in seen), seen  # 127.0.0.1
+
+
+def test_a_resume_plays_to_the_runs_total_and_keeps_its_history(tmp_path, cli):
+    """The budget is the run's total, as in every domain: the continuation plays what is
+    left, counts and curves go on from the stored ones; the file plots and exports."""
+    out = tmp_path / "r.h5"
+    assert cli(["train", "gorila", "--actors", "1", "--env-steps", "300", *TINY, "--out", str(out)])[0] == 0
+    first = load_run(out, expected_domain="gorila")
+    played = int(first.state_counters["env_steps"])
+    assert played >= 300 and first.curves["agent_steps"][-1] == played
+    code, _, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", str(played)])
+    assert code == 2 and "already reached this budget" in err
+    code, stdout, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", "600", "--json"])
+    assert code == 0, err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    after = load_run(out, expected_domain="gorila")
+    total = int(after.state_counters["env_steps"])
+    assert 600 <= total < 600 + 200 and summary["env_steps"] == total  # what was left, whole episodes
+    steps, returns = after.curves["agent_steps"], after.curves["return"]
+    n = first.curves["agent_steps"].size
+    assert np.array_equal(steps[:n], first.curves["agent_steps"])
+    assert np.array_equal(returns[:n], first.curves["return"])
+    assert steps[-1] == total and bool(np.all(np.diff(steps) > 0))  # one history, never restarting
+    assert int(after.state_counters["episodes"]) == steps.size
+    assert cli(["plot", str(out), "--out", str(tmp_path / "r.png")])[0] == 0 and (tmp_path / "r.png").stat().st_size
+    assert cli(["export", str(out), "--csv", "--out", str(tmp_path / "r.csv")])[0] == 0
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == steps.size + 1

@@ -62,7 +62,7 @@ def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
     sent = summary["gradients_sent"]
     assert sent > 0 and summary["gradients_applied"] + summary["stale_discarded"] == 2 * sent
     stored = load_run(out, expected_domain="gorila")
-    assert stored.complete and stored.curves["env_steps"][-1] == summary["env_steps"]
+    assert stored.complete and stored.curves["agent_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "g.h5.parts").exists()
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
 
@@ -108,13 +108,12 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     assert 3000 <= summary["env_steps"] < 3000 + 2 * 500
     stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.state_counters["version"] == summary["server_versions"][0]
-    assert stored.curves["env_steps"][-1] == summary["env_steps"]
+    assert stored.curves["agent_steps"][-1] == summary["env_steps"]
     assert not (tmp_path / "r.h5.parts").exists()
 
 
 def test_a_restart_plays_what_is_left_of_the_budget() -> None:
-    from popplay.deep.topologies.gorila import GorilaConfig, actor_budget
-    from popplay.deep.topologies.gorila_torchrun import remaining
+    from popplay.deep.topologies.gorila import GorilaConfig, actor_budget, remaining
 
     config = GorilaConfig(actors=3, env_steps=1000, episodes=0)
     left, done = remaining(config, 400, 17)

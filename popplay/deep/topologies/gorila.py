@@ -568,17 +568,22 @@ DOMAIN = "gorila"
 
 def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.ndarray] | None = None,
                  should_stop: Callable[[], bool] | None = None, log: IO[str] | None = None,
-                 progress_every: float = 0.0) -> dict[str, Any]:
+                 progress_every: float = 0.0, before: Any = None) -> dict[str, Any]:
     """:func:`run_gorila` into a run file ``out`` (domain ``gorila``; the ranks' files
     live in ``OUT.parts/`` while it runs). ``resume_state``: a run file's state (the
-    parameter vector and accumulator), taken up with this config's layout. A lost shard
-    still writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
+    parameter vector and accumulator), taken up with this config's layout. ``before``:
+    the stored run it continues: its budget is the run's total (only what is left is
+    played), and its counts and curves go on from the stored ones. A lost shard still
+    writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
 
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
     clear_parts(parts)
     parts.mkdir(parents=True)
     save_text(parts / PARTS_MARK, "popplay gorila working files\n")
+    total = config
+    if before is not None:
+        config, _ = remaining(config, *played_before(before))
     if resume_state is not None:
         save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
         config = _replace(config, resume=str(parts / "resume.npz"))
@@ -589,16 +594,34 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         if not error.summary:  # nothing to keep
             shutil.rmtree(parts, ignore_errors=True)
             raise
-        write_gorila_run(out, config, parts, error.summary)
+        write_gorila_run(out, total, parts, _continued(error.summary, before), before=before)
         shutil.rmtree(parts, ignore_errors=True)
         version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
         raise GorilaJobLost(f"{str(error).split('; the last checkpoint')[0]}; the run file {out} holds the last "
                             f"checkpoint (server version {version})", error.summary) from None
-    write_gorila_run(out, config, parts, summary)
+    summary = _continued(summary, before)
+    write_gorila_run(out, total, parts, summary, before=before)
     shutil.rmtree(parts, ignore_errors=True)
     summary["out"] = str(out)
     summary.pop("run_dir", None)
     return summary
+
+
+def remaining(config: GorilaConfig, steps: int, episodes: int) -> tuple[GorilaConfig, bool]:
+    """The budget left after ``steps``/``episodes`` were played; True when nothing is.
+    Every actor gets at least one step or episode of what is left (an actor's share
+    of 0 would mean "no budget"), so a continuation may overshoot by fewer than ``actors``."""
+    changes: dict[str, int] = {}
+    done = False
+    if config.env_steps:
+        left = config.env_steps - steps
+        done = done or left <= 0
+        changes["env_steps"] = max(left, config.actors)
+    if config.episodes:
+        left = config.episodes - episodes
+        done = done or left <= 0
+        changes["episodes"] = max(left, config.actors)
+    return dataclasses.replace(config, **changes), done
 
 
 #: The file that marks a ``.parts`` directory as Gorila's own working files: any other
@@ -617,19 +640,46 @@ def clear_parts(parts: Path) -> None:
     shutil.rmtree(parts)
 
 
+def played_before(before: Any) -> tuple[int, int]:
+    """(env-steps, episodes) a stored run has played."""
+    return int(before.state_counters["env_steps"]), int(before.state_counters["episodes"])
+
+
+def _continued(summary: dict[str, Any], before: Any) -> dict[str, Any]:
+    """A continuation's summary counted over the whole run (rates stay this part's)."""
+    if before is None:
+        return summary
+    steps, episodes = played_before(before)
+    return {**summary, "env_steps": summary["env_steps"] + steps, "episodes": summary["episodes"] + episodes}
+
+
 def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:
     return dataclasses.replace(config, **changes)
 
 
 def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any],
-                     earlier: Sequence[Path] = (), checkpoint: dict[str, np.ndarray] | None = None) -> None:
+                     earlier: Sequence[Path] = (), checkpoint: dict[str, np.ndarray] | None = None,
+                     before: Any = None) -> None:
     """The run file from the ranks' files in ``parts`` (and earlier attempts' in
-    ``earlier``) and the checkpoint (default: ``parts/checkpoint.npz``)."""
+    ``earlier``) and the checkpoint (default: ``parts/checkpoint.npz``); ``before``: the
+    stored run this one continues, whose curves come first. The curves' x-axis is
+    ``agent_steps`` (every actor's env-steps up to then), as in every run file."""
 
     if checkpoint is None:
         checkpoint = load_npz(parts / "checkpoint.npz")
     started = float(summary.get("started_at", 0.0))
     curve = episode_curve(parts, config, started, earlier)
+    curve = {"agent_steps": curve.pop("env_steps"), **curve}
+    learning_seconds = float(summary["seconds"])
+    if before is not None:
+        old = dict(before.curves)
+        old_steps = np.asarray(old.pop("agent_steps", old.pop("env_steps", np.zeros(0))), dtype=np.int64)
+        old_seconds = float(before.attrs.get("learning_seconds", 0.0))
+        offsets = {"agent_steps": played_before(before)[0], "seconds": old_seconds}
+        old["agent_steps"] = old_steps
+        curve = {k: np.concatenate([np.asarray(old.get(k, np.zeros(0)), dtype=v.dtype), v + offsets.get(k, 0)])
+                 for k, v in curve.items()}
+        learning_seconds += old_seconds
     stored = {k: v for k, v in config.to_dict().items() if k != "resume"}
     scalars = {k: v for k, v in summary.items()
                if isinstance(v, (int, float, bool, str)) and v is not None and k not in ("run_dir",)}
@@ -642,7 +692,7 @@ def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict
               results={"staleness_histogram": np.asarray(summary["staleness_histogram"], dtype=np.int64)},
               result_attrs={**scalars, "lost": json.dumps(summary["lost"]),
                             "server_versions": json.dumps(summary["server_versions"])},
-              attrs={"learning_seconds": float(summary["seconds"])}, complete=bool(summary["complete"]))
+              attrs={"learning_seconds": learning_seconds}, complete=bool(summary["complete"]))
 
 
 @dataclass

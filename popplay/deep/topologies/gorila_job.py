@@ -21,7 +21,14 @@ from popplay.core.errors import EXIT_INTERRUPTED, EXIT_LOST, PopplayError, Usage
 from popplay.core.experiment import RunRequest, RunResult
 from popplay.deep import envs
 from popplay.deep.topologies import gorila_torchrun
-from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, summary_text, train_gorila
+from popplay.deep.topologies.gorila import (
+    GorilaConfig,
+    GorilaJobLost,
+    played_before,
+    remaining,
+    summary_text,
+    train_gorila,
+)
 
 
 def run(config: GorilaConfig, request: RunRequest) -> RunResult:
@@ -44,6 +51,11 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
     resume_state = None
     if request.resume is not None:
         resume_state = {**request.resume.state, "version": request.resume.state_counters["version"]}
+        # The budget is the run's total, as every domain's: only what is left is played.
+        steps, episodes = played_before(request.resume)
+        if remaining(config, steps, episodes)[1]:
+            raise UsageError(f"--resume {request.resume.path}: the run has already reached this budget "
+                             f"({steps} env-steps, {episodes} episodes played)")
     if torchrun:
         problem = gorila_torchrun.layout_problem(config)  # before anything waits for a peer
         if problem is not None:
@@ -72,7 +84,7 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
     try:
         with lock:
             summary = train_gorila(config, request.out, resume_state=resume_state, should_stop=should_stop,
-                                   log=sys.stderr, progress_every=progress)
+                                   log=sys.stderr, progress_every=progress, before=request.resume)
     except LockBusy as error:
         raise UsageError(str(error)) from None
     except GorilaJobLost as error:

@@ -188,23 +188,6 @@ def _last_state(earlier: list[Path], config: G.GorilaConfig) -> dict[str, np.nda
     return None
 
 
-def remaining(config: G.GorilaConfig, steps: int, episodes: int) -> tuple[G.GorilaConfig, bool]:
-    """The budget left after ``steps``/``episodes`` were played; True when nothing is.
-    Every actor gets at least one step or episode of what is left (an actor's share
-    of 0 would mean "no budget"), so a restart may overshoot by fewer than ``actors``."""
-    changes: dict[str, int] = {}
-    done = False
-    if config.env_steps:
-        left = config.env_steps - steps
-        done = done or left <= 0
-        changes["env_steps"] = max(left, config.actors)
-    if config.episodes:
-        left = config.episodes - episodes
-        done = done or left <= 0
-        changes["episodes"] = max(left, config.actors)
-    return dataclasses.replace(config, **changes), done
-
-
 def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output: bool, progress_every: float,
             resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None]) -> Path:
     """Rank 0: the directory of attempt ``k`` with its ``config.json`` (and ``resume.npz``)."""
@@ -227,7 +210,7 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
     else:
         started_at = float(first["torchrun"]["started_at"])
         state = _last_state(earlier, config) or resume_state
-        attempt_config, done = remaining(config, *G.played(earlier, config))
+        attempt_config, done = G.remaining(config, *G.played(earlier, config))
     run_dir = parts / f"attempt-{k}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
