@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -182,3 +183,28 @@ def test_a_resume_plays_to_the_runs_total_and_keeps_its_history(tmp_path, cli):
     assert cli(["plot", str(out), "--out", str(tmp_path / "r.png")])[0] == 0 and (tmp_path / "r.png").stat().st_size
     assert cli(["export", str(out), "--csv", "--out", str(tmp_path / "r.csv")])[0] == 0
     assert len((tmp_path / "r.csv").read_text().splitlines()) == steps.size + 1
+
+
+def test_a_killed_launcher_leaves_a_run_file_that_resumes(tmp_path, jobs, cli):
+    out = tmp_path / "k.h5"
+    process = jobs.start(["train", "gorila", "--actors", "1", "--env-steps", "10000000", *TINY, "--out", str(out)])
+    deadline = time.monotonic() + 90
+    while not out.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert out.exists(), "no run file while the job ran"
+    ranks = _gorila_ranks(str(out) + ".parts")
+    assert ranks, "no ranks seen"
+    os.kill(process.pid, signal.SIGKILL)  # the launcher, without any chance to clean up
+    process.wait(timeout=30)
+    gone = time.monotonic() + 30
+    while _gorila_ranks(str(out) + ".parts") and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert not _gorila_ranks(str(out) + ".parts"), "ranks outlived their launcher"
+    kept = load_run(out, expected_domain="gorila")
+    assert not kept.complete
+    played = int(kept.state_counters["env_steps"])
+    code, stdout, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", str(played + 200), "--json"])
+    assert code == 0, err
+    after = load_run(out, expected_domain="gorila")
+    assert after.complete and int(after.state_counters["env_steps"]) >= played + 200
+    assert not (tmp_path / "k.h5.parts").exists()

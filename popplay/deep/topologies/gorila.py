@@ -305,12 +305,13 @@ def _describe(code: int) -> str:
 
 def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[], bool] | None = None,
                log: IO[str] | None = None, on_start: Callable[[dict[int, int]], None] | None = None,
-               progress_every: float = 0.0) -> dict[str, Any]:
+               progress_every: float = 0.0, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run a whole Gorila job as local processes; return the summary.
 
     Raises :class:`GorilaJobLost` (after writing ``checkpoint.npz``) when a shard dies;
     a lost actor or learner is reported in the summary's ``lost`` and the run goes on.
     ``should_stop`` is polled; once true every rank finishes what it holds and stops.
+    ``on_tick`` is called between polls (cheap unless something is due).
     """
 
 
@@ -399,6 +400,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
             if not stop_sent and should_stop is not None and should_stop():
                 store.set("stop", "requested")
                 stop_sent = True
+            if on_tick is not None:
+                on_tick()
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -587,9 +590,10 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
     if resume_state is not None:
         save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
         config = _replace(config, resume=str(parts / "resume.npz"))
+    follow = _Follower(out, total, config, parts, before, log if log is not None else sys.stderr)
     try:
         summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
-                             progress_every=progress_every)
+                             progress_every=progress_every, on_tick=follow)
     except GorilaJobLost as error:
         if not error.summary:  # nothing to keep
             shutil.rmtree(parts, ignore_errors=True)
@@ -638,6 +642,44 @@ def clear_parts(parts: Path) -> None:
         raise RunFileError(f"{parts} exists and holds no popplay gorila working files; move it away "
                            "(popplay never removes what it did not make)")
     shutil.rmtree(parts)
+
+
+class _Follower:
+    """Keeps ``OUT`` an incomplete run file with the newest shard checkpoint while the
+    job runs (at most every 2 s), so that a launcher killed anywhere leaves a file that
+    ``--resume`` continues (its ranks die with it)."""
+
+    def __init__(self, out: Path, total: GorilaConfig, config: GorilaConfig, parts: Path, before: Any,
+                 log: IO[str]) -> None:
+        self.out, self.total, self.config, self.parts, self.before, self.log = out, total, config, parts, before, log
+        self.started_at = time.time()
+        self.next_write = time.monotonic() + 1.0
+        self.written = -1
+        self.failed = False
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now < self.next_write or self.failed:
+            return
+        self.next_write = now + 2.0
+        try:
+            checkpoint = assemble_checkpoint(self.parts, self.config)
+        except (OSError, ValueError, KeyError):
+            return  # a shard's first file is not there yet
+        version = int(checkpoint["version"])
+        if version == self.written:
+            return
+        try:
+            summary = summarize(self.config, self.parts, checkpoint, time.time() - self.started_at, [], True,
+                                started_at=self.started_at, evaluate=False)
+            write_gorila_run(self.out, self.total, self.parts, _continued(summary, self.before),
+                             checkpoint=checkpoint, before=self.before)
+        except Exception as error:  # e.g. a full disk: say so once; the shards' files stand
+            self.log.write(f"gorila: could not update {self.out} ({type(error).__name__}: {error}); the "
+                           f"checkpoint stays in {self.parts}\n")
+            self.failed = True
+            return
+        self.written = version
 
 
 def played_before(before: Any) -> tuple[int, int]:
