@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from popplay.checkpoints import runfile
 from popplay.checkpoints.validation import load_run
 from popplay.cli.main import main
 from popplay.core.hooks import variable
@@ -208,3 +209,35 @@ def test_a_killed_launcher_leaves_a_run_file_that_resumes(tmp_path, jobs, cli):
     after = load_run(out, expected_domain="gorila")
     assert after.complete and int(after.state_counters["env_steps"]) >= played + 200
     assert not (tmp_path / "k.h5.parts").exists()
+
+
+@pytest.mark.parametrize("damage", ["doubled params", "negative counter", "float counter", "nan accumulator",
+                                    "hidden -1", "empty config"])
+def test_a_damaged_gorila_file_is_refused_in_one_line(tmp_path, cli, damage):
+    import h5py
+
+    out = tmp_path / "d.h5"
+    assert cli(["train", "gorila", "--actors", "1", "--env-steps", "150", *TINY, "--out", str(out)])[0] == 0
+    with h5py.File(out, "r+") as f:  # as anyone can: the content checksum recomputed
+        state = f["state"]
+        if damage == "doubled params":
+            params = state["params"][()]
+            del state["params"]
+            state["params"] = np.concatenate([params, params])
+        elif damage == "nan accumulator":
+            accumulator = state["accumulator"][()]
+            accumulator[0] = np.nan
+            state["accumulator"][...] = accumulator
+        elif damage in ("negative counter", "float counter"):
+            state.attrs["env_steps"] = -5 if damage == "negative counter" else 2.5
+        else:
+            config = {} if damage == "empty config" else {**json.loads(f["config"].attrs["config_json"]),
+                                                           "hidden": [-1]}
+            f["config"].attrs["config_json"] = np.bytes_(json.dumps(config).encode())
+        f.attrs[runfile.DIGEST] = np.bytes_(runfile.content_digest(f).encode())
+    for argv in (["train", "gorila", "--resume", str(out), "--env-steps", "400"],
+                 ["evaluate", str(out), "--episodes", "1"]):
+        code, _, err = cli(argv)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (argv, code, err)
+        assert "internal error" not in lines[0]

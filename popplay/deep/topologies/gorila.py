@@ -62,6 +62,7 @@ from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
+from popplay.deep.agents.config import check_network
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
 from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, loopback_listener, spawn_rank
@@ -156,6 +157,7 @@ class GorilaConfig:
             raise ValueError(f"replay must be local or global (got {self.replay!r})")
         if self.max_staleness < 0 or self.learning_starts < 0:
             raise ValueError("max_staleness and learning_starts must be non-negative")
+        check_network(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -737,6 +739,28 @@ def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict
               attrs={"learning_seconds": learning_seconds}, complete=bool(summary["complete"]))
 
 
+def check_stored(config: GorilaConfig, state: dict[str, Any], counters: dict[str, Any]) -> None:
+    """Refuse a stored Gorila state that does not fit its own config (ValueError, one
+    line): the parameter vector and accumulator of exactly the network's size, finite,
+    the accumulator positive; counters non-negative integers."""
+    spaces = _spaces(config.env)
+    widths = [spaces["obs_dim"], *config.hidden, spaces["actions"]]
+    size = sum(a * b + b for a, b in zip(widths, widths[1:]))  # counted, not built: a crafted width stays cheap
+    for name in ("params", "accumulator"):
+        value = state.get(name)
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.shape != (size,):
+            shape = getattr(value, "shape", None)
+            raise ValueError(f"{name} must be {size} floats for this network (got {shape})")
+        if not np.isfinite(value).all():
+            raise ValueError(f"non-finite values in {name}")
+    if not bool((state["accumulator"] > 0).all()):
+        raise ValueError("the AdaGrad accumulator must be positive")
+    for name in ("version", "env_steps", "episodes"):
+        value = counters.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"counter {name} must be a non-negative integer (got {value!r})")
+
+
 @dataclass
 class GorilaState:
     params: np.ndarray
@@ -753,6 +777,7 @@ class GorilaExperiment:
         self.params = params
 
     def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> GorilaState:
+        check_stored(self.params, arrays, counters)
         return GorilaState(np.asarray(arrays["params"], dtype=np.float32), int(counters["version"]),
                            int(counters["env_steps"]), int(counters["episodes"]), np.zeros(0))
 

@@ -24,6 +24,7 @@ from popplay.deep.topologies import gorila_torchrun
 from popplay.deep.topologies.gorila import (
     GorilaConfig,
     GorilaJobLost,
+    check_stored,
     played_before,
     remaining,
     summary_text,
@@ -50,6 +51,10 @@ def run(config: GorilaConfig, request: RunRequest) -> RunResult:
 def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult:
     resume_state = None
     if request.resume is not None:
+        try:
+            check_stored(config, request.resume.state, request.resume.state_counters)
+        except ValueError as error:
+            raise UsageError(f"{request.resume.path}: damaged run file ({error})") from None
         resume_state = {**request.resume.state, "version": request.resume.state_counters["version"]}
         # The budget is the run's total, as every domain's: only what is left is played.
         steps, episodes = played_before(request.resume)
