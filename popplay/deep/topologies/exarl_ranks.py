@@ -655,7 +655,8 @@ class Learners:
                 traj = rows_trajectory(rows, self.obs_dim)
                 reward = float(traj.reward.sum())
             else:
-                agent.replay.add(replay.rows_batch(rows, self.obs_dim, agent.discrete))  # duplicates too (random selection): they train
+                # duplicates too (random selection): they train
+                agent.replay.add(replay.rows_batch(rows, self.obs_dim, agent.discrete))
                 reward = float(rows[:, self.width - self.obs_dim - 2].sum())  # the float64 rewards, exact
             vec[0] = 1.0
             # Episodes and env-steps count what was played: a duplicate read (random
