@@ -17,8 +17,9 @@ work); the main loops only look at queues. A simulator hands its transitions to 
 sender every ``sync_every`` episodes, or keeps them for the next message while the
 previous one is still in flight, and takes the newest weights that have arrived; the
 learner takes every message that has arrived, answers its simulator with its current
-weights (unless the previous ones are still in flight) and trains in between. The explorer's
-schedule (ε) comes with the weights and follows learner updates, so fast early simulation cannot end exploration early.
+weights (unless the previous ones are still in flight) and trains in between. The
+explorer's schedule (ε) comes with the weights and follows learner updates, so fast early
+simulation cannot end exploration early.
 
 Messages are tensors on separate tags: a header (int64: transitions, episodes,
 last), the transitions (float64, :mod:`popplay.deep.topologies.wire`), weights (float64: flag,

@@ -41,7 +41,7 @@ class RankedExperiment(DeepExperiment):
         dist = current()
         if not dist.distributed:
             # One process may still read the run file (evaluate); training needs the ranks.
-            self._no_ranks = UsageError(f"--topology {self.params.topology} runs on {self.params.ranks} ranks "
+            self._no_ranks = UsageError(f"the {self.params.topology} topology runs on {self.params.ranks} ranks "
                                         "(launched by popplay)")
             return
         self._topology = family.rank0(dist, self.params, self.info)
