@@ -103,24 +103,22 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "bad.h5").exists()
 
 
-def test_train_ppo_runs_as_a_real_command(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "popplay", "train", "ppo", *TINY, "--env-steps", "128", "--out",
-                           str(tmp_path / "c.h5"), "--json"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1])["env_steps"] == 128
+def test_train_ppo_runs_as_a_real_command(jobs, tmp_path: Path) -> None:
+    summary = jobs.summary(jobs.start(["train", "ppo", *TINY, "--env-steps", "128", "--out", str(tmp_path / "c.h5"),
+                                       "--json"]), timeout=120)
+    assert summary["env_steps"] == 128
 
 
 @pytest.mark.procs
-def test_multi_learner_workflow_through_real_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_multi_learner_workflow_through_real_ranks(jobs, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """EXARL's multi-learner workflow: 2 data-parallel learners fed whole episodes by 2
     actors; every episode played is learned from once, and the learners stay identical."""
     out = tmp_path / "ml.h5"
-    done = subprocess.run([sys.executable, "-m", "popplay", "train", "ppo", "--workflow", "multi-learner",
-                           "--learners", "2", "--actors", "2", "--episodes", "8", "--hidden", "8", "--n-epochs", "2",
-                           "--batch-size", "16", "--eval-episodes", "1", "--timeout", "60", "--out", str(out),
-                           "--json"], capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = jobs.summary(jobs.start(["train", "ppo", "--workflow", "multi-learner", "--learners", "2", "--actors",
+                                       "2", "--episodes", "8", "--hidden", "8", "--n-epochs", "2", "--batch-size",
+                                       "16", "--eval-episodes", "1", "--timeout", "60", "--out", str(out), "--json"]),
+                           timeout=150)
     assert summary["backend"] == "gloo" and summary["ranks"] == 4 and summary["topology"] == "multi-learner"
     assert summary["topology_produced"] == summary["topology_reads"] == summary["episodes"] == 8
     assert summary["topology_produced_checksum"] == summary["topology_reads_checksum"]
@@ -134,21 +132,16 @@ def test_multi_learner_workflow_through_real_ranks(tmp_path: Path, capsys: pytes
 
 
 @pytest.mark.procs
-def test_the_other_workflows_through_real_ranks(tmp_path: Path) -> None:
+def test_the_other_workflows_through_real_ranks(jobs, tmp_path: Path) -> None:
     """master-learner (learner 0 hands out what the actors send it) and central-inference
     (one model acts for every actor and learns from each finished episode), side by side."""
     common = ["--episodes", "6", "--hidden", "8", "--n-epochs", "2", "--batch-size", "16", "--eval-episodes", "1",
               "--timeout", "60", "--json"]
-    jobs = {name: subprocess.Popen([sys.executable, "-m", "popplay", "train", "ppo", "--workflow", name, *layout,
-                                    *common, "--out", str(tmp_path / f"{name}.h5")],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name, layout in (("master-learner", ["--learners", "2", "--actors", "1"]),
-                                 ("central-inference", ["--actors", "2"]))}
-    summaries = {}
-    for name, job in jobs.items():
-        out, err = job.communicate(timeout=150)
-        assert job.returncode == 0, err
-        summaries[name] = json.loads(out.strip().splitlines()[-1])
+    started = {name: jobs.start(["train", "ppo", "--workflow", name, *layout, *common,
+                                 "--out", str(tmp_path / f"{name}.h5")])
+               for name, layout in (("master-learner", ["--learners", "2", "--actors", "1"]),
+                                    ("central-inference", ["--actors", "2"]))}
+    summaries = {name: jobs.summary(process, timeout=150) for name, process in started.items()}
     master, central = summaries["master-learner"], summaries["central-inference"]
     for summary in (master, central):
         assert summary["topology_produced"] == summary["topology_reads"] == summary["episodes"] == 6
