@@ -88,3 +88,44 @@ def test_export_in_a_real_process(tmp_path, capsys):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("agent_steps,seconds,quality")
     assert len(done.stdout.strip().splitlines()) == 5 and done.stderr == ""
+
+
+def _targets(tmp_path):
+    """What no CSV may be written through: another run file (directly or by a symlink) and a FIFO."""
+    import os
+    import shutil
+
+    victim = tmp_path / "victim.h5"
+    assert main([*BANDIT, "--agent-steps", "64", "--agents", "4", "--out", str(victim)]) == 0
+    kept = victim.read_bytes()
+    link = tmp_path / "link.csv"
+    link.symlink_to(victim)
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    return victim, kept, {"run file": victim, "symlink to a run file": link, "fifo": fifo}, shutil
+
+
+def test_export_never_writes_through_a_run_file_a_symlink_or_a_fifo(tmp_path, capsys):
+    victim, kept, targets, _ = _targets(tmp_path)
+    source = tmp_path / "source.h5"
+    assert main([*BANDIT, "--agent-steps", "64", "--agents", "4", "--out", str(source)]) == 0
+    capsys.readouterr()
+    for name, target in targets.items():
+        assert main(["export", str(source), "--csv", "--out", str(target)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "refused" in err[0], (name, err)
+    assert victim.read_bytes() == kept
+
+
+def test_log_dir_never_writes_through_a_run_file_or_a_fifo(tmp_path, capsys):
+    victim, kept, targets, shutil = _targets(tmp_path)
+    for name in ("symlink to a run file", "fifo"):
+        logs = tmp_path / f"logs-{name.split()[0]}"
+        logs.mkdir()
+        shutil.move(str(targets[name]), logs / "curves.csv")
+        capsys.readouterr()
+        assert main([*BANDIT, "--out", str(tmp_path / "r.h5"), "--overwrite", "--log-dir", str(logs)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--log-dir" in err[0] and "refused" in err[0], (name, err)
+        assert not (tmp_path / "r.h5").exists()
+    assert victim.read_bytes() == kept

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from popplay.checkpoints.h5io import atomic_output, check_replaceable
+
 TENSORBOARD_HINT = 'pip install "popplay[tensorboard]"'
 CSV_NAME = "curves.csv"
 
@@ -34,19 +36,23 @@ def tensorboard_missing() -> str | None:
 
 
 def write_csv(path: Path, agent_steps: Sequence[int], seconds: Sequence[float],
-              metrics: dict[str, Sequence[float]]) -> Path:
-    """The curves as one CSV (written whole; a row per point)."""
+              metrics: dict[str, Sequence[float]], option: str = "--out") -> Path:
+    """The curves as one CSV (written whole; a row per point), by the rule every file
+    popplay writes follows: only a text file (or nothing) at ``path`` is replaced, never
+    a run file, a device, a FIFO or a directory, whatever a symlink points at; written to
+    a temporary file and renamed, so a crash leaves the previous CSV whole."""
     path = Path(path)
     names = list(metrics)
+    check_replaceable(path, LogError, kind="text", option=option)
     try:
-        with open(path, "w", newline="") as handle:
+        with atomic_output(path) as temporary, open(temporary, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["agent_steps", "seconds", *names])
             for i in range(len(agent_steps)):
                 writer.writerow([int(agent_steps[i]), _number(seconds[i]) if i < len(seconds) else "",
                                  *(_number(metrics[name][i]) for name in names)])
     except OSError as error:
-        raise LogError(f"{path}: cannot write ({error.strerror or error})") from None
+        raise LogError(f"{option} {path}: cannot write ({error.strerror or error})") from None
     return path
 
 
@@ -73,6 +79,7 @@ class ScalarLog:
         if not self.directory.is_dir():
             raise LogError(f"--log-dir {self.directory}: not a directory")
         self.csv_path = self.directory / CSV_NAME
+        check_replaceable(self.csv_path, LogError, kind="text", option="--log-dir")  # before any learning
         self.warning = tensorboard_missing() if tensorboard else None
         self._events: Any = None
         if tensorboard and self.warning is None:
@@ -84,7 +91,7 @@ class ScalarLog:
     def update(self, agent_steps: Sequence[int], seconds: Sequence[float], metrics: dict[str, Sequence[float]]
                ) -> None:
         """Log every point not logged yet (the whole curve so far is passed)."""
-        write_csv(self.csv_path, agent_steps, seconds, metrics)
+        write_csv(self.csv_path, agent_steps, seconds, metrics, option="--log-dir")
         if self._events is not None:
 
             from tensorboard.compat.proto import event_pb2, summary_pb2  # defers tensorboard

@@ -226,9 +226,15 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
             if reporter is not None and hasattr(reporter, "warn"):
                 reporter.warn(event)
 
+        logging = {"log": log}
+
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
-            if log is not None:
-                log.update(curve.agent_steps, curve.seconds, curve.metrics)
+            if logging["log"] is not None:
+                try:
+                    logging["log"].update(curve.agent_steps, curve.seconds, curve.metrics)
+                except LogError as error:  # the log went bad mid-run: say so once; the run file goes on
+                    on_event(f"--log-dir: stopped logging ({error})")
+                    logging["log"] = None
             if every is None:
                 return
             if every.unit == "seconds":
