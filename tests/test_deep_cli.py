@@ -245,3 +245,13 @@ def test_a_crafted_nan_in_a_deep_state_is_refused_when_loading(tmp_path, capsys)
     assert len(errors) == 1 and "non-finite values in adam.0.exp_avg" in errors[0]
     assert main(["evaluate", str(out), "--episodes", "1"]) == 2
     assert "non-finite values in adam.0.exp_avg" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("domain,budget", [("dqn", ["--episodes", "2"]), ("gorila", ["--env-steps", "100"]),
+                                           ("bandit", [])])
+def test_a_seed_beyond_64_bits_is_one_line_before_anything_starts(tmp_path: Path, cli, domain: str,
+                                                                  budget: list[str]) -> None:
+    code, _, err = cli(["train", domain, "--seed", str(2**64), *budget, "--out", str(tmp_path / "s.h5")])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--seed must fit in a signed 64-bit integer" in lines[0], lines
+    assert not (tmp_path / "s.h5").exists() and not (tmp_path / "s.h5.parts").exists()

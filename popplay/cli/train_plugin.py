@@ -112,6 +112,10 @@ def build_command(domain: str) -> Callable[..., None]:
     def command(ctx: typer.Context, **values: Any) -> None:
         run = {name: values.pop(name) for name, _, _ in run_options}
         values = {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
+        for f in fields:  # run files (and every rank's generators) hold 64-bit integers
+            value = values.get(f.key)
+            if f.kind is int and isinstance(value, int) and not -2**63 <= value < 2**63:
+                raise UsageError(f"{f.flag} must fit in a signed 64-bit integer (got {value})")
         backend, device = run.get("backend", BackendName.auto), run["device"]
         per_option = next((f for f in budgets if f.form.per is not None), None)
         if run["resume"] is not None:
