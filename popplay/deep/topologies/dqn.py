@@ -52,6 +52,7 @@ from popplay.deep.topologies.workflow_params import (
     ExarlLayout,
     learners_option,
     queue_capacity_option,
+    ranks_of,
     selection_option,
 )
 
@@ -129,10 +130,7 @@ class DQNParams(ExarlLayout, DeepParams):
 
     @property
     def ranks(self) -> int:
-        workflow = self._workflow_ranks(self.simulators)
-        if workflow is not None:
-            return workflow
-        return 1 if self.topology == "sequential" else 1 + self.simulators
+        return ranks_of(self.topology, self.simulators, self.learners)
 
 
 @dataclass

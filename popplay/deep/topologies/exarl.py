@@ -120,10 +120,6 @@ class DDPGParams(WorkflowParams, DeepParams):
     def simulators(self) -> int:
         return self.actors
 
-    @property
-    def ranks(self) -> int:
-        return 1 + self.actors if self.workflow in ("pipelined", "collective", "async") else super().ranks
-
     def new_learner(self, info: Any) -> Any:
         return DDPG(self.agent_config(), info.obs_dim, info.action_low, info.action_high, self.seed)
 

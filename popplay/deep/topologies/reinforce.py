@@ -56,6 +56,7 @@ from popplay.deep.topologies.workflow_params import (
     ExarlLayout,
     learners_option,
     queue_capacity_option,
+    ranks_of,
     selection_option,
 )
 from popplay.distributed.group import current
@@ -116,10 +117,7 @@ class ReinforceParams(ExarlLayout, DeepParams):
 
     @property
     def ranks(self) -> int:
-        workflow = self._workflow_ranks(self.workers)
-        if workflow is not None:
-            return workflow
-        return 1 if self.topology == "local" else 1 + self.workers
+        return ranks_of(self.topology, self.workers, self.learners, alone="local")
 
 
 @dataclass

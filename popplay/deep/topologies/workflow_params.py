@@ -29,6 +29,14 @@ def queue_capacity_option() -> Any:
     return option(4, "multi-learner, range: episodes an actor keeps unread at most.", min=1)
 
 
+def ranks_of(topology: str, actors: int, learners: int, alone: str = "sequential") -> int:
+    """Processes of a job: one for the one-process topology ``alone``, learners and
+    actors for a data-parallel workflow, else one learner (or server) and its actors."""
+    if topology == alone:
+        return 1
+    return learners + actors if topology in ("multi-learner", "master-learner") else 1 + actors
+
+
 class ExarlLayout:
     """For parameters whose ``topology`` field may name one of EXARL's workflows (DQN's,
     REINFORCE's): the learner fields (declared with the options above), the name the
@@ -48,9 +56,6 @@ class ExarlLayout:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
         check_at_least_one(learners=self.learners, queue_capacity=self.queue_capacity)
 
-    def _workflow_ranks(self, actors: int) -> int | None:
-        """Ranks of a data-parallel workflow (None: another topology)."""
-        return self.learners + actors if self.topology in ("multi-learner", "master-learner") else None
 
 
 def check_workflow(workflow: str, allowed: tuple[str, ...] = WORKFLOWS) -> None:
@@ -88,11 +93,7 @@ class WorkflowParams:
 
     @property
     def ranks(self) -> int:
-        if self.workflow == "sequential":
-            return 1
-        if self.workflow == "central-inference":
-            return 1 + self.actors
-        return self.learners + self.actors
+        return ranks_of(self.workflow, self.actors, self.learners)
 
     def new_learner(self, info: Any) -> Any:
         """The learner of this run (same seed, same initial networks on every rank)."""
