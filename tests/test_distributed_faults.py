@@ -4,17 +4,16 @@ resumes bit-identically on a different number of ranks; Ctrl-C stops every rank 
 saves once (exit 130)."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests._dist_helpers import ROOT, WAIT, assert_same_run, finish
+import pytest
+
+from tests._dist_helpers import WAIT, assert_same_run
 
 # Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
 pytestmark = pytest.mark.procs
@@ -25,10 +24,8 @@ LONG = ["train", "cartpole", "--agents", "4", "--trials", "16", "--agent-steps",
         "--timeout", "20"]
 
 
-def _start(out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "popplay", *LONG, "--out", str(out), "--nproc", "2", *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(jobs, out: Path, *extra: str) -> subprocess.Popen:
+    return jobs.start([*LONG, "--out", str(out), "--nproc", "2", *extra])
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
@@ -49,21 +46,17 @@ def _rank_pid(launcher: int, role: str) -> int:
     raise AssertionError(f"no process with role {role!r} under {launcher}: {listing}")
 
 
-def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    return finish(process, WAIT, "the job")
-
-
-def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path) -> None:
+def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(jobs, tmp_path: Path) -> None:
     from popplay.checkpoints.validation import summarize
     from popplay.cli.main import main
     from popplay.distributed.launch import LOST_EXIT
 
     out = tmp_path / "run.h5"
-    process = _start(out)
+    process = _start(jobs, out)
     _wait_for_checkpoint(process, out)
     os.kill(_rank_pid(process.pid, "popplay rank 1/2"), signal.SIGKILL)
     killed = time.monotonic()
-    code, _, err = _finish(process)
+    code, _, err = jobs.finish(process, WAIT)
     assert time.monotonic() - killed < 20 + 10  # within --timeout (and the launcher's bounded clean-up)
     assert code == LOST_EXIT
     errors = [line for line in err.splitlines() if line.startswith("Error:")]
@@ -82,14 +75,14 @@ def test_killed_rank_ends_job_and_checkpoint_resumes_on_one_rank(tmp_path: Path)
     assert_same_run(fresh, out)
 
 
-def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
+def test_ctrl_c_stops_every_rank_and_saves_once(jobs, tmp_path: Path) -> None:
     from popplay.checkpoints.validation import summarize
 
     out = tmp_path / "run.h5"
-    process = _start(out, "--json")
+    process = _start(jobs, out, "--json")
     _wait_for_checkpoint(process, out)
     process.send_signal(signal.SIGINT)
-    code, stdout, err = _finish(process)
+    code, stdout, err = jobs.finish(process, WAIT)
     assert code == 130, err
     assert err.count("Stopping after the current phase") == 1  # rank 0 speaks for all
     assert "Error:" not in err
@@ -99,7 +92,7 @@ def test_ctrl_c_stops_every_rank_and_saves_once(tmp_path: Path) -> None:
     assert not stored["complete"] and stored["progress"]["step"] == summary["agent_steps_per_trial"] // 4
 
 
-def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> None:
+def test_torchrun_max_restarts_continues_from_the_checkpoint(jobs, tmp_path: Path) -> None:
     """An injected failure (SIGKILL of a worker) under ``torchrun --max-restarts 1``: the
     restarted workers continue from the checkpoint at --out, and the finished run file
     equals an uninterrupted one-process run."""
@@ -108,22 +101,20 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     budget = ["--agent-steps", "24000"]
     base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]
     out = tmp_path / "run.h5"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                "--max-restarts", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                                "-m", "popplay", *base, "--out", str(out), "--json"],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = jobs.start(["--nproc-per-node", "2", "--max-restarts", "1", "--master-addr", "127.0.0.1",
+                          "--master-port", str(port), "-m", "popplay", *base, "--out", str(out), "--json"],
+                         module="torch.distributed.run")
     _wait_for_checkpoint(process, out)
     workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True,
                              timeout=30).stdout.split()
     assert workers and process.poll() is None, "the job ended before the failure could be injected"
     os.kill(int(workers[-1]), signal.SIGKILL)
-    code, stdout, err = _finish(process)
+    code, stdout, err = jobs.finish(process, WAIT)
     assert code == 0, err
     assert json.loads(stdout.strip().splitlines()[-1])["complete"] is True
     fresh = tmp_path / "fresh.h5"
@@ -131,25 +122,19 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     assert_same_run(fresh, out)
 
 
-def test_a_rank_s_own_usage_error_is_not_reported_as_a_lost_rank(tmp_path):
+def test_a_rank_s_own_usage_error_is_not_reported_as_a_lost_rank(jobs, tmp_path):
     """Rank 0 refused a run file another process is writing (exit 2): the launcher stops
     rank 1, and used to call that a lost rank ("rank 0 of 2 was lost (exit code 2)")."""
-    import subprocess
-    import sys
-
     from popplay.checkpoints.lock import RunLock
 
     out = tmp_path / "locked.h5"
     args = ["train", "bandit", "--arms", "5", "--agents", "4", "--trials", "4", "--agent-steps", "64", "--nproc", "2",
             "--out", str(out)]
-    done = subprocess.run([sys.executable, "-m", "popplay", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=WAIT)
-    assert done.returncode == 0, done.stderr
+    jobs.finish(jobs.start(args), WAIT, expect=0)
     with RunLock(out):  # another process, writing this file
-        done = subprocess.run([sys.executable, "-m", "popplay", "train", "bandit", "--resume", str(out),
-                               "--agent-steps", "128", "--nproc", "2"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=WAIT)
-    assert done.returncode == 2, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+        code, _, err = jobs.finish(jobs.start(["train", "bandit", "--resume", str(out), "--agent-steps", "128",
+                                               "--nproc", "2"]), WAIT)
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "another popplay process is writing this run file" in errors[0], errors
     assert "was lost" not in errors[0]

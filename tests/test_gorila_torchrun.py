@@ -4,52 +4,45 @@ launch's, a wrong world size is one line and exit 2, and ``--max-restarts`` cont
 from the last checkpoint after a rank is killed."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests._dist_helpers import ROOT, WAIT, finish
+import pytest
+
+from tests._dist_helpers import WAIT
 from tests.test_gorila_cli import TINY, _gorila_ranks, _roles_running
 
 # Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
 pytestmark = pytest.mark.procs
 
 
-def _torchrun(nproc: int, *args: str, restarts: int = 0) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(nproc), "--max-restarts", str(restarts), "-m", "popplay", "train", "gorila", *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    return finish(process, WAIT, "the torchrun job")
+def _torchrun(jobs, nproc: int, *args: str, restarts: int = 0) -> subprocess.Popen:
+    return jobs.start(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "-m",
+                       "popplay", "train", "gorila", *args], module="torch.distributed.run")
 
 
 def _pid_of(marker: str, role: str) -> int | None:
     return _gorila_ranks(marker).get(role)
 
 
-def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
+def test_torchrun_runs_gorila_with_roles_from_ranks(jobs, tmp_path: Path) -> None:
     from popplay.checkpoints.validation import load_run
     from popplay.cli.main import main
 
     out = tmp_path / "g.h5"
-    process = _torchrun(4, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300", "--seed", "3",
-                        *TINY, "--out", str(out), "--json")
+    process = _torchrun(jobs, 4, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300",
+                        "--seed", "3", *TINY, "--out", str(out), "--json")
     roles: set[str] = set()
     deadline = time.monotonic() + WAIT
     while process.poll() is None and time.monotonic() < deadline:
         roles |= _roles_running(str(out) + ".parts")
         time.sleep(0.1)
-    code, stdout, stderr = _finish(process)
+    code, stdout, stderr = jobs.finish(process, WAIT)
     assert code == 0, stderr
     # torchrun's workers became the ranks of the local layout: shards first, then learners, actors.
     assert roles == {"shard 0", "shard 1", "learner 0", "actor 0"}
@@ -67,11 +60,11 @@ def test_torchrun_runs_gorila_with_roles_from_ranks(tmp_path: Path) -> None:
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
 
 
-def test_torchrun_with_the_wrong_world_size_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_torchrun_with_the_wrong_world_size_is_one_line_and_exit_2(jobs, tmp_path: Path) -> None:
     out = tmp_path / "g.h5"
-    process = _torchrun(3, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300",
+    process = _torchrun(jobs, 3, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300",
                         "--out", str(out))
-    code, stdout, stderr = _finish(process)
+    code, stdout, stderr = jobs.finish(process, WAIT)
     assert code != 0  # torchrun's own verdict on failed workers
     errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, stderr  # rank 0 says it; the others exit quietly
@@ -80,14 +73,14 @@ def test_torchrun_with_the_wrong_world_size_is_one_line_and_exit_2(tmp_path: Pat
     assert not out.exists() and not (tmp_path / "g.h5.parts").exists()
 
 
-def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> None:
+def test_torchrun_max_restarts_continues_from_the_checkpoint(jobs, tmp_path: Path) -> None:
     """A killed actor ends the attempt (torchrun stops every worker); the restarted
     attempt continues from the shards' checkpoint with what is left of the budget."""
     from popplay.checkpoints.validation import load_run
 
     out = tmp_path / "r.h5"
-    process = _torchrun(4, "--actors", "2", "--learners", "1", "--shards", "1", "--env-steps", "3000", "--seed", "1",
-                        *TINY, "--out", str(out), "--json", restarts=1)
+    process = _torchrun(jobs, 4, "--actors", "2", "--learners", "1", "--shards", "1", "--env-steps", "3000",
+                        "--seed", "1", *TINY, "--out", str(out), "--json", restarts=1)
     marker = str(out) + ".parts/attempt-0/"
     deadline = time.monotonic() + WAIT
     victim = None
@@ -99,7 +92,7 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(tmp_path: Path) -> 
     assert victim is not None and out.exists(), "the job never got going"
     assert load_run(out, expected_domain="gorila").complete is False  # a checkpoint, kept current
     os.kill(victim, signal.SIGKILL)
-    code, stdout, stderr = _finish(process)
+    code, stdout, stderr = jobs.finish(process, WAIT)
     assert code == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["complete"] and summary["restarts"] == 1
