@@ -139,12 +139,12 @@ def _train(jobs, agent: str, args: list[str], options: tuple[str, ...] = (*TINY,
 def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: Path) -> None:
     """TD3 and DDPG in seed 003's topologies, DQN and REINFORCE in EXARL's workflows: every
     transition played arrives exactly once (equal counts and checksums), data-parallel
-    DQN learners stay identical, and the run files evaluate and resume."""
+    DQN learners stay identical, and the run files evaluate."""
     pendulum = ["--env", "Pendulum-v1", "--learning-starts", "200"]
     cartpole = ["--learning-starts", "50"]
     layouts = {
         "td3-collective": ("td3", ["--workflow", "collective", "--actors", "2", "--episodes", "4", *pendulum]),
-        "ddpg-async": ("ddpg", ["--workflow", "async", "--actors", "2", "--env-steps", "800", "--per", *pendulum]),
+        "ddpg-async": ("ddpg", ["--workflow", "async", "--actors", "2", "--env-steps", "400", "--per", *pendulum]),
         "dqn-multi-learner": ("dqn", ["--topology", "multi-learner", "--learners", "2", "--simulators", "2",
                                       "--episodes", "12", *cartpole]),
         "dqn-central-inference": ("dqn", ["--topology", "central-inference", "--simulators", "2", "--episodes", "6",
@@ -162,7 +162,7 @@ def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: 
         assert run["ranks"] == 3 and run["topology"] == name.split("-")[1]
         assert run["topology_sent"] == run["topology_received"] == run["env_steps"] == run["topology_replay_added"]
         assert run["topology_sent_checksum"] == run["topology_received_checksum"]
-    assert runs["td3-collective"]["episodes"] == 4 and runs["ddpg-async"]["env_steps"] >= 800
+    assert runs["td3-collective"]["episodes"] == 4 and runs["ddpg-async"]["env_steps"] >= 400
     multi = runs["dqn-multi-learner"]
     assert multi["ranks"] == 4 and multi["episodes"] == 12
     assert multi["topology_produced"] == multi["topology_reads"] == 12
@@ -177,7 +177,4 @@ def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: 
     assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
 
     assert cli(["evaluate", str(tmp_path / "dqn-multi-learner.h5"), "--episodes", "1", "--json"])[0] == 0
-    # Seed 003's topologies resume (the simulators' episode seeds move past the first run's).
-    resumed = jobs.summary(_train(jobs, "td3", ["--resume", str(tmp_path / "td3-collective.h5"), "--episodes", "6"],
-                                  ("--json",)))
-    assert resumed["episodes"] == 6 and resumed["env_steps"] == 6 * 200
+    # (A resume through seed 003's topologies is the family's, tested with DQN in test_deep_topologies.)
