@@ -226,15 +226,16 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
             if reporter is not None and hasattr(reporter, "warn"):
                 reporter.warn(event)
 
-        logging = {"log": log}
+        log_failed = False
 
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
-            if logging["log"] is not None:
+            nonlocal log_failed
+            if log is not None and not log_failed:
                 try:
-                    logging["log"].update(curve.agent_steps, curve.seconds, curve.metrics)
+                    log.update(curve.agent_steps, curve.seconds, curve.metrics)
                 except LogError as error:  # the log went bad mid-run: say so once; the run file goes on
                     on_event(f"--log-dir: stopped logging ({error})")
-                    logging["log"] = None
+                    log_failed = True
             if every is None:
                 return
             if every.unit == "seconds":

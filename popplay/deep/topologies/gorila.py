@@ -269,7 +269,7 @@ def assemble_checkpoint(run_dir: Path, config: GorilaConfig) -> dict[str, np.nda
     }
 
 
-def _spaces(env_id: str) -> dict[str, int]:
+def spaces(env_id: str) -> dict[str, int]:
     """Observation width and number of actions, measured once for every rank."""
 
     env = envs.make_vector(env_id, 1)
@@ -323,7 +323,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
-    config_path.write_text(json.dumps({**config.to_dict(), **_spaces(config.env)}, indent=1))
+    config_path.write_text(json.dumps({**config.to_dict(), **spaces(config.env)}, indent=1))
     world = config.world_size
     listener = loopback_listener(world + 1)  # local jobs listen on loopback only
     store = c10d.TCPStore("127.0.0.1", int(listener.getsockname()[1]), world + 1, is_master=True,
@@ -583,19 +583,24 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
 
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
-    clear_parts(parts)
-    parts.mkdir(parents=True)
-    save_text(parts / PARTS_MARK, "popplay gorila working files\n")
+    make_parts(parts)
     total = config
     if before is not None:
         config, _ = remaining(config, *played_before(before))
     if resume_state is not None:
         save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
         config = _replace(config, resume=str(parts / "resume.npz"))
-    follow = _Follower(out, total, config, parts, before, log if log is not None else sys.stderr)
+    started_at = time.time()
+
+    def write_partial(checkpoint: dict[str, np.ndarray]) -> None:
+        summary = summarize(config, parts, checkpoint, time.time() - started_at, [], True, started_at=started_at,
+                            evaluate=False)
+        write_gorila_run(out, total, parts, _continued(summary, before), checkpoint=checkpoint, before=before)
+
+    follow = OutFollower(out, parts, config, write_partial, log if log is not None else sys.stderr, first_after=1.0)
     try:
         summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
-                             progress_every=progress_every, on_tick=follow)
+                             progress_every=progress_every, on_tick=follow.poll)
     except GorilaJobLost as error:
         if not error.summary:  # nothing to keep
             shutil.rmtree(parts, ignore_errors=True)
@@ -646,42 +651,51 @@ def clear_parts(parts: Path) -> None:
     shutil.rmtree(parts)
 
 
-class _Follower:
-    """Keeps ``OUT`` an incomplete run file with the newest shard checkpoint while the
-    job runs (at most every 2 s), so that a launcher killed anywhere leaves a file that
-    ``--resume`` continues (its ranks die with it)."""
+class OutFollower:
+    """Keeps ``OUT`` an incomplete run file with the newest shard checkpoint while a job
+    runs (at most every 2 s), so that a job lost anywhere (its launcher killed, under
+    torchrun its last restart spent) leaves a file ``--resume`` continues.
+    ``write(checkpoint)`` writes it; a failure (a full disk) is said once, and the
+    shards' own files stand."""
 
-    def __init__(self, out: Path, total: GorilaConfig, config: GorilaConfig, parts: Path, before: Any,
-                 log: IO[str]) -> None:
-        self.out, self.total, self.config, self.parts, self.before, self.log = out, total, config, parts, before, log
-        self.started_at = time.time()
-        self.next_write = time.monotonic() + 1.0
+    def __init__(self, out: Path, parts: Path, config: GorilaConfig, write: Callable[[dict[str, np.ndarray]], None],
+                 log: IO[str], first_after: float = 0.0) -> None:
+        self.out, self.parts, self.config, self.write, self.log = out, parts, config, write, log
+        self.next_write = time.monotonic() + first_after
         self.written = -1
         self.failed = False
 
-    def __call__(self) -> None:
+    def poll(self, version: int | None = None) -> None:
+        """Called between waits (cheap unless a write is due); ``version``: the newest
+        shard version the caller knows of (None: read it from the shards' files)."""
         now = time.monotonic()
-        if now < self.next_write or self.failed:
+        if now < self.next_write or (version is not None and version <= self.written):
             return
         self.next_write = now + 2.0
         try:
             checkpoint = assemble_checkpoint(self.parts, self.config)
         except (OSError, ValueError, KeyError):
             return  # a shard's first file is not there yet
-        version = int(checkpoint["version"])
-        if version == self.written:
+        newest = int(checkpoint["version"]) if version is None else version
+        if newest == self.written:
             return
         try:
-            summary = summarize(self.config, self.parts, checkpoint, time.time() - self.started_at, [], True,
-                                started_at=self.started_at, evaluate=False)
-            write_gorila_run(self.out, self.total, self.parts, _continued(summary, self.before),
-                             checkpoint=checkpoint, before=self.before)
+            self.write(checkpoint)
         except Exception as error:  # e.g. a full disk: say so once; the shards' files stand
-            self.log.write(f"gorila: could not update {self.out} ({type(error).__name__}: {error}); the "
-                           f"checkpoint stays in {self.parts}\n")
+            if not self.failed:
+                self.log.write(f"gorila: could not update {self.out} ({type(error).__name__}: {error}); the "
+                               f"checkpoint stays in {self.parts}\n")
+                self.log.flush()
             self.failed = True
-            return
-        self.written = version
+        self.written = newest
+
+
+def make_parts(parts: Path) -> None:
+    """A fresh working directory ``OUT.parts``, marked as Gorila's own (a previous run's
+    is removed; a directory Gorila did not make is refused)."""
+    clear_parts(parts)
+    parts.mkdir(parents=True)
+    save_text(parts / PARTS_MARK, "popplay gorila working files\n")
 
 
 def played_before(before: Any) -> tuple[int, int]:
@@ -743,8 +757,8 @@ def check_stored(config: GorilaConfig, state: dict[str, Any], counters: dict[str
     """Refuse a stored Gorila state that does not fit its own config (ValueError, one
     line): the parameter vector and accumulator of exactly the network's size, finite,
     the accumulator positive; counters non-negative integers."""
-    spaces = _spaces(config.env)
-    widths = [spaces["obs_dim"], *config.hidden, spaces["actions"]]
+    shape = spaces(config.env)
+    widths = [shape["obs_dim"], *config.hidden, shape["actions"]]
     size = sum(a * b + b for a, b in zip(widths, widths[1:]))  # counted, not built: a crafted width stays cheap
     for name in ("params", "accumulator"):
         value = state.get(name)

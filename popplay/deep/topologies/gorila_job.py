@@ -19,7 +19,6 @@ from popplay.checkpoints.lock import LockBusy, RunLock
 from popplay.checkpoints.runfile import RunFileError, check_writable
 from popplay.core.errors import EXIT_INTERRUPTED, EXIT_LOST, PopplayError, UsageError
 from popplay.core.experiment import RunRequest, RunResult
-from popplay.deep import envs
 from popplay.deep.topologies import gorila_torchrun
 from popplay.deep.topologies.gorila import (
     GorilaConfig,
@@ -27,6 +26,7 @@ from popplay.deep.topologies.gorila import (
     check_stored,
     played_before,
     remaining,
+    spaces,
     summary_text,
     train_gorila,
 )
@@ -106,10 +106,6 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
 
 def _check_env(env_id: str) -> None:
     try:
-        vec = envs.make_vector(env_id, 1)
-        try:
-            envs.require_discrete(envs.describe(vec, env_id), "gorila (DQN)")
-        finally:
-            vec.close()
+        spaces(env_id)  # makes one: an unknown id, a missing extra or continuous actions say so here
     except ValueError as error:
         raise UsageError(str(error)) from None

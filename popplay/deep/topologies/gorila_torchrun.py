@@ -202,9 +202,7 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
         # A fresh job (or a restart of one that failed before rank 0 got this far).
         continuing, earlier = False, []
         check_out(out)
-        G.clear_parts(parts)
-        parts.mkdir(parents=True)
-        G.save_text(parts / G.PARTS_MARK, "popplay gorila working files\n")
+        G.make_parts(parts)
         started_at = time.time()
         state, attempt_config, done = resume_state, config, False
     else:
@@ -221,7 +219,7 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
     extras = {"torchrun": {"attempt": k, "out": str(out), "json": bool(json_output), "progress": progress_every,
                            "started_at": started_at, "earlier": [str(d) for d in earlier], "nothing_left": done,
                            "stored": config.to_dict()}}
-    text = json.dumps({**attempt_config.to_dict(), **G._spaces(config.env), **extras}, indent=1)
+    text = json.dumps({**attempt_config.to_dict(), **G.spaces(config.env), **extras}, indent=1)
     G.save_text(run_dir / "config.json", text)
     if continuing and state is not None:
         # OUT holds what this attempt starts from, before it can be lost in turn (every
@@ -249,9 +247,11 @@ class Rank0:
         self.earlier = [Path(d) for d in extras["earlier"]]
         self.store = store
         self.next_progress = time.monotonic() + self.progress_every
-        self.written_version = -1
-        self.next_write = time.monotonic()
-        self.write_failed = False
+        # A lost rank ends the attempt under torchrun; OUT is what is left if no restart follows.
+        self.follow = G.OutFollower(self.out, run_dir, self.stored, self._write_partial, sys.stderr)
+
+    def _write_partial(self, checkpoint: dict[str, np.ndarray]) -> None:
+        write_partial(self.stored, self.out, self.run_dir, self.earlier, self.started_at, checkpoint)
 
     def poll(self, own_version: int) -> None:
         """Called between the shard's waits (cheap unless something is due)."""
@@ -259,22 +259,7 @@ class Rank0:
         if self.progress_every > 0 and now >= self.next_progress:
             print(G.progress_line(self.stored, self.run_dir, [], self.earlier), file=sys.stderr, flush=True)
             self.next_progress = now + self.progress_every
-        if own_version > self.written_version and now >= self.next_write:
-            # A new shard checkpoint: OUT follows, at most every 2 s (a lost rank ends
-            # the attempt under torchrun; OUT is what is left if no restart follows).
-            try:
-                checkpoint = G.assemble_checkpoint(self.run_dir, self.stored)
-            except (OSError, ValueError, KeyError):
-                return  # a shard's first file is not there yet
-            try:
-                write_partial(self.stored, self.out, self.run_dir, self.earlier, self.started_at, checkpoint)
-            except Exception as error:  # e.g. a full disk: say so once; the shards' files stand
-                if not self.write_failed:
-                    print(f"gorila: could not update {self.out} ({type(error).__name__}: {error}); the "
-                          f"checkpoint stays in {self.run_dir}", file=sys.stderr, flush=True)
-                self.write_failed = True
-            self.written_version = own_version
-            self.next_write = now + 2.0
+        self.follow.poll(own_version)
 
     def conclude(self) -> int:
         """After every shard's last save: the run file and the summary; the exit code."""
