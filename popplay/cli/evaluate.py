@@ -44,6 +44,8 @@ def evaluate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
     episodes: Annotated[Optional[int], typer.Option(
         min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
+    member: Annotated[Optional[int], typer.Option(
+        min=0, help="A deep population (--agents): only this member (default: every member).")] = None,
 ) -> None:
     """Re-measure the population stored in a run file (bandit: block-estimate quality;
     cartpole: the shared greedy policy's balancing test; knights: every agent's quality
@@ -57,8 +59,10 @@ def evaluate(
         raise UsageError(f"{run}: unknown domain {stored.domain!r}")
     if registry.get(stored.domain).kind == registry.DEEP:
 
-        evaluate_deep(run, stored, episodes or 100, seed, json_output)
+        evaluate_deep(run, stored, episodes or 100, seed, json_output, member)
         return
+    if member is not None:
+        raise UsageError(f"--member applies to deep populations only ({run} is a {stored.domain} run)")
     if episodes is not None:
         raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
     given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed)) if value is not None]

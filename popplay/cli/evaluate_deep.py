@@ -12,8 +12,10 @@ from popplay.core.backend import Backend
 from popplay.core.errors import UsageError
 
 
-def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_output: bool) -> None:
-    """Play the stored policy greedily for ``episodes`` episodes and report their mean return."""
+def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_output: bool,
+                  member: int | None = None) -> None:
+    """Play the stored policy greedily for ``episodes`` episodes and report their mean
+    return; a population's members each (or ``member`` alone)."""
     from popplay.deep.envs import EnvError  # defers gymnasium
 
     try:
@@ -24,6 +26,12 @@ def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_
         raise UsageError(str(error)) from None
     except (TypeError, ValueError, KeyError) as error:
         raise UsageError(f"{run}: damaged run file ({error})") from None
+    members = getattr(experiment, "member_returns", None)
+    if members is None and member is not None:
+        raise UsageError(f"--member: {run} holds one agent, not a population")
+    if members is not None:
+        _evaluate_members(run, stored, params, experiment, state, episodes, seed, json_output, member)
+        return
     started = time.perf_counter()
     returns = experiment.returns_of_greedy(state, episodes, params.seed if seed is None else seed)
     seconds = time.perf_counter() - started
@@ -43,3 +51,31 @@ def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_
               f"({state.env_steps:,} env-steps){'' if stored.complete else ' (stopped early)'}: greedy mean return "
               f"{payload['quality']:.1f} ± {payload['std']:.1f} over {episodes} episodes "
               f"(min {payload['min']:.0f}, max {payload['max']:.0f})")
+
+
+def _evaluate_members(run: Path, stored: Any, params: Any, experiment: Any, state: Any, episodes: int,
+                      seed: int | None, json_output: bool, member: int | None) -> None:
+    if member is not None and not 0 <= member < params.agents:
+        raise UsageError(f"--member must lie in [0, {params.agents - 1}] for {run} (got {member})")
+    started = time.perf_counter()
+    returns = experiment.member_returns(state, episodes, params.seed if seed is None else seed, member)
+    seconds = time.perf_counter() - started
+    means = returns.mean(axis=1)
+    slots = list(range(params.agents)) if member is None else [member]
+    best = int(means.argmax())
+    payload = {
+        "domain": stored.domain, "env": params.env, "path": str(run), "out": str(run), "complete": stored.complete,
+        "agents": params.agents, "members": slots, "eval_episodes": episodes,
+        "member_quality": [float(v) for v in means], "member_std": [float(v) for v in returns.std(axis=1)],
+        "quality": float(means.max()), "quality_mean": float(means.mean()), "quality_worst": float(means.min()),
+        "best_member": slots[best], "env_steps": int(state.env_steps), "episodes": int(state.episodes),
+        "seconds": float(stored.attrs.get("learning_seconds", 0.0)), "eval_seconds": seconds,
+        "backend": str(stored.config.get("backend", "none")), "device": "cpu",
+    }
+    if json_output:
+        print_json(payload)
+        return
+    print(f"{run}: {stored.domain} population of {params.agents} on {params.env} after {state.env_steps:,} env-steps"
+          f"{'' if stored.complete else ' (stopped early)'}: greedy mean return over {episodes} episodes")
+    for slot, mean, std in zip(slots, means, returns.std(axis=1)):
+        print(f"  member {slot:>4}: {mean:8.1f} ± {std:.1f}{'  (best)' if slot == slots[best] else ''}")

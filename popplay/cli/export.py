@@ -8,12 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from popplay.checkpoints.h5io import NoSpace, check_replaceable, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.scalars import LogError, write_csv
-from popplay.checkpoints.validation import load_run
+from popplay.checkpoints.validation import load_run, params_from_config
 from popplay.cli.app import app
 from popplay.cli.common import print_json
-from popplay.core.errors import UsageError
+from popplay.core import registry
+from popplay.core.backend import Backend
+from popplay.core.errors import PopplayError, UsageError
 
 
 @app.command("export", short_help="Write a run file's learning curves as CSV (e.g. for pandas or a spreadsheet).")
@@ -26,11 +29,19 @@ def export(
         help="CSV file to write; '-' for standard output. Default: the run's name with .csv.", dir_okay=False,
         metavar="FILE")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
+    member: Annotated[Optional[int], typer.Option(
+        min=0, help="A deep population (--agents): write member K's network as a torch state_dict file "
+                    "(torch.load, then load_state_dict into the same nn.Sequential) instead of the curves.")] = None,
 ) -> None:
     """Export the curves of a run file: one row per curve point with agent_steps (agent-time
     steps per trial; knights: agent turns), seconds (learning time) and every metric, as
-    `train --log-dir` writes while training."""
+    `train --log-dir` writes while training. With --member, one member's network instead."""
 
+    if member is not None:
+        if csv_output:
+            raise UsageError("--csv and --member export different things; give one of them")
+        export_member(run, member, out, json_output)
+        return
 
     if not csv_output:
         raise UsageError("say which format to export: --csv")
@@ -69,3 +80,43 @@ def export(
                     ["agent_steps", "seconds", *metrics]})
     else:
         print(f"{run}: wrote {len(steps)} curve points ({', '.join(metrics)}) to {target}")
+
+
+def export_member(run: Path, member: int, out: Optional[Path], json_output: bool) -> None:
+    """Member ``member``'s network of a deep population as a torch ``state_dict`` file."""
+    import torch  # defers torch
+
+    from popplay.deep.envs import EnvError  # defers gymnasium
+
+    try:
+        stored = load_run(run)
+    except RunFileError as error:
+        raise UsageError(str(error)) from None
+    if not registry.known(stored.domain) or registry.get(stored.domain).kind != registry.DEEP \
+            or int(stored.config.get("agents", 1)) < 2:
+        raise UsageError(f"--member: {run} is not a deep population (train with --agents 2 or more)")
+    agents = int(stored.config["agents"])
+    if member >= agents:
+        raise UsageError(f"--member must lie in [0, {agents - 1}] for {run} (got {member})")
+    target = out if out is not None else Path(run).with_name(f"{Path(run).stem}-member{member}.pt")
+    check_replaceable(target, UsageError, kind="binary")  # an earlier export (a zip), never a run file
+    try:
+        params = params_from_config(stored.domain, stored.config, run_options=False)
+        experiment = registry.get(stored.domain).build(params, Backend("torch", "cpu"))
+        state = experiment.restore(stored.state, stored.state_counters)
+    except EnvError as error:
+        raise UsageError(str(error)) from None
+    except (TypeError, ValueError, KeyError) as error:
+        raise UsageError(f"{run}: damaged run file ({error})") from None
+    network = experiment.member_network(state, member)
+    shape = " ".join(str(network).split())
+    try:
+        write_file_atomically(target, lambda handle: torch.save(network.state_dict(), handle))
+    except NoSpace:
+        raise PopplayError(f"no space left on device: {target} was not written", 1) from None
+    except OSError as error:
+        raise UsageError(f"--out {target}: cannot write ({error.strerror or error})") from None
+    if json_output:
+        print_json({"source": str(run), "member": member, "state_dict": str(target), "network": shape})
+    else:
+        print(f"{run}: wrote member {member}'s network to {target} (load_state_dict into {shape})")

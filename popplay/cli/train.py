@@ -230,6 +230,11 @@ def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int |
     if per_agent is not None and share_every is not None and share_every > per_agent:
         warn(f"--share-every {share_every:,} is more than the {per_agent:,} steps each agent takes: the agents "
              "learn alone and share only once, at the end")
+    own = getattr(params, "schedule_warnings", None)
+    if own is not None:  # a domain whose operators run on another clock says what it will skip
+        for line in own():
+            warn(line)
+        return
     replicate_every = getattr(params, "replicate_every", 0)
     if replicate_every:
         if hasattr(params, "episodes"):
@@ -282,6 +287,9 @@ def summary_text(domain: str, outcome: Any) -> str:
 def deep_summary_text(domain: str, summary: dict[str, Any]) -> str:
     """A deep run's summary: quality from greedy episodes, env-steps and their rate."""
     quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
+    if summary.get("agents", 1) > 1 and summary["quality"] is not None:  # a population: its spread too
+        quality = (f"{quality} (member {summary['best_member']}; mean {summary['quality_mean']:.1f}, "
+                   f"worst {summary['quality_worst']:.1f} of {summary['agents']} members)")
     extra = f", running reward {summary['running_reward']:.1f}" if "running_reward" in summary else ""
     ranks = summary["ranks"]
     return (f"{domain} on {summary['env']} ({summary['topology']}, {ranks} rank{'s' if ranks != 1 else ''}): quality "

@@ -14,7 +14,7 @@ import dataclasses
 import inspect
 import sys
 from enum import Enum
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -78,6 +78,9 @@ def _option(spec: Spec) -> tuple[Any, Any]:
     form = spec.form
     names = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.kind is bool else ([spec.flag] if form.name else [])
     bounds = {k: v for k, v in (("min", form.min), ("max", form.max)) if v is not None}
+    if form.repeat:  # --hp a --hp b: one text field, the values joined with ';'
+        return (Annotated[Optional[list[str]], typer.Option(*names, help=form.help, hidden=form.hidden)],
+                None)
     if spec.kind is tuple:  # widths such as 64,64: typed as text, parsed by the dataclass
         return Annotated[str, typer.Option(*names, help=form.help, hidden=form.hidden)], show(spec.default)
     if form.choices:  # an Enum: typer shows and checks the choices (a|b|c)
@@ -101,6 +104,8 @@ def build_command(domain: str) -> Callable[..., None]:
         """A field's value from its option; an option per something (``--agent-steps``
         per trial) divided by it."""
         value = values[f.key]
+        if f.form.repeat:  # a list from the command line (or TOML), or already one text
+            return value if isinstance(value, str) else ";".join(value or ())
         if f.form.per is None:
             return value
         divisor = per if per is not None else values[by_field[f.form.per].key]

@@ -41,6 +41,8 @@ class Option:
     #: The option gives this field times the field named here (``--agent-steps`` per
     #: trial is ``steps_per_agent`` x ``agents``); the field is the option's whole quotient.
     per: str | None = None
+    #: A text option that may be given several times; the values are joined with ``;``.
+    repeat: bool = False
 
 
 def option(default: Any, help: str, **how: Any) -> Any:

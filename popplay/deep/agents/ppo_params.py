@@ -15,7 +15,20 @@ from typing import Any, ClassVar
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep.agents.config import check_at_least_one, check_network
+from popplay.deep.topologies.population_params import PopulationLayout
 from popplay.deep.topologies.workflow_params import WorkflowParams
+from popplay.operators.hyper import Bounds
+
+#: The hyper-parameters a PPO population may set per member (``--hp``), and their bounds.
+HYPER_BOUNDS = {
+    "lr": Bounds(0.0, low_open=True),
+    "gamma": Bounds(0.0, 1.0),
+    "gae_lambda": Bounds(0.0, 1.0),
+    "clip_range": Bounds(0.0, low_open=True),
+    "entropy_coef": Bounds(0.0),
+    "value_coef": Bounds(0.0),
+    "max_grad_norm": Bounds(0.0, low_open=True),
+}
 
 
 def _non_negative(params: Any, *names: str) -> None:
@@ -25,7 +38,7 @@ def _non_negative(params: Any, *names: str) -> None:
 
 
 @dataclass(frozen=True)
-class PPOParams(WorkflowParams):
+class PPOParams(PopulationLayout, WorkflowParams):
     """Train PPO (clipped surrogate, GAE(λ), value loss, entropy bonus, minibatch epochs
     over rollouts of vectorised environments).
 
@@ -75,6 +88,7 @@ class PPOParams(WorkflowParams):
                       "eval_episodes")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
+        self._check_population(HYPER_BOUNDS, self.workflow)
 
     def schedule(self, progress_remaining: float) -> tuple[float, float]:
         """``(learning rate, clip range)`` at ``progress_remaining`` in [0, 1]: linear
@@ -101,5 +115,5 @@ class PPOParams(WorkflowParams):
 
 
 register(DomainSpec(name="ppo", params=PPOParams, experiment="popplay.deep.topologies.rollout:RolloutExperiment",
-                    kind=DEEP, steps_label="environment steps",
+                    kind=DEEP, steps_label="environment steps", lineage_parameters=tuple(HYPER_BOUNDS),
                     summary="PPO: clipped surrogate, GAE(λ), minibatch epochs over vectorised rollouts."))

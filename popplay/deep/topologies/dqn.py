@@ -24,7 +24,9 @@ from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import DoubleDQN, DQNConfig, EpsilonGreedy, greedy_policy
+from popplay.deep.agents.dqn_members import HYPER_BOUNDS, DQNMembers
 from popplay.deep.agents.replay import Batch
+from popplay.deep.agents.stacked import parameter_count
 from popplay.deep.envs.rollout import Episodes, episode_seed, play_episodes
 from popplay.deep.topologies.base import (
     ENV_HELP,
@@ -47,6 +49,8 @@ from popplay.deep.topologies.base import (
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.families import RankedExperiment
+from popplay.deep.topologies.population import PopulationExperiment
+from popplay.deep.topologies.population_params import PopulationLayout
 from popplay.deep.topologies.workflow_params import (
     REPLAY_TOPOLOGIES,
     ExarlLayout,
@@ -58,7 +62,7 @@ from popplay.deep.topologies.workflow_params import (
 
 
 @dataclass(frozen=True)
-class DQNParams(ExarlLayout, DeepParams):
+class DQNParams(PopulationLayout, ExarlLayout, DeepParams):
     """Train Double DQN: the online network picks the next action and the target network
     values it (Grandio's MPI Deep Q-Learning, eq. 1), uniform replay, Huber loss, ε-greedy simulators."""
 
@@ -127,6 +131,9 @@ class DQNParams(ExarlLayout, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
+        self._check_population(HYPER_BOUNDS, self.topology)
+        if self.agents > 1 and self.lr_updates:
+            raise ValueError("lr_updates: a population's learning rates are per member (--hp lr=...), not a schedule")
 
     @property
     def ranks(self) -> int:
@@ -147,9 +154,15 @@ class DQNState:
 
 
 class DQNExperiment(RankedExperiment):
-    """The runner's view of a DQN run (:class:`popplay.core.experiment.Experiment`)."""
+    """The runner's view of a DQN run (:class:`popplay.core.experiment.Experiment`);
+    with ``--agents`` P > 1, a :class:`DQNPopulation` instead."""
 
     domain = "dqn"
+
+    def __new__(cls, params: DQNParams, backend: Any) -> Any:
+        if cls is DQNExperiment and params.agents > 1:
+            return DQNPopulation(params, backend)
+        return super().__new__(cls)
 
     def __init__(self, params: DQNParams, backend: Any) -> None:
         self._open(params, backend)
@@ -243,11 +256,49 @@ class DQNExperiment(RankedExperiment):
         return greedy_quality(self.params.env, greedy_policy(state.agent.q_values), episodes, seed)[1]
 
 
+class DQNPopulation(PopulationExperiment):
+    """``--agents`` P Double DQN learners batched in one process (:mod:`popplay.deep.topologies.population`)."""
+
+    domain = "dqn"
+    hyper_bounds = HYPER_BOUNDS
+
+    def __init__(self, params: DQNParams, backend: Any, members: np.ndarray | None = None) -> None:
+        super().__init__(params, backend, members)
+        envs.require_discrete(self.info, "dqn")
+
+    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> DQNMembers:
+        return DQNMembers(self.params.agent_config(), self.info.obs_dim, int(self.info.actions), self.params.seed,
+                          members, hypers, device=self.device)
+
+    def greedy(self, state: Any) -> Any:
+        learner = state.learner
+
+        def act(obs: np.ndarray) -> np.ndarray:
+            return learner.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1).cpu().numpy()
+        return act
+
+    def member_network(self, state: Any, member: int) -> Any:
+        return state.learner.member_module(member)
+
+
+def memory_bytes(params: DQNParams, world: int = 1, local: int = 1) -> int:
+    """A population's replay memories and networks (they dominate; 0 for one agent,
+    whose memory is one replay buffer)."""
+    if params.agents <= 1:
+        return 0
+    obs_dim = 8  # an upper estimate before the environment is made: CartPole 4, LunarLander 8
+    row = 4 * (2 * obs_dim + 3) + 4  # obs, next_obs, reward, terminated (float32) and the action (int64)
+    n = parameter_count(obs_dim, 4, params.hidden)
+    return params.agents * (params.replay_capacity * row + 6 * 4 * n)
+
+
 def to_batch(episodes: Any) -> Any:
     return Batch(torch.as_tensor(episodes.obs), torch.as_tensor(episodes.action).long(),
                  torch.as_tensor(episodes.reward), torch.as_tensor(episodes.next_obs),
                  torch.as_tensor(episodes.terminated).float())
 
 
-SPEC = register(DomainSpec(name="dqn", params=DQNParams, experiment=DQNExperiment, kind=DEEP, steps_label="environment steps", devices=("cpu", "cuda"),
+SPEC = register(DomainSpec(name="dqn", params=DQNParams, experiment=DQNExperiment, kind=DEEP,
+                           steps_label="environment steps", devices=("cpu", "cuda"), memory=memory_bytes,
+                           lineage_parameters=tuple(HYPER_BOUNDS),
                            summary="Double DQN with a learner and simulators (Grandio's MPI Deep Q-Learning)."))

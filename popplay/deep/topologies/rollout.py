@@ -39,7 +39,10 @@ from popplay.deep.agents.rollout import Rollout
 from popplay.deep.envs.rollout import episode_seed
 from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays, curve_arrays, restore_progress
 from popplay.deep.topologies.common import greedy_quality, recent_mean
+from popplay.deep.agents.ppo_members import PPOMembers
+from popplay.deep.agents.ppo_params import HYPER_BOUNDS
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
+from popplay.deep.topologies.population import PopulationExperiment
 
 
 @dataclass
@@ -64,10 +67,13 @@ class RolloutExperiment(DeepExperiment):
     ``learn_shared``)."""
 
     def __new__(cls, params: Any, backend: Any) -> Any:
-        # One plug-in, two topologies: the registry builds this class, which hands a
-        # multi-process workflow to EXARL's experiment (its ranks, roles and rounds).
+        # One plug-in, three layouts: the registry builds this class, which hands a
+        # multi-process workflow to EXARL's experiment (its ranks, roles and rounds)
+        # and a population (--agents P) to PPOPopulation.
         if getattr(params, "workflow", "sequential") != "sequential":
             return OnPolicyWorkflowExperiment(params, backend)
+        if getattr(params, "agents", 1) > 1:
+            return PPOPopulation(params, backend)
         return super().__new__(cls)
 
     @staticmethod
@@ -240,3 +246,26 @@ class RolloutExperiment(DeepExperiment):
     def returns_of_greedy(self, state: RolloutState, episodes: int, seed: int) -> np.ndarray:
         return greedy_quality(self.params.env, state.agent.greedy, episodes, seed)[1]
 
+
+
+class PPOPopulation(PopulationExperiment):
+    """``--agents`` P PPO learners batched in one process, ``--copies`` environments
+    each (:mod:`popplay.deep.topologies.population`)."""
+
+    domain = "ppo"
+    hyper_bounds = HYPER_BOUNDS
+    copies_field = "copies"
+
+    def __init__(self, params: Any, backend: Any, members: np.ndarray | None = None) -> None:
+        super().__init__(params, backend, members)
+        envs.require_discrete(self.info, "ppo")
+
+    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> PPOMembers:
+        return PPOMembers(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members, hypers,
+                          device=self.device)
+
+    def greedy(self, state: Any) -> Any:
+        return state.learner.greedy_actions
+
+    def member_network(self, state: Any, member: int) -> Any:
+        return state.learner.member_module(member)

@@ -1,0 +1,148 @@
+"""Deep populations (``train dqn --agents P``): throughput and what the operators buy (not a test).
+
+    python benchmarks/deep_population.py throughput [--members 64] [--steps 3000] [--hidden 128,128]
+    python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1]
+
+``throughput``, side by side in one run on this machine, DQN on CartPole-v1 with one
+network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
+1,000 steps, one update every 4 env-steps: SB3's ``train_freq=4``), each run
+``--steps`` env-steps per member:
+
+- popplay's population engine with P members in one process, and with two;
+- popplay's one-agent DQN (``--topology sequential --train-every 4``);
+- stable-baselines3's DQN, two runs at once (what a one-process-per-member tool gets
+  from these two cores): their combined env-steps/s is the rate at which 64 such runs
+  executed two at a time would go.
+
+``quality``: 16 members with sampled hyper-parameters (lr log-uniform in [1e-4, 3e-3],
+γ in {0.98, 0.99, 0.995}, target period in {100, 250, 500}), the same 16 samples
+trained independently (the population with its operators off is exactly that: member
+``k`` is member ``k`` alone), PBT, and experience-weighted sharing, each ``--steps``
+env-steps per member, per seed. Reported: the best member's greedy mean return over
+100 episodes at the end, and the total env-steps at which the best member's training
+mean (last 10 episodes, ε-greedy) first reached 475.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULE = ["--batch-size", "64", "--replay", "50000", "--learning-starts", "1000", "--train-every", "4",
+            "--update-ratio", "0.25", "--target-every", "250", "--epsilon-updates", "5000", "--eval-episodes", "0"]
+HP = ["--hp", "lr=loguniform:1e-4:3e-3", "--hp", "gamma=choice:0.98,0.99,0.995", "--hp", "target_every=choice:100,250,500"]
+
+
+def popplay(args: list[str], out: Path | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "popplay", "train", "dqn", *args, "--json", "--out", str(out or Path(tmp) / "run.h5")]
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+SB3_RUN = """
+import json, sys, time, gymnasium, torch
+from stable_baselines3 import DQN
+torch.set_num_threads(1)
+steps, hidden, seed = int(sys.argv[1]), [int(w) for w in sys.argv[2].split(",")], int(sys.argv[3])
+model = DQN("MlpPolicy", gymnasium.make("CartPole-v1"), learning_rate=1e-3, buffer_size=50_000, learning_starts=1_000,
+            batch_size=64, gamma=0.99, train_freq=4, gradient_steps=1, target_update_interval=1_000,
+            exploration_fraction=0.5, exploration_final_eps=0.05, max_grad_norm=10.0, seed=seed, device="cpu",
+            policy_kwargs={"net_arch": hidden})
+start = time.perf_counter()
+model.learn(total_timesteps=steps)
+print(json.dumps({"env_steps": steps, "seconds": time.perf_counter() - start}))
+"""
+
+
+def sb3_pair(steps: int, hidden: str) -> dict:
+    """Two SB3 DQN runs at once; their combined env-steps/s (wall time of the pair)."""
+    start = time.perf_counter()
+    runs = [subprocess.Popen([sys.executable, "-c", SB3_RUN, str(steps), hidden, str(seed)], stdout=subprocess.PIPE,
+                             text=True) for seed in (0, 1)]
+    outs = [json.loads(run.communicate(timeout=7200)[0].strip().splitlines()[-1]) for run in runs]
+    wall = time.perf_counter() - start
+    return {"env_steps": 2 * steps, "seconds": wall, "env_steps_per_second": 2 * steps / wall,
+            "per_run_learn_seconds": [o["seconds"] for o in outs]}
+
+
+def throughput(args: argparse.Namespace) -> dict:
+    common = ["--hidden", args.hidden, *SCHEDULE]
+    rows = {}
+    population = popplay(["--agents", str(args.members), "--env-steps", str(args.members * args.steps),
+                          "--phase-steps", "500", *common])
+    rows[f"popplay population, {args.members} members"] = population
+    rows["popplay population, 2 members"] = popplay(["--agents", "2", "--env-steps", str(2 * args.steps),
+                                                    "--phase-steps", "500", *common])
+    rows["popplay one agent (sequential)"] = popplay(["--env-steps", str(args.steps), *common])
+    rows["stable-baselines3, 2 runs at once"] = sb3_pair(args.steps, args.hidden)
+    table = {name: round(row["env_steps_per_second"], 1) for name, row in rows.items()}
+    one = table["popplay one agent (sequential)"]
+    return {"hidden": args.hidden, "steps_per_member": args.steps, "env_steps_per_second": table,
+            "population_over_one_agent": round(table[f"popplay population, {args.members} members"] / one, 2),
+            "population_over_sb3_pairs": round(table[f"popplay population, {args.members} members"]
+                                               / table["stable-baselines3, 2 runs at once"], 2)}
+
+
+def first_reaching(path: Path, threshold: float) -> int | None:
+    with h5py.File(path) as f:
+        steps = np.asarray(f["curves"]["agent_steps"])
+        best = np.asarray(f["curves"]["return_best"])
+    hit = np.flatnonzero(best >= threshold)
+    return int(steps[hit[0]]) if hit.size else None
+
+
+def quality(args: argparse.Namespace) -> dict:
+    variants = {
+        "independent (random search)": [],
+        "PBT": ["--replicate-every", "5000", "--replicate-fraction", "0.25", "--window", "10"],
+        "sharing": ["--share-every", "5000"],
+    }
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for seed in args.seeds:
+        for name, extra in variants.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "run.h5"
+                summary = popplay(["--agents", "16", "--env", args.env, "--env-steps", str(16 * args.steps),
+                                   "--seed", str(seed), "--phase-steps", "1000", *HP, *SCHEDULE[:-2],
+                                   "--eval-episodes", "100", *extra], out)
+                reached = first_reaching(out, 475.0)
+            rows[name].append({"seed": seed, "best_quality": summary["quality"], "mean_quality": summary["quality_mean"],
+                               "env_steps_to_475_training": reached, "seconds": round(summary["seconds"], 1)})
+            print(name, rows[name][-1], flush=True)
+    return {"env": args.env, "steps_per_member": args.steps, "members": 16, "runs": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("throughput", "quality"))
+    parser.add_argument("--members", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=None, help="env-steps per member")
+    parser.add_argument("--hidden", default="128,128")
+    parser.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0, 1, 2])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.steps is None:
+        args.steps = 3000 if args.what == "throughput" else 60_000
+    result = throughput(args) if args.what == "throughput" else quality(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

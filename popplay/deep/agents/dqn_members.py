@@ -1,0 +1,296 @@
+"""P Double DQN learners batched over a leading member axis, in one process.
+
+Each member has its own online and target networks (rows of a
+:class:`popplay.deep.agents.stacked.StackedMLP`), Adam state, replay memory, random
+streams and per-member hyper-parameters (:data:`HYPER_BOUNDS`); the rule is
+:mod:`popplay.deep.agents.dqn`'s (equation (1) targets, Huber loss, clipped gradient,
+Adam, periodic target refresh, ε falling with updates). Members step in lockstep, so
+the shapes are fixed: every member holds the same number of transitions and has made
+the same number of updates; only values differ.
+
+Random streams are counter-based (:mod:`popplay.rng`) keyed by (seed, member index):
+the ε-greedy draws at member env-step ``t`` and the minibatch of update ``u`` are pure
+functions of those, so member ``k`` of a population behaves exactly as member ``k``
+alone, on any number of members or ranks, and a resume needs only the counters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from popplay import rng
+from popplay.deep.agents import networks
+from popplay.deep.agents.dqn import DQNConfig
+from popplay.deep.agents.stacked import TAG_MEMBER, StackedAdam, StackedMLP, clip_rows_, member_seed
+from popplay.operators.hyper import Bounds
+from popplay.xp import th
+
+_EXPLORE, _SAMPLE = 0, 1
+
+#: The hyper-parameters a DQN population may set per member (``--hp``), and their bounds.
+HYPER_BOUNDS = {
+    "lr": Bounds(0.0, low_open=True),
+    "gamma": Bounds(0.0, 1.0),
+    "epsilon_start": Bounds(0.0, 1.0),
+    "epsilon_end": Bounds(0.0, 1.0),
+    "epsilon_updates": Bounds(1.0, integer=True),
+    "target_every": Bounds(1.0, integer=True),
+    "max_grad_norm": Bounds(0.0, low_open=True),
+}
+
+
+@dataclass
+class ReplayRows:
+    """The members' replay memories: (P, capacity, ...) rings written in lockstep."""
+
+    obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor
+    terminated: torch.Tensor
+
+    FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+class DQNMembers:
+    """P Double DQN learners with members ``members`` (their indices in the population).
+
+    ``hypers`` maps each name of :data:`HYPER_BOUNDS` to a (P,) float64 array.
+    """
+
+    def __init__(self, config: DQNConfig, obs_dim: int, actions: int, seed: int, members: np.ndarray,
+                 hypers: dict[str, np.ndarray], device: str = "cpu") -> None:
+        config.validate()
+        if config.lr_updates:
+            raise ValueError("lr_updates: a population's learning rates are per member (--hp lr=...), "
+                             "not a schedule")
+        self.config = config
+        self.obs_dim, self.actions, self.seed, self.device = obs_dim, actions, seed, device
+        self.members = np.asarray(members, dtype=np.int64).reshape(-1)
+        p = len(self.members)
+        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
+        modules = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden)
+                   for k in self.members]
+        stacked = StackedMLP.from_modules(modules)
+        self.online = StackedMLP(stacked.matrix.to(device), stacked.shapes)
+        self.target = StackedMLP(self.online.matrix.clone(), self.online.shapes)
+        self.adam = StackedAdam(self.online)
+        cap = config.replay_capacity
+        self.replay = ReplayRows(
+            torch.zeros(p, cap, obs_dim, device=device), torch.zeros(p, cap, dtype=torch.int64, device=device),
+            torch.zeros(p, cap, device=device), torch.zeros(p, cap, obs_dim, device=device),
+            torch.zeros(p, cap, device=device))
+        self.position = 0  # next slot of every ring
+        self.size = 0
+        self.updates = 0
+        self.update_credit = 0.0
+        keys = rng.stream_keys(seed, TAG_MEMBER, [_EXPLORE, _SAMPLE], self.members)
+        self._keys = torch.as_tensor(keys, device=device)
+        self._rng = rng.make_rng(th)
+        self._row_base = torch.arange(p, device=device) * cap
+        self._hyper_tensors()
+
+    # --- hyper-parameters as tensors (refreshed when members change) ---------------
+    def _hyper_tensors(self) -> None:
+        h = self.hypers
+        as32 = lambda name: torch.as_tensor(h[name], dtype=torch.float32, device=self.device)  # noqa: E731
+        self._gamma = as32("gamma").unsqueeze(1)
+        self._lr = torch.as_tensor(h["lr"], dtype=torch.float64, device=self.device)
+        self._max_norm = as32("max_grad_norm")
+        self._target_every = h["target_every"].astype(np.int64)
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+    def epsilons(self) -> np.ndarray:
+        """Each member's ε after :attr:`updates` updates (linear, then flat)."""
+        h = self.hypers
+        fraction = np.minimum(1.0, self.updates / h["epsilon_updates"])
+        return h["epsilon_start"] + fraction * (h["epsilon_end"] - h["epsilon_start"])
+
+    # --- acting ---------------------------------------------------------------------
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """(P, B, actions) Q values of observations (P, B, obs_dim), no autograd."""
+        return self.online.forward(obs.to(self.device, torch.float32))
+
+    def act(self, obs: np.ndarray, step: int) -> np.ndarray:
+        """ε-greedy actions (P,) for one observation per member (P, obs_dim) at member
+        env-step ``step``: draw ``rng.draw(explore key, step)``, its high half against
+        ε, its low half for the random action."""
+        r = self._rng
+        word = r.draw(self._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64)))
+        explore = r.uniform_hi32(word) < torch.as_tensor(self.epsilons(), device=self.device)
+        random = (r.uniform_lo32(word) * self.actions).to(torch.int64)
+        if bool(explore.all()):
+            return random.cpu().numpy()
+        greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
+        return torch.where(explore, random, greedy).cpu().numpy()
+
+    # --- learning -------------------------------------------------------------------
+    def receive(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray) -> None:
+        """One transition per member (rows in member order); owes ``update_ratio``
+        updates per member transition. A time-limit cut (``truncated``) still
+        bootstraps: only ``terminated`` is stored."""
+        at = self.position
+        rows = self.replay
+        rows.obs[:, at] = torch.as_tensor(obs, dtype=torch.float32)
+        rows.action[:, at] = torch.as_tensor(action, dtype=torch.int64)
+        rows.reward[:, at] = torch.as_tensor(reward, dtype=torch.float32)
+        rows.next_obs[:, at] = torch.as_tensor(next_obs, dtype=torch.float32)
+        rows.terminated[:, at] = torch.as_tensor(terminated, dtype=torch.float32)
+        self.position = (at + 1) % self.config.replay_capacity
+        self.size = min(self.config.replay_capacity, self.size + 1)
+        self.update_credit += self.config.update_ratio
+
+    def train(self, progress: float = 0.0) -> int:
+        """Run the updates owed, once ``learning_starts`` transitions are stored; returns
+        how many (``progress``, the fraction of the budget done, is for schedules DQN
+        does not have)."""
+        if self.size < max(1, self.config.learning_starts):
+            return 0
+        owed = int(self.update_credit)
+        self.update_credit -= owed
+        for _ in range(owed):
+            self.update()
+        return owed
+
+    def sample_index(self) -> torch.Tensor:
+        """(P, batch) replay slots of update :attr:`updates`: uniform with replacement,
+        word ``updates·batch + j`` of each member's sample stream."""
+        r = self._rng
+        b = self.config.batch_size
+        counters = r.mix_counter(torch.arange(self.updates * b, (self.updates + 1) * b, dtype=torch.int64))
+        words = r.draw(self._keys[_SAMPLE].unsqueeze(1), counters.unsqueeze(0))
+        return (r.uniform53(words) * self.size).to(torch.int64).clamp_(max=self.size - 1)
+
+    def update(self) -> None:
+        """One Double DQN step of every member on its own minibatch."""
+        p, b = self.count, self.config.batch_size
+        flat = (self._row_base.unsqueeze(1) + self.sample_index().to(self.device)).reshape(-1)
+        rows = self.replay
+        obs = rows.obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
+        next_obs = rows.next_obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
+        action = rows.action.view(-1)[flat].view(p, b, 1)
+        reward = rows.reward.view(-1)[flat].view(p, b)
+        terminated = rows.terminated.view(-1)[flat].view(p, b)
+        states = torch.cat([obs, next_obs], dim=1)
+        hidden: list[torch.Tensor] = []
+        q_both = self.online.forward(states, hidden)
+        best = q_both[:, b:].argmax(dim=2, keepdim=True)
+        value = self.target.forward(next_obs).gather(2, best).squeeze(2)
+        targets = reward + self._gamma * (1.0 - terminated) * value
+        errors = q_both[:, :b].gather(2, action).squeeze(2) - targets
+        grad_q = errors.clamp(-1.0, 1.0).mul_(1.0 / b)
+        grad_output = torch.zeros_like(q_both[:, :b]).scatter_(2, action, grad_q.unsqueeze(2))
+        grad = self.online.backward(states[:, :b], [h[:, :b] for h in hidden], grad_output)
+        clip_rows_(grad, self._max_norm)
+        self.adam.step(grad, self._lr)
+        self.updates += 1
+        due = np.flatnonzero(self.updates % self._target_every == 0)
+        if due.size:
+            index = torch.as_tensor(due, device=self.device)
+            self.target.matrix[index] = self.online.matrix[index]
+        self.last_errors = errors
+
+    last_errors: torch.Tensor | None = None
+
+    def losses(self) -> np.ndarray:
+        """Each member's Huber loss on its latest minibatch (NaN before any update)."""
+        if self.last_errors is None:
+            return np.full(self.count, np.nan)
+        e = self.last_errors
+        return F.smooth_l1_loss(e, torch.zeros_like(e), reduction="none").mean(dim=1).cpu().numpy()
+
+    # --- population operators --------------------------------------------------------
+    def copy_members(self, parents: np.ndarray, children: np.ndarray, *, replay: bool) -> None:
+        """Members ``children`` become copies of ``parents`` (slots): networks, Adam
+        state and hyper-parameters; their replay memories too with ``replay``."""
+        src = torch.as_tensor(np.asarray(parents, dtype=np.int64), device=self.device)
+        dst = torch.as_tensor(np.asarray(children, dtype=np.int64), device=self.device)
+        tables = [self.online.matrix, self.target.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
+        if replay:
+            tables += list(self.replay.arrays().values())
+        for table in tables:
+            table[dst] = table[src]
+        for name, values in self.hypers.items():
+            values[np.asarray(children)] = values[np.asarray(parents)]
+        self._hyper_tensors()
+
+    def member_module(self, slot: int) -> torch.nn.Sequential:
+        """Member ``slot``'s online network as the ``nn.Sequential`` one DQN agent has (a CPU copy)."""
+        module = networks.mlp(self.obs_dim, self.actions, self.config.hidden)
+        torch.nn.utils.vector_to_parameters(self.online.matrix[slot].detach().cpu().clone(), module.parameters())
+        return module
+
+    def parameter_tables(self) -> list[torch.Tensor]:
+        """The (P, n) tables that sharing averages: online and target networks."""
+        return [self.online.matrix, self.target.matrix]
+
+    def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
+        for name in self.hypers:
+            self.hypers[name] = np.asarray(hypers[name], dtype=np.float64).reshape(self.count).copy()
+        self._hyper_tensors()
+
+    # --- run-file arrays ------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything that changes, member axis first; replay rows oldest first."""
+        order = (torch.arange(self.size) if self.size < self.config.replay_capacity
+                 else (self.position + torch.arange(self.size)) % self.config.replay_capacity)
+        out = {"online": self.online.matrix, "target": self.target.matrix, "adam.exp_avg": self.adam.exp_avg,
+               "adam.exp_avg_sq": self.adam.exp_avg_sq, "adam.steps": self.adam.steps,
+               **{f"replay.{name}": table[:, order.to(self.device)] for name, table in self.replay.arrays().items()}}
+        arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in out.items()}
+        arrays.update({f"hyper.{name}": values.copy() for name, values in self.hypers.items()})
+        return arrays
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.updates, "update_credit": self.update_credit, "replay_size": self.size}
+
+    def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
+        """Restore :meth:`arrays` and :meth:`counters`; ValueError (one line) on shapes
+        that do not fit this population."""
+        size = int(counters["replay_size"])
+        if not 0 <= size <= self.config.replay_capacity:
+            raise ValueError(f"replay_size {size} outside [0, {self.config.replay_capacity}]")
+        expected = {"online": tuple(self.online.matrix.shape), "target": tuple(self.online.matrix.shape),
+                    "adam.exp_avg": tuple(self.online.matrix.shape), "adam.exp_avg_sq": tuple(self.online.matrix.shape),
+                    "adam.steps": (self.count,)}
+        for name, table in self.replay.arrays().items():
+            expected[f"replay.{name}"] = (self.count, size, *table.shape[2:])
+        for name, shape in expected.items():
+            key = f"members.{name}"
+            if key not in arrays:
+                raise ValueError(f"{key} is missing")
+            if tuple(np.shape(arrays[key])) != shape:
+                raise ValueError(f"{key}: shape {tuple(np.shape(arrays[key]))}, expected {shape}")
+        steps = np.asarray(arrays["members.adam.steps"])
+        if not ((steps >= 0) & (steps == np.round(steps))).all():
+            raise ValueError("members.adam.steps: step counts are whole non-negative numbers")
+        hypers = {}
+        for name, bounds in HYPER_BOUNDS.items():
+            values = np.asarray(arrays.get(f"hyper.{name}", np.full(0, np.nan)), dtype=np.float64)
+            if values.shape != (self.count,) or not all(bounds.admits(float(v)) for v in values):
+                raise ValueError(f"hyper.{name}: {self.count} values of {bounds.describe()} expected")
+            hypers[name] = values
+        take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
+        self.online.matrix.copy_(take("members.online"))
+        self.target.matrix.copy_(take("members.target"))
+        self.adam.exp_avg.copy_(take("members.adam.exp_avg"))
+        self.adam.exp_avg_sq.copy_(take("members.adam.exp_avg_sq"))
+        self.adam.steps.copy_(take("members.adam.steps"))
+        for name, table in self.replay.arrays().items():
+            table.zero_()
+            table[:, :size] = take(f"members.replay.{name}").to(table.dtype)
+        self.size, self.position = size, size % self.config.replay_capacity
+        self.updates = int(counters["updates"])
+        self.update_credit = float(counters["update_credit"])
+        self.set_hypers(hypers)

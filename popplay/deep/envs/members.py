@@ -1,0 +1,145 @@
+"""The environments of a deep population's members, stepped together.
+
+Each member has ``copies`` environments (copy ``c`` of member ``k`` at index
+``k_slot * copies + c``: member-major). Its episode ``e`` starts from the reset seed
+``episode_seed(seed, k, c, e)`` (:func:`popplay.rng.key_path`), whatever the other
+members do, so a member's experience does not depend on the population's size or
+sharding.
+
+A run file cannot hold a gymnasium environment, but it can hold how the current
+episodes were reached: each member's episode index and the actions taken in it. A
+resume resets each environment with that episode's seed and replays the actions,
+which rebuilds the exact state for every deterministic environment (all of
+gymnasium's classic-control and box2d ones); the replayed observations are compared
+with the stored ones, so an environment that does not replay refuses the resume
+instead of continuing differently.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from popplay import rng
+from popplay.deep import envs
+
+TAG_MEMBER_ENV = 11
+
+
+def episode_seed(seed: int, member: int, copy: int, episode: int) -> int:
+    """The reset seed of episode ``episode`` of member ``member``'s copy ``copy`` (32 bits: gymnasium's)."""
+    return rng.key_path(seed, TAG_MEMBER_ENV, member, copy, episode) & 0xFFFFFFFF
+
+
+class Step(NamedTuple):
+    """One step of every environment (rows member-major) and the episodes it ended."""
+
+    obs: np.ndarray  # (N, obs_dim) float32: where each environment acted
+    action: np.ndarray
+    reward: np.ndarray  # (N,) float32
+    successor: np.ndarray  # (N, obs_dim): the next observation, an ended episode's last one
+    terminated: np.ndarray  # (N,) bool: ended by the environment
+    truncated: np.ndarray  # (N,) bool: cut by a time limit (and not terminated)
+    ended: np.ndarray  # indices of the environments whose episode ended
+    returns: np.ndarray  # their returns
+    lengths: np.ndarray  # and lengths
+
+
+class MemberEnvs:
+    """``copies`` environments of ``env_id`` per member that restart finished episodes
+    at once (the successor at an episode's end is its last observation)."""
+
+    def __init__(self, env_id: str, seed: int, members: np.ndarray, copies: int = 1) -> None:
+        self.env_id = env_id
+        self.seed = seed
+        self.copies = int(copies)
+        self.members = np.asarray(members, dtype=np.int64).reshape(-1)
+        self._owner = np.repeat(self.members, self.copies)  # member index of each environment
+        self._copy = np.tile(np.arange(self.copies), len(self.members))
+        self.envs = [envs.make_single(env_id, disable_env_checker=True) for _ in self._owner]
+        self.info = envs.describe_single(self.envs[0], env_id)
+        p = len(self.envs)
+        self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
+        self.episode_return = np.zeros(p, dtype=np.float64)
+        self.episode_length = np.zeros(p, dtype=np.int64)
+        self._actions: list[list[Any]] = [[] for _ in range(p)]
+        self.obs = np.stack([self._reset(i) for i in range(p)]).astype(np.float32)
+
+    def _reset(self, i: int) -> np.ndarray:
+        obs, _ = self.envs[i].reset(seed=episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]),
+                                                      int(self.episode[i])))
+        return np.asarray(obs, dtype=np.float32)
+
+    def step(self, actions: np.ndarray) -> Step:
+        """One step of every environment with ``actions`` (member-major). :attr:`obs`
+        moves on (a finished environment's to its next episode's first observation)."""
+        p = len(self.envs)
+        obs = self.obs
+        successor = np.empty_like(obs)
+        reward = np.empty(p, dtype=np.float32)
+        terminated = np.zeros(p, dtype=bool)
+        truncated = np.zeros(p, dtype=bool)
+        for i, env in enumerate(self.envs):
+            action = actions[i].item() if actions.ndim == 1 else actions[i]
+            nxt, r, term, trunc, _ = env.step(action)
+            self._actions[i].append(action)
+            successor[i] = nxt
+            reward[i], terminated[i], truncated[i] = r, term, trunc and not term
+        done = terminated | truncated
+        self.episode_return += reward
+        self.episode_length += 1
+        finished = np.flatnonzero(done)
+        returns, lengths = self.episode_return[finished].copy(), self.episode_length[finished].copy()
+        after = successor.copy()
+        for i in finished:
+            self.episode[i] += 1
+            self.episode_return[i] = 0.0
+            self.episode_length[i] = 0
+            self._actions[i] = []
+            after[i] = self._reset(i)
+        self.obs = after
+        return Step(obs, actions, reward, successor, terminated, truncated, finished, returns, lengths)
+
+    # --- run-file arrays -------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        lengths = np.asarray([len(a) for a in self._actions], dtype=np.int64)
+        flat = np.asarray([a for member in self._actions for a in member])
+        if flat.size == 0:
+            flat = np.zeros((0,) + ((self.info.action_dim,) if not self.info.discrete else ()))
+        return {"env.episode": self.episode.copy(), "env.return": self.episode_return.copy(),
+                "env.actions": flat, "env.action_counts": lengths, "env.obs": self.obs.copy()}
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Rebuild every member's environment from :meth:`arrays` (ValueError, one
+        line, when the stored episode does not replay to the stored observation)."""
+        p = len(self.envs)
+        episode = np.asarray(arrays["env.episode"], dtype=np.int64)
+        counts = np.asarray(arrays["env.action_counts"], dtype=np.int64)
+        stored_obs = np.asarray(arrays["env.obs"], dtype=np.float32)
+        returns = np.asarray(arrays["env.return"], dtype=np.float64)
+        actions = np.asarray(arrays["env.actions"])
+        if episode.shape != (p,) or counts.shape != (p,) or returns.shape != (p,) or (episode < 0).any() \
+                or (counts < 0).any() or stored_obs.shape != self.obs.shape or len(actions) != int(counts.sum()):
+            raise ValueError(f"env.*: the stored environments do not fit {len(self.members)} members x "
+                             f"{self.copies} copies")
+        self.episode = episode.copy()
+        self.episode_return = returns.copy()
+        self.episode_length = counts.copy()
+        start = 0
+        for i in range(p):
+            obs = self._reset(i)
+            taken = actions[start:start + counts[i]]
+            start += int(counts[i])
+            for action in taken:
+                obs, _, term, trunc, _ = self.envs[i].step(action.item() if self.info.discrete else action)
+                if term or trunc:
+                    raise ValueError(f"env.actions: member {int(self._owner[i])}'s stored episode ended early")
+            self._actions[i] = [a.item() if self.info.discrete else a for a in taken]
+            if not np.array_equal(np.asarray(obs, dtype=np.float32), stored_obs[i]):
+                raise ValueError(f"--env {self.env_id}: member {int(self._owner[i])}'s episode does not replay to "
+                                 "its stored state (the environment is not deterministic)")
+            self.obs[i] = obs
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,78 @@
+"""The population options of a deep agent's parameters (``--agents``, ``--hp``, PBT,
+sharing), written once for every agent that has a population learner. No torch or
+gymnasium here: parameter modules stay light (the runner is
+:mod:`popplay.deep.topologies.population`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from popplay.core.options import option
+from popplay.operators import hyper
+
+
+@dataclass(frozen=True)
+class PopulationLayout:
+    """The population options of a deep agent's parameters (a mix-in)."""
+
+    agents: int = option(1, "Members of a population learning at once in this process, batched over a member axis "
+                            "(sequential topology; 1: one agent).", min=1)
+    hp: str = option("", "Per-member hyper-parameter, drawn from the seed: NAME=loguniform:LOW:HIGH, "
+                         "NAME=uniform:LOW:HIGH or NAME=choice:A,B,... (repeat --hp, or separate with ';').",
+                     repeat=True)
+    phase_steps: int = option(500, "Populations: steps of each member's environments in a phase (a console line, "
+                                   "a curve point, the operators' check).", min=1)
+    replicate_every: int = option(0, "PBT every this many env-steps per member: the worst --replicate-fraction "
+                                     "become copies of the best, then explore their --hp values (0: never).", min=0)
+    replicate_fraction: float = option(0.25, "Fraction of members replaced at each PBT step.", min=0.0, max=0.5)
+    window: int = option(10, "Episodes per member whose mean return ranks the members.", min=1)
+    resample: float = option(0.25, "PBT explore: chance to redraw a value from its --hp spec instead of x0.8 / "
+                                   "x1.2 (or a neighbouring choice).", min=0.0, max=1.0)
+    copy_replay: bool = option(False, "PBT copies also take their parent's replay memory (default: they keep "
+                                      "their own).")
+    share_every: int = option(0, "Experience-weighted sharing every this many env-steps per member: each group's "
+                                 "parameters become their mean weighted by env-steps since the last share (0: never).",
+                              min=0)
+    share_group: int = option(0, "Members per sharing group, consecutive slots (0: all of them).", min=0)
+    differentiation: float = option(0.0, "After a share, add Uniform(-b, b) to every parameter of every member "
+                                         "(Bell's differentiation, eq. 9); b is this value at the first share.",
+                                    min=0.0)
+    bias_decay: float = option(1.0, "b is divided by this at every share (Bell's eq. 10).", min=1.0)
+
+    def hyper_specs(self, allowed: dict[str, hyper.Bounds]) -> tuple[hyper.HyperSpec, ...]:
+        return hyper.parse(self.hp, allowed)
+
+    def schedule_warnings(self) -> list[str]:
+        """Operators an env-step budget never reaches (silently none is not what was asked)."""
+        if self.agents < 2 or not getattr(self, "env_steps", 0):
+            return []
+        per_member = -(-self.env_steps // self.agents)  # type: ignore[attr-defined]  (over its copies)
+        return [f"--{name.replace('_', '-')} {every:,} is more than the {per_member:,} env-steps each member takes: "
+                f"no {what} will happen"
+                for name, every, what in (("replicate_every", self.replicate_every, "replication"),
+                                          ("share_every", self.share_every, "sharing")) if every > per_member]
+
+    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str) -> None:
+        """Population options that only make sense together (ValueError, one line)."""
+        if self.agents < 1:
+            raise ValueError(f"agents must be at least 1 (got {self.agents})")
+        self.hyper_specs(allowed)
+        if self.agents == 1:
+            for name, value in (("hp", self.hp), ("replicate_every", self.replicate_every),
+                                ("share_every", self.share_every)):
+                if value:
+                    raise ValueError(f"{name} acts on a population: give --agents 2 or more")
+            return
+        if topology != "sequential":
+            raise ValueError(f"agents: a population learns in one process (--topology sequential, got {topology!r})")
+        if self.replicate_every and not 0 < self.replicate_fraction <= 0.5:
+            raise ValueError(f"replicate_fraction must lie in (0, 0.5] (got {self.replicate_fraction})")
+        if self.share_group and (self.share_group < 2 or self.agents % self.share_group):
+            raise ValueError(f"share_group must be 0 or a divisor of --agents of at least 2 (got {self.share_group})")
+        for name in ("phase_steps", "window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not (self.differentiation >= 0 and math.isfinite(self.differentiation)):
+            raise ValueError(f"differentiation must be non-negative (got {self.differentiation})")
+        if not (self.bias_decay >= 1 and math.isfinite(self.bias_decay)):
+            raise ValueError(f"bias_decay must be at least 1 (got {self.bias_decay})")

@@ -1,0 +1,290 @@
+"""Deep populations (``train dqn --agents P``): batching is exact, the operators do what
+Bell's and PBT's rules say on hand-made inputs, resume is exact, bad input is one line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from popplay.cli.main import app
+from popplay.deep.agents import networks
+from popplay.deep.agents.stacked import StackedAdam, StackedMLP, clip_rows_
+from popplay.deep.agents.ppo_params import PPOParams
+from popplay.deep.topologies.dqn import DQNParams, DQNPopulation
+from popplay.deep.topologies.rollout import PPOPopulation
+from popplay.operators import hyper
+from popplay.operators.evolution import EVENTS
+
+SMALL = dict(agents=3, env="CartPole-v1", hidden=(16, 16), batch_size=8, replay_capacity=300, learning_starts=30,
+             target_every=7, epsilon_updates=60, phase_steps=40, eval_episodes=2, seed=5,
+             hp="lr=loguniform:1e-4:1e-2;gamma=choice:0.9,0.95,0.99;target_every=choice:5,7,11")
+
+
+def small(**changes: object) -> DQNParams:
+    return dataclasses.replace(DQNParams(**SMALL), **changes)  # type: ignore[arg-type]
+
+
+def run_phases(experiment: DQNPopulation, phases: int):
+    state = experiment.initial_state()
+    for _ in range(phases):
+        state = experiment.phase(state, time_left=None)
+    return state
+
+
+# --- the batched network and optimiser, against torch's own ------------------------
+
+def test_stacked_gradient_matches_autograd_member_by_member() -> None:
+    modules = [networks.seeded_mlp(s, 5, 3, (7, 6)) for s in range(4)]
+    stack = StackedMLP.from_modules(modules)
+    x = torch.randn(4, 9, 5, generator=torch.Generator().manual_seed(1))
+    upstream = torch.randn(4, 9, 3, generator=torch.Generator().manual_seed(2))
+    hidden: list[torch.Tensor] = []
+    out = stack.forward(x, hidden)
+    grad = stack.backward(x, hidden, upstream)
+    for k, module in enumerate(modules):
+        expected_out = module(x[k])
+        torch.testing.assert_close(out[k], expected_out.detach())
+        (expected_out * upstream[k]).sum().backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+        torch.testing.assert_close(grad[k], expected)
+
+
+def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
+    modules = [networks.seeded_mlp(s, 3, 2, (4,)) for s in range(3)]
+    stack = StackedMLP.from_modules(modules)
+    adam = StackedAdam(stack)
+    lrs = torch.tensor([1e-3, 3e-2, 1e-1], dtype=torch.float64)
+    max_norm = torch.tensor([0.5, 100.0, 1.0])
+    optimisers = [torch.optim.Adam(m.parameters(), lr=float(lr)) for m, lr in zip(modules, lrs)]
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        grads = stack.grad.copy_(torch.randn(stack.matrix.shape, generator=g))
+        for k, (module, optimiser) in enumerate(zip(modules, optimisers)):
+            sizes = [p.numel() for p in module.parameters()]
+            for p, piece in zip(module.parameters(), torch.split(grads[k].clone(), sizes)):
+                p.grad = piece.view_as(p).clone()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), float(max_norm[k]))
+            optimiser.step()
+        clip_rows_(grads, max_norm)
+        adam.step(grads, lrs)
+    for k, module in enumerate(modules):
+        torch.testing.assert_close(stack.matrix[k], networks.flat_parameters(module), rtol=1e-5, atol=1e-7)
+
+
+# --- exactness: member k of P is member k alone -----------------------------------
+
+def test_member_k_of_a_population_is_member_k_alone() -> None:
+    params = small()
+    population = run_phases(DQNPopulation(params, None), 3)
+    assert population.learner.updates > 20  # the comparison covers learning, not just acting
+    assert len(set(population.learner.hypers["lr"])) == 3  # members differ: a mix-up would show
+    for k in (0, 2):
+        alone = run_phases(DQNPopulation(params, None, members=np.array([k])), 3)
+        for name in ("online", "target"):
+            assert torch.equal(getattr(population.learner, name).matrix[k], getattr(alone.learner, name).matrix[0])
+        assert torch.equal(population.learner.adam.exp_avg_sq[k], alone.learner.adam.exp_avg_sq[0])
+        assert torch.equal(population.learner.replay.obs[k], alone.learner.replay.obs[0])
+        assert np.array_equal(population.envs.obs[k], alone.envs.obs[0])
+        mine = [r for m, r in zip(population.episode_member, population.episode_return) if m == k]
+        assert mine == alone.episode_return
+
+
+PPO_SMALL = dict(agents=3, hidden=(8, 8), copies=2, n_steps=16, n_epochs=2, batch_size=12, env_steps=3 * 2 * 160,
+                 phase_steps=40, eval_episodes=1, seed=2, hp="lr=loguniform:1e-4:3e-3;clip_range=uniform:0.1:0.3")
+
+
+def test_ppo_member_k_of_a_population_is_member_k_alone() -> None:
+    params = PPOParams(**PPO_SMALL)  # type: ignore[arg-type]
+    population = run_phases(PPOPopulation(params, None), 3)
+    assert population.learner.rollouts >= 7 and population.episodes > 0
+    for k in (0, 2):
+        alone = run_phases(PPOPopulation(params, None, members=np.array([k])), 3)
+        assert torch.equal(population.learner.net.matrix[k], alone.learner.net.matrix[0])
+        assert torch.equal(population.learner.adam.exp_avg_sq[k], alone.learner.adam.exp_avg_sq[0])
+        assert np.array_equal(population.envs.obs[2 * k:2 * k + 2], alone.envs.obs)
+    assert not torch.equal(population.learner.net.matrix[0], population.learner.net.matrix[1])
+
+
+# --- operators on hand-made inputs --------------------------------------------------
+
+def test_pbt_copies_weights_optimiser_and_hypers_from_the_best_and_records_them() -> None:
+    params = small(agents=4, replicate_fraction=0.25, resample=0.0)  # replicated by hand below
+    experiment = DQNPopulation(params, None)
+    state = run_phases(experiment, 2)
+    learner = state.learner
+    before = {name: t.clone() for name, t in (("online", learner.online.matrix), ("adam", learner.adam.exp_avg))}
+    hypers_before = {name: v.copy() for name, v in learner.hypers.items()}
+    replay_before = learner.replay.obs.clone()
+    records = len(state.lineage)
+    parents, children = experiment.replicate(state, scores=np.array([10.0, 40.0, 20.0, 30.0]))
+    assert parents.tolist() == [1] and children.tolist() == [0]
+    assert torch.equal(learner.online.matrix[0], before["online"][1])
+    assert torch.equal(learner.adam.exp_avg[0], before["adam"][1])
+    assert torch.equal(learner.online.matrix[1:], before["online"][1:])  # nobody else moved
+    assert torch.equal(learner.replay.obs, replay_before)  # replay kept by default
+    # explore: each spec'd value x0.8 or x1.2 of the parent's (clipped to its range), or the neighbouring choice
+    lr = learner.hypers["lr"][0]
+    assert np.isclose(lr, np.clip(hypers_before["lr"][1] * 0.8, 1e-4, 1e-2)) or \
+        np.isclose(lr, np.clip(hypers_before["lr"][1] * 1.2, 1e-4, 1e-2))
+    assert learner.hypers["epsilon_end"][0] == hypers_before["epsilon_end"][1]  # no spec: copied as is
+    assert abs([0.9, 0.95, 0.99].index(learner.hypers["gamma"][0])
+               - [0.9, 0.95, 0.99].index(hypers_before["gamma"][1])) <= 1
+    new = {name: values[records:] for name, values in state.lineage.records.items()}
+    assert new["event"].tolist() == [EVENTS["copy"], EVENTS["mutation"]]
+    assert new["parent"][0] == 1 and new["replaced"][0] == 0 and new["slot"].tolist() == [0, 0]
+    assert new["agent"].tolist() == [4, 4] and state.ids.tolist() == [4, 1, 2, 3]
+    assert new["lr"][0] == hypers_before["lr"][1] and new["lr"][1] == lr
+    assert state.recent[0] == state.recent[1]  # ranked as its parent until it plays
+
+
+def test_copy_replay_takes_the_parents_memory_too() -> None:
+    experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True), None)
+    state = run_phases(experiment, 1)
+    experiment.replicate(state, scores=np.array([1.0, 0.0]))
+    assert torch.equal(state.learner.replay.obs[1], state.learner.replay.obs[0])
+
+
+def test_sharing_is_the_experience_weighted_mean_of_each_group() -> None:
+    params = small(agents=4, share_every=40, share_group=2)
+    experiment = DQNPopulation(params, None)
+    state = experiment.initial_state()
+    learner = state.learner
+    gen = torch.Generator().manual_seed(0)
+    learner.online.matrix.copy_(torch.randn(learner.online.matrix.shape, generator=gen))
+    before = learner.online.matrix.clone().double()
+    state.member_steps = 30
+    experiment.share(state)
+    for group in ((0, 1), (2, 3)):
+        expected = (before[group[0]] * 30 + before[group[1]] * 30) / 60
+        for k in group:
+            torch.testing.assert_close(learner.online.matrix[k].double(), expected, rtol=2**-23, atol=0)  # float32
+    assert not torch.equal(learner.online.matrix[0], learner.online.matrix[2])
+    assert torch.equal(learner.target.matrix[0], learner.target.matrix[1])  # the target is shared alike
+    share = state.lineage.records
+    assert share["event"][-2:].tolist() == [EVENTS["share"]] * 2 and share["group"][-2:].tolist() == [0, 1]
+
+
+def test_differentiation_after_sharing_moves_each_member_by_at_most_the_bias() -> None:
+    experiment = DQNPopulation(small(agents=2, share_every=40, differentiation=0.01, bias_decay=2.0), None)
+    state = experiment.initial_state()
+    state.member_steps = 40
+    mean = state.learner.online.matrix.double().mean(dim=0)
+    experiment.share(state)
+    moved = state.learner.online.matrix.double() - mean
+    assert 0 < moved.abs().max() <= 0.01 + 1e-6
+    assert not torch.equal(moved[0], moved[1])  # each member its own noise
+    assert state.max_bias == 0.005
+
+
+# --- hyper-parameter specs -----------------------------------------------------------
+
+def test_hyper_samples_depend_on_the_member_not_the_population() -> None:
+    specs = hyper.parse("lr=loguniform:1e-4:1e-2; gamma=choice:0.9,0.99", {"lr": hyper.Bounds(0, low_open=True),
+                                                                          "gamma": hyper.Bounds(0, 1)})
+    whole = hyper.sample(specs, 3, np.arange(8), {"lr": 1e-3, "gamma": 0.99, "tau": 0.5})
+    part = hyper.sample(specs, 3, np.array([5]), {"lr": 1e-3, "gamma": 0.99, "tau": 0.5})
+    assert whole["lr"][5] == part["lr"][0] and whole["gamma"][5] == part["gamma"][0]
+    assert ((whole["lr"] >= 1e-4) & (whole["lr"] <= 1e-2)).all() and len(set(whole["lr"])) == 8
+    assert set(whole["gamma"]) <= {0.9, 0.99} and (whole["tau"] == 0.5).all()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("lr=loguniform:0:1", "positive LOW"), ("foo=uniform:0:1", "not a per-member"),
+    ("gamma=uniform:0.9:1.5", "gamma must be"), ("lr=normal:1:2", "kind must be"),
+    ("target_every=uniform:1:5", "whole number"), ("lr", "NAME=KIND"), ("lr=uniform:2:1", "LOW < HIGH"),
+    ("lr=choice:1e-3;lr=choice:1e-2", "twice"), ("target_every=choice:2.5,3", "whole number"),
+])
+def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> None:
+    code, out, err = cli(["train", "dqn", "--agents", "2", "--env-steps", "100", "--hp", spec])
+    assert code == 2, err
+    assert message in err and "Traceback" not in err and not out
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hp", "lr=uniform:1e-4:1e-3"], "--agents 2 or more"),
+    (["--agents", "2", "--topology", "collective", "--simulators", "2"], "one process"),
+    (["--agents", "100000", "--replay", "1000000"], "memory"),
+    (["--agents", "4", "--share-every", "10", "--share-group", "3"], "divisor"),
+])
+def test_population_options_that_cannot_work_are_refused_in_one_line(cli, args: list[str], message: str) -> None:
+    code, out, err = cli(["train", "dqn", "--env-steps", "100", *args])
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+
+
+# --- the run file: exact resume, lineage, evaluate, export ------------------------------
+
+FLAGS = ["--agents", "3", "--hidden", "16,16", "--batch-size", "8", "--replay", "300", "--learning-starts", "30",
+         "--phase-steps", "50", "--eval-episodes", "1", "--hp", "lr=loguniform:1e-4:1e-2",
+         "--replicate-every", "100", "--share-every", "150", "--differentiation", "0.001"]
+
+
+def test_resume_is_exact_and_the_run_file_serves_lineage_evaluate_and_export(tmp_path, cli) -> None:
+    runner = CliRunner()
+    straight, split = tmp_path / "straight.h5", tmp_path / "split.h5"
+    assert cli(["train", "dqn", *FLAGS, "--env-steps", "900", "--out", str(straight)])[0] == 0
+    code, _, err = cli(["train", "dqn", *FLAGS, "--env-steps", "450", "--out", str(split)])
+    assert code == 0, err
+    code, out, err = cli(["train", "dqn", "--resume", str(split), "--env-steps", "900", "--json"])
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["agents"] == 3 and summary["replications"] >= 2 and summary["shares"] >= 1
+    with h5py.File(straight) as a, h5py.File(split) as b:
+        names = sorted(a["state"])
+        assert names == sorted(b["state"]) and "members.online" in names and "lineage_event" in names
+        for name in names:
+            x, y = a["state"][name][()], b["state"][name][()]
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    lineage = runner.invoke(app, ["lineage", str(split), "--json"])
+    assert lineage.exit_code == 0 and json.loads(lineage.output)["parameters"] == ["lr"]
+    evaluated = runner.invoke(app, ["evaluate", str(split), "--episodes", "2", "--member", "1", "--json"])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.output.strip().splitlines()[-1])["members"] == [1]
+    out = tmp_path / "member.pt"
+    exported = runner.invoke(app, ["export", str(split), "--member", "2", "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    module = networks.mlp(4, 2, (16, 16))
+    module.load_state_dict(torch.load(out, weights_only=True))
+    with h5py.File(split) as f:
+        assert torch.equal(networks.flat_parameters(module), torch.as_tensor(f["state"]["members.online"][2]))
+    code, _, err = cli(["export", str(split), "--member", "2", "--out", str(straight)])
+    assert code == 2 and "refused" in err
+
+
+def test_a_population_trains_in_a_real_process(tmp_path) -> None:
+    out = tmp_path / "run.h5"
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", "dqn", *FLAGS, "--env-steps", "300", "--out",
+                           str(out), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["env_steps"] == 300 and len(summary["member_quality"]) == 3
+    assert summary["quality"] == max(summary["member_quality"])
+
+
+def test_a_ppo_population_resumes_exactly_and_exports_its_policy(tmp_path, cli) -> None:
+    flags = ["--agents", "2", "--hidden", "8,8", "--copies", "2", "--n-steps", "16", "--n-epochs", "2",
+             "--batch-size", "12", "--phase-steps", "24", "--eval-episodes", "1", "--hp", "lr=loguniform:1e-4:3e-3",
+             "--replicate-every", "96"]
+    straight, split = tmp_path / "straight.h5", tmp_path / "split.h5"
+    # an --episodes budget: PPO's schedules anneal over an --env-steps one, which a resume changes
+    assert cli(["train", "ppo", *flags, "--episodes", "40", "--out", str(straight)])[0] == 0
+    assert cli(["train", "ppo", *flags, "--episodes", "20", "--out", str(split)])[0] == 0
+    code, out, err = cli(["train", "ppo", "--resume", str(split), "--episodes", "40", "--json"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["replications"] >= 2
+    with h5py.File(straight) as a, h5py.File(split) as b:
+        assert sorted(a["state"]) == sorted(b["state"])
+        for name in a["state"]:
+            x, y = a["state"][name][()], b["state"][name][()]
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "policy.pt")])[0] == 0
+    policy = networks.mlp(4, 2, (8, 8), "tanh")
+    policy.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=True))
