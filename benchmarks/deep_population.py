@@ -107,7 +107,7 @@ def first_reaching(path: Path, threshold: float) -> int | None:
 def quality(args: argparse.Namespace) -> dict:
     variants = {
         "independent (random search)": [],
-        "PBT": ["--replicate-every", "5000", "--replicate-fraction", "0.25", "--window", "10"],
+        "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
         "sharing": ["--share-every", "5000"],
     }
     rows: dict[str, list[dict]] = {name: [] for name in variants}
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.steps is None:
-        args.steps = 3000 if args.what == "throughput" else 60_000
+        args.steps = 3000 if args.what == "throughput" else 100_000
     result = throughput(args) if args.what == "throughput" else quality(args)
     print(json.dumps(result, indent=2))
     if args.json:

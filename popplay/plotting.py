@@ -74,6 +74,8 @@ def draw_figure(figure: Any, data: Any, path: Path) -> Path:
 
 _STATS = ("best", "mean", "worst")
 _STYLE = {"best": "--", "mean": "-", "worst": ":"}
+_RANGE = ("min", "mean", "max")  # a spread over agents (a deep population's hyper-parameters)
+_RANGE_STYLE = {"min": ":", "mean": "-", "max": "--"}
 _HIDDEN = ("eval_episode",)  # bookkeeping (which evaluation a point repeats), not a curve
 #: The panel that holds every opponent's best/mean/worst curves together, for domains
 #: whose spec labels it (knights: every benchmark opponent on one axis, all scores).
@@ -122,11 +124,34 @@ def _panels(domain: str, metrics: dict[str, np.ndarray]) -> list[tuple[str, list
     if score:
         panels.append(("score", [(n, f"{n[6:]} agent", _STYLE[n[6:]]) for n in score]))
         used.update(score)
+    spreads = [name[:-len("_min")] for name in metrics if name.endswith("_min")
+               and all(f"{name[:-4]}_{s}" in metrics for s in _RANGE)]
+    for prefix in spreads:
+        panels.append((prefix, [(f"{prefix}_{s}", s, _RANGE_STYLE[s]) for s in _RANGE]))
+        used.update(f"{prefix}_{s}" for s in _RANGE)
     for name in metrics:
         if name in used or name in _HIDDEN or (name.endswith("_se") and name[:-3] in metrics):
             continue
         panels.append((name, [(name, name, "-")]))
     return panels
+
+
+def _member_returns(state: dict[str, Any], window: int = 10) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each member's training returns, a running mean over ``window`` episodes, against
+    the population's env-steps (a deep population's run file; none otherwise)."""
+    needed = ("episode_member", "episode_returns", "episode_env_steps")
+    if not all(name in state for name in needed):
+        return []
+    member, returns, steps = (np.asarray(state[name]).ravel() for name in needed)
+    if not member.size or not member.shape == returns.shape == steps.shape:
+        return []
+    out = []
+    for k in np.unique(member):
+        mine = member == k
+        values = returns[mine].astype(np.float64)
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid") if values.size >= window else values
+        out.append((steps[mine][len(values) - len(smooth):].astype(np.float64), smooth))
+    return out
 
 
 def plot_run(run: Any, path: Path) -> Path:
@@ -172,7 +197,8 @@ def plot_run(run: Any, path: Path) -> Path:
     axes_x = [(step_label, steps)]
     if seconds is not None:
         axes_x.append(("learning time (s)", seconds))
-    rows = len(panels)
+    member_curves = _member_returns(run.state or {})
+    rows = len(panels) + bool(member_curves)
     fig = new_figure(4.6 * len(axes_x) + 2.6, 2.8 * rows + 1.0)
     from matplotlib.ticker import (
         EngFormatter,  # after new_figure: it says when matplotlib is missing; defers matplotlib
@@ -210,6 +236,14 @@ def plot_run(run: Any, path: Path) -> Path:
             ax.set_xlabel(xlabel)
             ax.set_ylabel(_units(run.domain, panel, config), fontsize=8)
             ax.grid(True, alpha=0.3)
+    if member_curves:  # one thin line per member, on the steps axis (episodes carry no learning time)
+        ax = fig.add_subplot(rows, len(axes_x), (rows - 1) * len(axes_x) + 1)
+        for x, y in member_curves:
+            ax.plot(x, y, linewidth=0.6, alpha=0.6)
+        ax.set_xlabel(step_label)
+        ax.set_ylabel("every member's return\n(mean of 10 episodes)", fontsize=8)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.grid(True, alpha=0.3)
     fig.suptitle(_run_title(run), fontsize=10)
     return save_png(fig, path)
 

@@ -71,3 +71,31 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
                                       "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.strip().splitlines()[-1])["episodes"] == 9
+
+
+def test_a_dqn_population_on_cuda_learns_and_its_member_matches_the_member_alone(tmp_path):
+    """A DQN population on the GPU: member k equals member k alone there too (the batched
+    products of one device), and the run file resumes on the CPU."""
+    import torch
+    from typer.testing import CliRunner
+
+    from popplay.cli.main import app
+    from popplay.deep.topologies.dqn import DQNParams, DQNPopulation
+
+    params = DQNParams(agents=3, hidden=(16, 16), batch_size=8, replay_capacity=300, learning_starts=30,
+                       phase_steps=40, eval_episodes=1, hp="lr=loguniform:1e-4:1e-2")
+    backend = Backend("torch", "cuda")
+    runs = []
+    for members in (None, np.array([1])):
+        experiment = DQNPopulation(params, backend, members=members)
+        state = experiment.initial_state()
+        for _ in range(3):
+            state = experiment.phase(state, time_left=None)
+        runs.append(state.learner.online.matrix)
+    assert runs[0].is_cuda and torch.equal(runs[0][1], runs[1][0])
+    out = tmp_path / "run.h5"
+    flags = ["--agents", "3", "--hidden", "16,16", "--learning-starts", "30", "--eval-episodes", "1"]
+    first = CliRunner().invoke(app, ["train", "dqn", *flags, "--device", "cuda", "--env-steps", "600", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    resumed = CliRunner().invoke(app, ["train", "dqn", "--resume", str(out), "--device", "cpu", "--env-steps", "900"])
+    assert resumed.exit_code == 0, resumed.output

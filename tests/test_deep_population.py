@@ -156,6 +156,7 @@ def test_sharing_is_the_experience_weighted_mean_of_each_group() -> None:
     experiment = DQNPopulation(params, None)
     state = experiment.initial_state()
     learner = state.learner
+    assert (learner.online.matrix == learner.online.matrix[0]).all()  # sharing members start alike
     gen = torch.Generator().manual_seed(0)
     learner.online.matrix.copy_(torch.randn(learner.online.matrix.shape, generator=gen))
     before = learner.online.matrix.clone().double()
@@ -212,12 +213,25 @@ def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> 
     (["--hp", "lr=uniform:1e-4:1e-3"], "--agents 2 or more"),
     (["--agents", "2", "--topology", "collective", "--simulators", "2"], "one process"),
     (["--agents", "100000", "--replay", "1000000"], "memory"),
+    (["--agents", "1000000", "--replay", "10", "--learning-starts", "0"], "memory"),  # the environments alone
     (["--agents", "4", "--share-every", "10", "--share-group", "3"], "divisor"),
 ])
 def test_population_options_that_cannot_work_are_refused_in_one_line(cli, args: list[str], message: str) -> None:
     code, out, err = cli(["train", "dqn", "--env-steps", "100", *args])
     assert code == 2, err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("toml", ['hp = "lr=uniform:1e-4:1e-3;gamma=choice:0.9,0.99"',
+                                  '[dqn]\nhp = ["lr=uniform:1e-4:1e-3", "gamma=choice:0.9,0.99"]'])
+def test_hp_specs_come_from_a_toml_config_as_text_or_a_list(tmp_path, cli, toml: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(toml + "\nagents = 3\n" if toml.startswith("hp") else toml + "\nagents = 3\n")
+    code, out, err = cli(["train", "dqn", "--config", str(config), "--env-steps", "60", "--eval-episodes", "0",
+                          "--learning-starts", "10", "--phase-steps", "10", "--json", "--out", str(tmp_path / "r.h5")])
+    assert code == 0, err
+    hypers = json.loads(out.strip().splitlines()[-1])["hypers"]
+    assert set(hypers) == {"lr", "gamma"} and set(hypers["gamma"]) <= {0.9, 0.99} and len(hypers["lr"]) == 3
 
 
 # --- the run file: exact resume, lineage, evaluate, export ------------------------------

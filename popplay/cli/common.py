@@ -136,6 +136,12 @@ def load_config(ctx: typer.Context, param: Any, value: Optional[Path]) -> Option
                              f"({known})")
         options[name] = setting
     for name, setting in list(options.items()):
+        if getattr(names[name], "multiple", False):  # a repeatable option (--hp): one text or a list of them
+            if isinstance(setting, str):
+                options[name] = [setting]
+                continue
+            if isinstance(setting, list) and all(isinstance(v, str) for v in setting):
+                continue
         if isinstance(setting, list) and setting and all(type(v) is int for v in setting):
             options[name] = setting = ",".join(str(v) for v in setting)  # widths: hidden = [64, 64]
         flag = getattr(names[name], "is_flag", False)

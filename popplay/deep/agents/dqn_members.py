@@ -62,11 +62,12 @@ class ReplayRows:
 class DQNMembers:
     """P Double DQN learners with members ``members`` (their indices in the population).
 
-    ``hypers`` maps each name of :data:`HYPER_BOUNDS` to a (P,) float64 array.
+    ``hypers`` maps each name of :data:`HYPER_BOUNDS` to a (P,) float64 array; member
+    ``k`` starts from member ``init_from[k]``'s initial networks (default: its own).
     """
 
     def __init__(self, config: DQNConfig, obs_dim: int, actions: int, seed: int, members: np.ndarray,
-                 hypers: dict[str, np.ndarray], device: str = "cpu") -> None:
+                 hypers: dict[str, np.ndarray], device: str = "cpu", init_from: np.ndarray | None = None) -> None:
         config.validate()
         if config.lr_updates:
             raise ValueError("lr_updates: a population's learning rates are per member (--hp lr=...), "
@@ -76,8 +77,8 @@ class DQNMembers:
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p = len(self.members)
         self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
-        modules = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden)
-                   for k in self.members]
+        starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
+        modules = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         stacked = StackedMLP.from_modules(modules)
         self.online = StackedMLP(stacked.matrix.to(device), stacked.shapes)
         self.target = StackedMLP(self.online.matrix.clone(), self.online.shapes)
@@ -126,7 +127,7 @@ class DQNMembers:
         env-step ``step``: draw ``rng.draw(explore key, step)``, its high half against
         ε, its low half for the random action."""
         r = self._rng
-        word = r.draw(self._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64)))
+        word = r.draw(self._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64, device=self.device)))
         explore = r.uniform_hi32(word) < torch.as_tensor(self.epsilons(), device=self.device)
         random = (r.uniform_lo32(word) * self.actions).to(torch.int64)
         if bool(explore.all()):
@@ -168,14 +169,15 @@ class DQNMembers:
         word ``updates·batch + j`` of each member's sample stream."""
         r = self._rng
         b = self.config.batch_size
-        counters = r.mix_counter(torch.arange(self.updates * b, (self.updates + 1) * b, dtype=torch.int64))
+        counters = r.mix_counter(torch.arange(self.updates * b, (self.updates + 1) * b, dtype=torch.int64,
+                                              device=self.device))
         words = r.draw(self._keys[_SAMPLE].unsqueeze(1), counters.unsqueeze(0))
         return (r.uniform53(words) * self.size).to(torch.int64).clamp_(max=self.size - 1)
 
     def update(self) -> None:
         """One Double DQN step of every member on its own minibatch."""
         p, b = self.count, self.config.batch_size
-        flat = (self._row_base.unsqueeze(1) + self.sample_index().to(self.device)).reshape(-1)
+        flat = (self._row_base.unsqueeze(1) + self.sample_index()).reshape(-1)
         rows = self.replay
         obs = rows.obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
         next_obs = rows.next_obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
@@ -243,11 +245,11 @@ class DQNMembers:
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything that changes, member axis first; replay rows oldest first."""
-        order = (torch.arange(self.size) if self.size < self.config.replay_capacity
-                 else (self.position + torch.arange(self.size)) % self.config.replay_capacity)
+        slots = torch.arange(self.size, device=self.device)
+        order = slots if self.size < self.config.replay_capacity else (self.position + slots) % self.config.replay_capacity
         out = {"online": self.online.matrix, "target": self.target.matrix, "adam.exp_avg": self.adam.exp_avg,
                "adam.exp_avg_sq": self.adam.exp_avg_sq, "adam.steps": self.adam.steps,
-               **{f"replay.{name}": table[:, order.to(self.device)] for name, table in self.replay.arrays().items()}}
+               **{f"replay.{name}": table[:, order] for name, table in self.replay.arrays().items()}}
         arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in out.items()}
         arrays.update({f"hyper.{name}": values.copy() for name, values in self.hypers.items()})
         return arrays

@@ -34,18 +34,19 @@ ROLLOUT_FIELDS = ("obs", "action", "log_prob", "value", "reward", "episode_start
 
 class PPOMembers:
     """P PPO learners for members ``members`` (slots), each with ``config.copies``
-    environments; observations and actions come member-major, ``(P * copies, ...)``.
+    environments; observations and actions come member-major, ``(P * copies, ...)``;
+    member ``k`` starts from member ``init_from[k]``'s initial networks (default: its own).
     ``config`` is a :class:`popplay.deep.agents.ppo_params.PPOParams`."""
 
     def __init__(self, config: Any, obs_dim: int, actions: int, seed: int, members: np.ndarray,
-                 hypers: dict[str, np.ndarray], device: str = "cpu") -> None:
+                 hypers: dict[str, np.ndarray], device: str = "cpu", init_from: np.ndarray | None = None) -> None:
         self.config = config
         self.obs_dim, self.actions, self.seed, self.device = obs_dim, actions, seed, device
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p, c, t = len(self.members), config.copies, config.n_steps
         self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
-        pairs = [networks.actor_critic(member_seed(seed, int(k)), obs_dim, actions, config.hidden)
-                 for k in self.members]
+        starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
+        pairs = [networks.actor_critic(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         rows = [torch.cat([networks.flat_parameters(policy), networks.flat_parameters(value)])
                 for policy, value in pairs]
         self._policy_shapes = [tuple(q.shape) for q in pairs[0][0].parameters()]

@@ -26,7 +26,6 @@ from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import DoubleDQN, DQNConfig, EpsilonGreedy, greedy_policy
 from popplay.deep.agents.dqn_members import HYPER_BOUNDS, DQNMembers
 from popplay.deep.agents.replay import Batch
-from popplay.deep.agents.stacked import parameter_count
 from popplay.deep.envs.rollout import Episodes, episode_seed, play_episodes
 from popplay.deep.topologies.base import (
     ENV_HELP,
@@ -50,7 +49,12 @@ from popplay.deep.topologies.base import (
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.families import RankedExperiment
 from popplay.deep.topologies.population import PopulationExperiment
-from popplay.deep.topologies.population_params import PopulationLayout
+from popplay.deep.topologies.population_params import (
+    OBS_DIM_ESTIMATE,
+    PopulationLayout,
+    mlp_parameters,
+    population_bytes,
+)
 from popplay.deep.topologies.workflow_params import (
     REPLAY_TOPOLOGIES,
     ExarlLayout,
@@ -268,7 +272,7 @@ class DQNPopulation(PopulationExperiment):
 
     def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> DQNMembers:
         return DQNMembers(self.params.agent_config(), self.info.obs_dim, int(self.info.actions), self.params.seed,
-                          members, hypers, device=self.device)
+                          members, hypers, device=self.device, init_from=self.initial_networks(members))
 
     def greedy(self, state: Any) -> Any:
         learner = state.learner
@@ -282,14 +286,11 @@ class DQNPopulation(PopulationExperiment):
 
 
 def memory_bytes(params: DQNParams, world: int = 1, local: int = 1) -> int:
-    """A population's replay memories and networks (they dominate; 0 for one agent,
-    whose memory is one replay buffer)."""
-    if params.agents <= 1:
-        return 0
-    obs_dim = 8  # an upper estimate before the environment is made: CartPole 4, LunarLander 8
-    row = 4 * (2 * obs_dim + 3) + 4  # obs, next_obs, reward, terminated (float32) and the action (int64)
-    n = parameter_count(obs_dim, 4, params.hidden)
-    return params.agents * (params.replay_capacity * row + 6 * 4 * n)
+    """A population's replay memories (they dominate), networks and environments."""
+    obs = OBS_DIM_ESTIMATE
+    row = 4 * (2 * obs + 2) + 8  # obs, next_obs, reward, terminated (float32) and the action (int64)
+    # online, target, their gradient, Adam's two moments and its scratch
+    return population_bytes(params.agents, mlp_parameters(obs, 4, params.hidden), 6, params.replay_capacity, row, 1)
 
 
 def to_batch(episodes: Any) -> Any:

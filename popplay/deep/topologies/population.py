@@ -19,7 +19,8 @@ The members are batched over a leading member axis by the agent's population lea
   share as its weight (:func:`popplay.operators.sharing.share_weighted`), in groups of
   ``--share-group`` consecutive members, optionally followed by differentiation,
   Bell's (9)–(10) (:func:`popplay.operators.sharing.differentiate`). Members step in
-  lockstep, so their weights are equal today and the share is the plain mean;
+  lockstep, so their weights are equal today and the share is the plain mean. Sharing
+  members start from one initial network (:meth:`PopulationExperiment.initial_networks`);
 - the budgets count the whole population: ``--env-steps`` is summed over members.
 
 With the operators off, member ``k`` is exactly what a population holding member ``k``
@@ -58,7 +59,7 @@ class PopulationState:
     max_bias: float = 0.0
     replications: int = 0
     last_share_step: int = 0
-    # every finished episode, in order: member slot, return, length, member step at its end
+    # every finished episode, in order: member slot, return, length, population env-steps at its end
     episode_member: list[int] = field(default_factory=list)
     episode_return: list[float] = field(default_factory=list)
     episode_length: list[int] = field(default_factory=list)
@@ -120,7 +121,17 @@ class PopulationExperiment:
         return {name: float(getattr(self.params, name)) for name in self.hyper_bounds}
 
     def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> Any:
+        """The agent's batched learner of the member slots ``members``, starting from
+        the initial networks of :meth:`initial_networks`."""
         raise NotImplementedError
+
+    def initial_networks(self, members: np.ndarray) -> np.ndarray:
+        """Whose initial networks each member starts from: its own, or, where the
+        members share, member 0's for all. Bell's agents all start from the same
+        (zero) tables; averages of independently initialised networks mix unrelated
+        hidden units (any permutation of them computes the same function) into noise,
+        so sharing members start alike and differ by their experience."""
+        return np.zeros_like(members) if self.params.share_every else members
 
     # --- the run ---------------------------------------------------------------------
     def warmup(self) -> None:
@@ -159,7 +170,7 @@ class PopulationExperiment:
                 state.episode_member.append(slot)
                 state.episode_return.append(ret)
                 state.episode_length.append(length)
-                state.episode_step.append(state.member_steps)
+                state.episode_step.append(state.env_steps)
                 recent = state.recent[slot]
                 recent.append(ret)
                 del recent[:-p.window]
@@ -252,16 +263,17 @@ class PopulationExperiment:
     def measure(self, state: PopulationState) -> dict[str, float]:
         scores = self.scores(state)
         seen = scores[~np.isnan(scores)]
-        out = {"return": float(seen.mean()) if seen.size else math.nan,
-               "return_best": float(seen.max()) if seen.size else math.nan,
+        out = {"return_best": float(seen.max()) if seen.size else math.nan,
+               "return_mean": float(seen.mean()) if seen.size else math.nan,
                "return_worst": float(seen.min()) if seen.size else math.nan,
                "updates": float(state.learner.updates)}
         epsilons = getattr(state.learner, "epsilons", None)
         if epsilons is not None:  # an ε-greedy agent's exploration, falling with its updates
             out["epsilon"] = float(np.mean(epsilons()))
-        for spec in self.specs:
+        for spec in self.specs:  # the spread of every hyper-parameter that varies
             values = state.learner.hypers[spec.name]
-            out[f"{spec.name}_min"], out[f"{spec.name}_max"] = float(values.min()), float(values.max())
+            out[f"{spec.name}_min"], out[f"{spec.name}_mean"], out[f"{spec.name}_max"] = (
+                float(values.min()), float(values.mean()), float(values.max()))
         return out
 
     def agent_steps(self, state: PopulationState) -> int:
@@ -295,7 +307,7 @@ class PopulationExperiment:
                 "episode_member": np.asarray(state.episode_member, dtype=np.int64),
                 "episode_returns": np.asarray(state.episode_return, dtype=np.float64),
                 "episode_lengths": np.asarray(state.episode_length, dtype=np.int64),
-                "episode_step": np.asarray(state.episode_step, dtype=np.int64),
+                "episode_env_steps": np.asarray(state.episode_step, dtype=np.int64),
                 "recent_returns": _ragged(state.recent)[0], "recent_counts": _ragged(state.recent)[1]}
 
     def state_counters(self, state: PopulationState) -> dict[str, Any]:
@@ -328,7 +340,7 @@ class PopulationExperiment:
         state.episode_member = [int(v) for v in arrays["episode_member"]]
         state.episode_return = [float(v) for v in arrays["episode_returns"]]
         state.episode_length = [int(v) for v in arrays["episode_lengths"]]
-        state.episode_step = [int(v) for v in arrays["episode_step"]]
+        state.episode_step = [int(v) for v in arrays["episode_env_steps"]]
         if not len(state.episode_member) == len(state.episode_return) == state.episodes:
             raise ValueError(f"{len(state.episode_return)} episode returns stored for {state.episodes} episodes")
         state.recent = _unragged(arrays["recent_returns"], arrays["recent_counts"], len(self.slots))

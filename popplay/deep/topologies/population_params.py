@@ -76,3 +76,24 @@ class PopulationLayout:
             raise ValueError(f"differentiation must be non-negative (got {self.differentiation})")
         if not (self.bias_decay >= 1 and math.isfinite(self.bias_decay)):
             raise ValueError(f"bias_decay must be at least 1 (got {self.bias_decay})")
+
+
+#: What one member's environment holds, roughly (CartPole about 5 KB measured; box2d's more).
+ENV_BYTES = 16 * 1024
+#: Observation width assumed before the environment is made (CartPole 4, LunarLander 8).
+OBS_DIM_ESTIMATE = 8
+
+
+def mlp_parameters(in_dim: int, out_dim: int, hidden: tuple[int, ...]) -> int:
+    """The parameter count of a fully connected network ``in_dim -> hidden... -> out_dim``."""
+    widths = [in_dim, *hidden, out_dim]
+    return sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+
+
+def population_bytes(agents: int, parameters: int, tables: int, rows: int, row_bytes: int, envs: int) -> int:
+    """A population's memory: ``tables`` float32 (P, ``parameters``) matrices (networks,
+    Adam's moments, gradients), ``rows`` stored rows of ``row_bytes`` per member (replay
+    or rollout), and ``envs`` environments per member. 0 for one agent (its own estimate)."""
+    if agents <= 1:
+        return 0
+    return agents * (tables * 4 * parameters + rows * row_bytes + envs * ENV_BYTES)

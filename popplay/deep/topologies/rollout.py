@@ -262,7 +262,7 @@ class PPOPopulation(PopulationExperiment):
 
     def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> PPOMembers:
         return PPOMembers(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members, hypers,
-                          device=self.device)
+                          device=self.device, init_from=self.initial_networks(members))
 
     def greedy(self, state: Any) -> Any:
         return state.learner.greedy_actions
