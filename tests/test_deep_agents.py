@@ -165,3 +165,25 @@ def test_flat_parameters_round_trip() -> None:
     networks.load_flat_parameters(b, networks.flat_parameters(a))
     assert torch.equal(networks.flat_parameters(a), networks.flat_parameters(b))
     assert networks.parameter_count(a) == 3 * 5 + 5 + 5 * 2 + 2
+
+
+def test_a_wrapped_replay_ring_reloads_each_transition_into_its_slot() -> None:
+    """Minibatches draw slots: a ring that has wrapped must come back with every
+    transition where it was, or a resumed run learns from other minibatches than an
+    unbroken one (it did until the ring's position was restored from ``added``)."""
+    def rows(start: int, n: int) -> Batch:
+        x = torch.arange(start, start + n, dtype=torch.float32)
+        return Batch(x.view(-1, 1).repeat(1, 3), x.long(), x, x.view(-1, 1).repeat(1, 3) + 0.5, torch.zeros(n))
+
+    for total in (7, 10, 23):  # not full, exactly full, wrapped twice and a bit
+        ring = ReplayBuffer(10, 3)
+        for start in range(0, total, 3):
+            ring.add(rows(start, min(3, total - start)))
+        again = ReplayBuffer(10, 3)
+        again.load(ring.arrays(), ring.added)
+        assert (again.position, again.size, again.added) == (ring.position, ring.size, ring.added)
+        for name in Batch._fields:
+            assert torch.equal(getattr(again, name), getattr(ring, name)), (total, name)
+        again.add(rows(100, 1))
+        ring.add(rows(100, 1))
+        assert torch.equal(again.obs, ring.obs)

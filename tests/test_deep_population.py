@@ -141,7 +141,7 @@ def test_pbt_copies_weights_optimiser_and_hypers_from_the_best_and_records_them(
     assert new["parent"][0] == 1 and new["replaced"][0] == 0 and new["slot"].tolist() == [0, 0]
     assert new["agent"].tolist() == [4, 4] and state.ids.tolist() == [4, 1, 2, 3]
     assert new["lr"][0] == hypers_before["lr"][1] and new["lr"][1] == lr
-    assert state.recent[0] == state.recent[1]  # ranked as its parent until it plays
+    assert np.array_equal(state.recent[0], state.recent[1], equal_nan=True)  # ranked as its parent until it plays
 
 
 def test_copy_replay_takes_the_parents_memory_too() -> None:

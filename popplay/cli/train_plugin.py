@@ -62,8 +62,12 @@ _RUN_OPTIONS: list[tuple[str, Any, Any, str | None]] = [
     ("seeds", SeedsOption, 1, None),
     ("config", ConfigOption, None, None),
     ("nproc", NprocOption, 1, POPULATION),
-    # Only to answer it: a deep run's ranks come from its layout (a one-line hint, not "No such option").
-    ("nproc", Annotated[int, typer.Option(hidden=True)], 1, DEEP),
+    # A deep topology's ranks come from its layout (--nproc there gets a one-line hint); a deep
+    # population (--agents P) splits its members over --nproc ranks.
+    ("nproc", Annotated[int, typer.Option(
+        min=1, help="Deep populations (--agents P): local processes (ranks) to split the members over "
+                    "(loopback only; the number must divide --agents). Other layouts count their own ranks.")],
+     1, DEEP),
     ("timeout", DistTimeoutOption, 60.0, POPULATION),  # a deep agent's is one of its fields
     ("log_dir", LogDirOption, None, None),
 ]

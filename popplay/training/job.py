@@ -69,9 +69,15 @@ class JobOutcome:
         return self.exit_code is None
 
 
+def symmetric(spec: DomainSpec, params: Any) -> bool:
+    """Whether every rank runs the phases on its share of the members (a population:
+    Bell's, or a deep agent's ``--agents P``) rather than serving rank 0 in a topology."""
+    return spec.kind == POPULATION or bool(getattr(params, "shards_members", False))
+
+
 def world_size(spec: DomainSpec, params: Any, options: JobOptions) -> int:
     """How many ranks the job has: ``--nproc`` for a population, the topology's ranks for a deep agent."""
-    return options.nproc if spec.kind == POPULATION else int(getattr(params, "ranks", 1))
+    return options.nproc if symmetric(spec, params) else int(getattr(params, "ranks", 1))
 
 
 def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = None,
@@ -84,7 +90,7 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
         raise UsageError("--seeds: resume each seed's run file on its own")
     world = world_size(spec, params, options)
     spec.backend(options.backend, options.device)  # a device the run cannot use: refused before any rank starts
-    if spec.kind != POPULATION and options.nproc > 1:
+    if not symmetric(spec, params) and options.nproc > 1:
         raise UsageError(f"--nproc: a {spec.name} run's ranks come from its layout (--topology or --workflow and "
                          f"its rank counts: {world} here), not --nproc")
     if options.seeds > 1 and (world > 1 or in_rank()):
@@ -141,9 +147,12 @@ def _launch(spec: DomainSpec, params: Any, options: JobOptions, out: Path, world
         raise UsageError(f"this run would start {world:,} processes; this machine takes at most {limit:,} "
                          f"({RANKS_PER_CORE} per core, or POPPLAY_MAX_RANKS): lower --nproc or the ranks of its "
                          "layout (--simulators, --workers, --learners, --actors)")
-    if spec.kind == POPULATION:
-        sharded.check_divisible(params, world, splits_trials=spec.splits_trials)
-    else:
+    if symmetric(spec, params):
+        try:
+            sharded.check_divisible(params, world, splits_trials=spec.splits_trials)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    if spec.kind != POPULATION:
         check_writable(out, overwrite=options.overwrite, resume=resume is not None)
     if options.argv is None:
         raise UsageError("several ranks: start popplay from its command line (popplay.cli.main)")
@@ -161,12 +170,12 @@ def _train_one(spec: DomainSpec, params: Any, options: TrainOptions, *, world: i
     console = None
     stop_requested = False
     experiment_type = spec.experiment_type()
-    symmetric = spec.kind == POPULATION  # every rank runs the phases, on its share of the population
+    every_rank = symmetric(spec, params)  # every rank runs the phases, on its share of the population
     # A deep topology's messages travel over gloo as CPU tensors, wherever its learner computes.
-    with sharded.rank_session(world, timeout if symmetric else getattr(params, "timeout", timeout),
-                              options.device if symmetric else "cpu") as dist:
+    with sharded.rank_session(world, timeout if every_rank else getattr(params, "timeout", timeout),
+                              options.device if every_rank else "cpu") as dist:
         sharded.check_supported(dist, spec=spec, world=world)
-        if dist.distributed and not symmetric:
+        if dist.distributed and not every_rank:
             set_role(experiment_type.role(params, dist.rank))
             if dist.rank != 0:
                 # The launcher forwards Ctrl-C to every rank; rank 0 alone decides when to stop.
@@ -179,15 +188,15 @@ def _train_one(spec: DomainSpec, params: Any, options: TrainOptions, *, world: i
         try:
             with stop_on_signals() as should_stop:
                 outcome = train(spec.name, params, options, reporter=console,
-                                should_stop=sharded.agreed_stop(should_stop, dist) if symmetric else should_stop,
-                                resume=resume, ranks=sharded.rank_sync(dist) if symmetric else None)
+                                should_stop=sharded.agreed_stop(should_stop, dist) if every_rank else should_stop,
+                                resume=resume, ranks=sharded.rank_sync(dist) if every_rank else None)
                 stop_requested = should_stop()
         finally:
             if console is not None:
                 console.close()
     if not dist.is_writer:
         return None, stop_requested
-    outcome.summary.update(sharded.summary_fields(dist) if symmetric else {})
+    outcome.summary.update(sharded.summary_fields(dist) if every_rank else {})
     return outcome, stop_requested
 
 

@@ -90,6 +90,7 @@ class DQNMembers:
             torch.zeros(p, cap, device=device))
         self.position = 0  # next slot of every ring
         self.size = 0
+        self.added = 0  # transitions each member has stored (the ring's next slot: this mod capacity)
         self.updates = 0
         self.update_credit = 0.0
         keys = rng.stream_keys(seed, TAG_MEMBER, [_EXPLORE, _SAMPLE], self.members)
@@ -150,6 +151,7 @@ class DQNMembers:
         rows.terminated[:, at] = torch.as_tensor(terminated, dtype=torch.float32)
         self.position = (at + 1) % self.config.replay_capacity
         self.size = min(self.config.replay_capacity, self.size + 1)
+        self.added += 1
         self.update_credit += self.config.update_ratio
 
     def train(self, progress: float = 0.0) -> int:
@@ -212,20 +214,12 @@ class DQNMembers:
         e = self.last_errors
         return F.smooth_l1_loss(e, torch.zeros_like(e), reduction="none").mean(dim=1).cpu().numpy()
 
-    # --- population operators --------------------------------------------------------
-    def copy_members(self, parents: np.ndarray, children: np.ndarray, *, replay: bool) -> None:
-        """Members ``children`` become copies of ``parents`` (slots): networks, Adam
-        state and hyper-parameters; their replay memories too with ``replay``."""
-        src = torch.as_tensor(np.asarray(parents, dtype=np.int64), device=self.device)
-        dst = torch.as_tensor(np.asarray(children, dtype=np.int64), device=self.device)
+    # --- what the population operators act on -------------------------------------------
+    def member_tables(self, *, replay: bool) -> list[torch.Tensor]:
+        """What a PBT copy moves, member axis first: networks, Adam state and (with
+        ``replay``) the replay memory."""
         tables = [self.online.matrix, self.target.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
-        if replay:
-            tables += list(self.replay.arrays().values())
-        for table in tables:
-            table[dst] = table[src]
-        for name, values in self.hypers.items():
-            values[np.asarray(children)] = values[np.asarray(parents)]
-        self._hyper_tensors()
+        return tables + (list(self.replay.arrays().values()) if replay else [])
 
     def member_module(self, slot: int) -> torch.nn.Sequential:
         """Member ``slot``'s online network as the ``nn.Sequential`` one DQN agent has (a CPU copy)."""
@@ -245,8 +239,8 @@ class DQNMembers:
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything that changes, member axis first; replay rows oldest first."""
-        slots = torch.arange(self.size, device=self.device)
-        order = slots if self.size < self.config.replay_capacity else (self.position + slots) % self.config.replay_capacity
+        slots, cap = torch.arange(self.size, device=self.device), self.config.replay_capacity
+        order = slots if self.size < cap else (self.position + slots) % cap
         out = {"online": self.online.matrix, "target": self.target.matrix, "adam.exp_avg": self.adam.exp_avg,
                "adam.exp_avg_sq": self.adam.exp_avg_sq, "adam.steps": self.adam.steps,
                **{f"replay.{name}": table[:, order] for name, table in self.replay.arrays().items()}}
@@ -255,7 +249,8 @@ class DQNMembers:
         return arrays
 
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.updates, "update_credit": self.update_credit, "replay_size": self.size}
+        return {"updates": self.updates, "update_credit": self.update_credit, "replay_size": self.size,
+                "replay_added": self.added}
 
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         """Restore :meth:`arrays` and :meth:`counters`; ValueError (one line) on shapes
@@ -289,10 +284,17 @@ class DQNMembers:
         self.adam.exp_avg.copy_(take("members.adam.exp_avg"))
         self.adam.exp_avg_sq.copy_(take("members.adam.exp_avg_sq"))
         self.adam.steps.copy_(take("members.adam.steps"))
+        added = int(counters["replay_added"])
+        if added < size:
+            raise ValueError(f"replay_added {added} is below replay_size {size}")
+        cap = self.config.replay_capacity
+        # each transition back in its slot (minibatches draw slots): a full ring's next slot is added mod capacity
+        position = added % cap if size == cap else size
+        slots = ((position + torch.arange(size)) % cap if size == cap else torch.arange(size)).to(self.device)
         for name, table in self.replay.arrays().items():
             table.zero_()
-            table[:, :size] = take(f"members.replay.{name}").to(table.dtype)
-        self.size, self.position = size, size % self.config.replay_capacity
+            table[:, slots] = take(f"members.replay.{name}").to(table.dtype)
+        self.size, self.position, self.added = size, position, added
         self.updates = int(counters["updates"])
         self.update_credit = float(counters["update_credit"])
         self.set_hypers(hypers)

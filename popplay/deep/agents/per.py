@@ -226,6 +226,6 @@ class PrioritizedReplay(ReplayBuffer):
         if values.numel() != self.size:
             raise ValueError(f"{prefix}.priority has {values.numel()} values for {self.size} transitions")
         self.tree = SumTree(self.capacity)
-        self.tree.update(torch.arange(self.size), values)
+        self.tree.update(self._ordered_slots(), values)  # each priority back beside its transition
         self.max_priority = float(arrays[f"{prefix}.per_state"][0])
         self.draws = int(arrays[f"{prefix}.per_state"][1])

@@ -217,15 +217,10 @@ class PPOMembers:
     def parameter_tables(self) -> list[torch.Tensor]:
         return [self.net.matrix]
 
-    def copy_members(self, parents: np.ndarray, children: np.ndarray, *, replay: bool) -> None:
-        """Members ``children`` become copies of ``parents``: networks, Adam state and
-        hyper-parameters (a rollout belongs to the member's own environments: kept)."""
-        src = torch.as_tensor(np.asarray(parents, dtype=np.int64), device=self.device)
-        dst = torch.as_tensor(np.asarray(children, dtype=np.int64), device=self.device)
-        for table in (self.net.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps):
-            table[dst] = table[src]
-        for values in self.hypers.values():
-            values[np.asarray(children)] = values[np.asarray(parents)]
+    def member_tables(self, *, replay: bool) -> list[torch.Tensor]:
+        """What a PBT copy moves, member axis first: networks and Adam state (a rollout
+        belongs to the member's own environments: kept)."""
+        return [self.net.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
         for name in self.hypers:
@@ -243,7 +238,8 @@ class PPOMembers:
         out = {"members.net": self.net.matrix, "members.adam.exp_avg": self.adam.exp_avg,
                "members.adam.exp_avg_sq": self.adam.exp_avg_sq, "members.adam.steps": self.adam.steps,
                "members.next_start": self.next_start,
-               **{f"members.rollout.{name}": table[:self.filled] for name, table in self.rollout.items()}}
+               **{f"members.rollout.{name}": table[:self.filled].transpose(0, 1)  # member axis first
+                  for name, table in self.rollout.items()}}
         arrays = {name: value.detach().cpu().numpy().copy() for name, value in out.items()}
         arrays.update({f"hyper.{name}": values.copy() for name, values in self.hypers.items()})
         return arrays
@@ -259,7 +255,7 @@ class PPOMembers:
                     "members.adam.exp_avg_sq": tuple(self.net.matrix.shape), "members.adam.steps": (self.count,),
                     "members.next_start": tuple(self.next_start.shape)}
         for name, table in self.rollout.items():
-            expected[f"members.rollout.{name}"] = (filled, *table.shape[1:])
+            expected[f"members.rollout.{name}"] = (table.shape[1], filled, *table.shape[2:])
         for key, shape in expected.items():
             if key not in arrays:
                 raise ValueError(f"{key} is missing")
@@ -278,7 +274,7 @@ class PPOMembers:
         self.adam.steps.copy_(take("members.adam.steps"))
         self.next_start.copy_(take("members.next_start"))
         for name, table in self.rollout.items():
-            table[:filled] = take(f"members.rollout.{name}").to(table.dtype)
+            table[:filled] = take(f"members.rollout.{name}").to(table.dtype).transpose(0, 1)
         self.filled = filled
         self.updates = int(counters["updates"])
         self.rollouts = int(counters["rollouts"])

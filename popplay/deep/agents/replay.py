@@ -83,14 +83,21 @@ class ReplayBuffer:
         return {f"{prefix}.{name}": t.cpu().numpy().copy() for name, t in b._asdict().items()}
 
     def load(self, arrays: dict[str, np.ndarray], added: int, prefix: str = "replay") -> None:
-        """Refill from :meth:`arrays` (the ring restarts at slot ``size``)."""
+        """Refill from :meth:`arrays` (oldest first), each transition back in the slot
+        it held: a full ring's next slot is ``added`` mod capacity, and minibatches
+        draw slots, so a resumed run samples the transitions an unbroken one does."""
         parts = {name: torch.as_tensor(arrays[f"{prefix}.{name}"]) for name in Batch._fields}
         n = parts["obs"].shape[0]
         if n > self.capacity or (n and parts["obs"].shape[1] != self.obs_dim):
             raise ValueError(f"stored replay of shape {tuple(parts['obs'].shape)} does not fit this buffer")
-        self.position, self.size, self.added = 0, 0, 0
-        self.add(Batch(**parts))
-        self.position = n % self.capacity
+        if int(added) < n:
+            raise ValueError(f"replay: {n} transitions stored but only {added} ever added")
+        self.position = int(added) % self.capacity if n == self.capacity else n
+        slots = (self.position + torch.arange(n)) % self.capacity if n == self.capacity else torch.arange(n)
+        slots = slots.to(self.device)
+        for name in Batch._fields:
+            getattr(self, name)[slots] = parts[name].to(self.device, getattr(self, name).dtype)
+        self.size = n
         self.added = int(added)
 
 

@@ -1,4 +1,5 @@
-"""Populations of deep agents: ``--agents P`` members learning at once in one process.
+"""Populations of deep agents: ``--agents P`` members learning at once, in one process
+or split over ``--nproc`` ranks.
 
 The members are batched over a leading member axis by the agent's population learner
 (DQN's: :class:`popplay.deep.agents.dqn_members.DQNMembers`), one environment each
@@ -25,6 +26,13 @@ The members are batched over a leading member axis by the agent's population lea
 
 With the operators off, member ``k`` is exactly what a population holding member ``k``
 alone computes: its streams, networks and environment depend on (seed, k) only.
+
+Over ``--nproc`` N ranks (gloo, every rank running the phases: as Bell's populations),
+each rank holds a contiguous block of P/N members. The operators see the whole
+population: scores, hyper-parameters and windows are gathered (small), a copy moves
+its parent's rows to the child's rank, a share gathers its groups' parameters and
+averages them in the one-process order; every rank keeps the same lineage. A run on N
+ranks is bit-identical to one process, and resumes on any N that divides P.
 """
 from __future__ import annotations
 
@@ -36,7 +44,10 @@ import numpy as np
 import torch
 
 from popplay import rng
+from popplay.core.errors import UsageError
 from popplay.deep.envs.members import MemberEnvs
+from popplay.distributed import collectives
+from popplay.distributed.group import current
 from popplay.deep.topologies.base import check_finite_arrays
 from popplay.deep.topologies.common import budget_reached, estimated_budget_steps
 from popplay.operators import hyper
@@ -49,24 +60,25 @@ TAG_EVALUATION = 13
 
 @dataclass
 class PopulationState:
-    learner: Any  # the agent's population learner (DQNMembers)
-    envs: MemberEnvs
-    ids: np.ndarray  # (P,) lineage id of the member in each slot
-    lineage: Lineage
+    learner: Any  # the agent's population learner (DQNMembers, PPOMembers): this rank's members
+    envs: MemberEnvs  # this rank's members' environments
+    ids: np.ndarray  # (P,) lineage id of the member in each slot, the whole population
+    lineage: Lineage  # the whole population's (every rank keeps the same)
+    recent: np.ndarray  # (members here, --window) their last returns, newest last, NaN before any
     member_steps: int = 0  # steps of each member's environments (they step in lockstep)
-    episodes: int = 0  # finished episodes, all members
+    episodes: int = 0  # finished episodes, all members (all ranks: counted at phase ends)
     shares: int = 0
     max_bias: float = 0.0
     replications: int = 0
     last_share_step: int = 0
-    # every finished episode, in order: member slot, return, length, population env-steps at its end
+    # every finished episode of this rank's members, in order: member slot, return,
+    # length, population env-steps at its end
     episode_member: list[int] = field(default_factory=list)
     episode_return: list[float] = field(default_factory=list)
     episode_length: list[int] = field(default_factory=list)
     episode_step: list[int] = field(default_factory=list)
-    recent: list[list[float]] = field(default_factory=list)  # per slot: returns that rank it (last --window)
     copies: int = 1  # environments per member
-    agents: int = 0  # members of the whole population (this process may run a part: ``ids``)
+    agents: int = 0  # members of the whole population
 
     @property
     def member_env_steps(self) -> int:
@@ -83,10 +95,11 @@ class PopulationExperiment:
     """The runner's view of a deep population (:class:`popplay.core.experiment.Experiment`).
 
     An agent's population plugs in with :meth:`new_learner` (its batched learner for
-    the member slots given) and :meth:`greedy` (a function from (P, B, obs) observations
-    to actions); the learner gives ``act``, ``receive``, ``train``, ``hypers``,
-    ``set_hypers``, ``copy_members``, ``parameter_tables``, ``arrays``, ``counters``,
-    ``load`` and ``losses``.
+    the member slots given), :meth:`greedy` and :meth:`member_network`; the learner
+    gives ``act``, ``receive``, ``train``, ``hypers`` and ``set_hypers`` (this rank's
+    members), ``member_tables`` (every array a PBT copy moves, member axis first),
+    ``parameter_tables`` (what sharing averages), ``arrays`` (member axis first),
+    ``counters``, ``load`` and ``updates``.
     """
 
     domain = "deep"
@@ -100,21 +113,43 @@ class PopulationExperiment:
     copies_field: str | None = None
 
     def __init__(self, params: Any, backend: Any, members: np.ndarray | None = None) -> None:
-        """``members``: the member slots this process runs (default: all ``--agents``)."""
+        """``members``: the member slots this process runs, as a population of its own
+        (default: all ``--agents``, or this rank's block of them on several ranks)."""
         torch.set_num_threads(1)  # as every deep run: tiny matrices, shared cores
         params.validate()
         self.params = params
         self.backend = backend
         self.device = backend.device if backend is not None else "cpu"
+        self.dist = current()
+        self.sharded = self.dist.distributed and members is None
+        if self.sharded:
+            if params.episodes:
+                raise UsageError("--episodes: a population over several ranks takes an --env-steps or "
+                                 "--time-budget budget (every rank must agree on it at every step)")
+            self.slots = np.arange(params.agents, dtype=np.int64)[collectives.shard(params.agents, self.dist)]
+        else:
+            self.slots = (np.arange(params.agents, dtype=np.int64) if members is None
+                          else np.asarray(members, dtype=np.int64).reshape(-1))
+        # the population the operators act on, and where this process's rows start in it
+        self.whole_slots = np.arange(params.agents, dtype=np.int64) if self.sharded else self.slots
+        self.offset = int(self.slots[0]) if self.sharded else 0
+        self.collective_save = self.sharded  # every rank takes part in a save: its members are gathered
         self.specs = params.hyper_specs(self.hyper_bounds)
-        self.slots = (np.arange(params.agents, dtype=np.int64) if members is None
-                      else np.asarray(members, dtype=np.int64).reshape(-1))
         # The lineage records the hyper-parameters that vary (an --hp spec); the others are the run's config.
         self.tracked = tuple(spec.name for spec in self.specs)
         self.copies = int(getattr(params, self.copies_field)) if self.copies_field else 1
         probe = MemberEnvs(params.env, params.seed, self.slots[:1])
         self.info = probe.info
         probe.close()
+        self._qualities: np.ndarray | None = None
+
+    def _whole(self, local: Any) -> Any:
+        """This rank's member-major array as the whole population's (rank order = slot order)."""
+        return collectives.all_gather_axis(local, axis=0, dist=self.dist) if self.sharded else local
+
+    def _mine(self, whole: Any) -> Any:
+        """This rank's rows of a whole-population member-major array."""
+        return whole[self.offset:self.offset + len(self.slots)]
 
     # --- hooks of the agent ----------------------------------------------------------
     def hyper_defaults(self) -> dict[str, float]:
@@ -133,6 +168,14 @@ class PopulationExperiment:
         so sharing members start alike and differ by their experience."""
         return np.zeros_like(members) if self.params.share_every else members
 
+    def greedy(self, state: PopulationState) -> Any:
+        """A function from one observation per member (P, obs_dim) to greedy actions (P,)."""
+        raise NotImplementedError
+
+    def member_network(self, state: PopulationState, member: int) -> Any:
+        """Member ``member``'s acting network as a plain ``nn.Sequential`` (a copy)."""
+        raise NotImplementedError
+
     # --- the run ---------------------------------------------------------------------
     def warmup(self) -> None:
         pass
@@ -140,12 +183,13 @@ class PopulationExperiment:
     def initial_state(self) -> PopulationState:
         p = self.params
         hypers = hyper.sample(self.specs, p.seed, self.slots, self.hyper_defaults())
-        ids = initial_ids((len(self.slots),))
-        lineage = Lineage.start(ids, self.tracked, values={name: hypers[name] for name in self.tracked})
+        whole = hyper.sample(self.specs, p.seed, self.whole_slots, self.hyper_defaults())
+        ids = initial_ids((len(self.whole_slots),))
+        lineage = Lineage.start(ids, self.tracked, values={name: whole[name] for name in self.tracked})
         return PopulationState(learner=self.new_learner(self.slots, hypers),
                                envs=MemberEnvs(p.env, p.seed, self.slots, self.copies), ids=ids, lineage=lineage,
-                               copies=self.copies, agents=p.agents,
-                               max_bias=float(p.differentiation), recent=[[] for _ in self.slots])
+                               recent=np.full((len(self.slots), p.window), np.nan), copies=self.copies,
+                               agents=len(self.whole_slots), max_bias=float(p.differentiation))
 
     def finished(self, state: PopulationState, *, time_mode: bool) -> bool:
         if self.diverged is not None:
@@ -156,6 +200,7 @@ class PopulationExperiment:
         p = self.params
         learner, member_envs = state.learner, state.envs
         every = max(1, getattr(p, "train_every", 0))
+        before = state.episodes
         for _ in range(p.phase_steps):
             if self.finished(state, time_mode=False):
                 break
@@ -163,21 +208,22 @@ class PopulationExperiment:
             step = member_envs.step(actions)
             learner.receive(step.obs, step.action, step.reward, step.successor, step.terminated, step.truncated)
             state.member_steps += 1
-            if state.member_steps % every == 0:
-                learner.train(state.env_steps / p.env_steps if p.env_steps else 0.0)
+            if state.member_steps % every == 0:  # schedules run on each member's share of the budget
+                learner.train(state.member_env_steps * p.agents / p.env_steps if p.env_steps else 0.0)
             for env, ret, length in zip(step.ended.tolist(), step.returns.tolist(), step.lengths.tolist()):
-                slot = env // self.copies
-                state.episode_member.append(slot)
+                row = env // self.copies
+                state.episode_member.append(int(self.slots[row]))
                 state.episode_return.append(ret)
                 state.episode_length.append(length)
                 state.episode_step.append(state.env_steps)
-                recent = state.recent[slot]
-                recent.append(ret)
-                del recent[:-p.window]
+                state.recent[row, :-1] = state.recent[row, 1:]
+                state.recent[row, -1] = ret
             state.episodes += len(step.ended)
             # at the step a mark is passed, not at the phase's end: where a phase ends
             # depends on budgets (a resumed run's phases fall elsewhere), the marks do not
             self._operators(state)
+        if self.sharded:  # the other ranks' episodes of this phase
+            state.episodes = before + collectives.sum_int(state.episodes - before, dist=self.dist)
         return state
 
     def _crossed(self, state: PopulationState, every: int, done: int) -> bool:
@@ -191,8 +237,16 @@ class PopulationExperiment:
             self.replicate(state)
 
     def scores(self, state: PopulationState) -> np.ndarray:
-        """Each member's mean return over its last ``--window`` episodes (NaN: none yet)."""
-        return np.asarray([np.mean(r) if r else np.nan for r in state.recent], dtype=np.float64)
+        """Each member's mean return over its last ``--window`` episodes (NaN: none
+        yet), the whole population's."""
+        recent = self._whole(state.recent)
+        seen = ~np.isnan(recent)
+        total = np.where(seen, recent, 0.0).sum(axis=1)
+        count = seen.sum(axis=1)
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+    def whole_hypers(self, state: PopulationState) -> dict[str, np.ndarray]:
+        return {name: self._whole(values) for name, values in state.learner.hypers.items()}
 
     def replicate(self, state: PopulationState, scores: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """PBT's exploit and explore now (``scores``: by default :meth:`scores`);
@@ -208,42 +262,66 @@ class PopulationExperiment:
         parents, children = parents[copies], children[copies]
         if children.size == 0:
             return parents, children
-        learner.copy_members(parents, children, replay=p.copy_replay)
+        for table in learner.member_tables(replay=p.copy_replay):
+            self._copy_rows(table, parents, children)
+        hypers = self.whole_hypers(state)
+        for values in hypers.values():
+            values[children] = values[parents]
         generation = state.member_env_steps
-        copied = {name: learner.hypers[name][children] for name in self.tracked}
+        copied = {name: hypers[name][children] for name in self.tracked}
         state.ids, child_ids = state.lineage.replace(generation, state.ids, parents, children, values=copied)
         if self.specs:
-            explored = hyper.explore(learner.hypers, children, self.specs, p.seed, state.replications, child_ids,
-                                     p.resample)
-            learner.set_hypers(explored)
+            hypers = hyper.explore(hypers, children, self.specs, p.seed, state.replications, child_ids, p.resample)
             state.lineage.record(generation, "mutation", child_ids, slots=children,
-                                 values={name: explored[name][children] for name in self.tracked})
-        for parent, child in zip(parents.tolist(), children.tolist()):
-            state.recent[child] = list(state.recent[parent])  # ranked as its parent until it plays
+                                 values={name: hypers[name][children] for name in self.tracked})
+        learner.set_hypers({name: self._mine(values) for name, values in hypers.items()})
+        recent = self._whole(state.recent)
+        recent[children] = recent[parents]  # ranked as its parent until it plays
+        state.recent = self._mine(recent).copy()
         return parents, children
+
+    def _copy_rows(self, table: torch.Tensor, parents: np.ndarray, children: np.ndarray) -> None:
+        """Rows ``children`` of a member-major table become rows ``parents`` (whole-
+        population slots); across ranks, each parent's rank sends its row."""
+        here = len(self.slots)
+        if not self.sharded:
+            src = torch.as_tensor(parents - self.offset, device=table.device)
+            table[torch.as_tensor(children - self.offset, device=table.device)] = table[src]
+            return
+        owner = parents // here
+        mine = owner == self.dist.rank
+        send = torch.zeros((len(parents), *table.shape[1:]), dtype=table.dtype, device=table.device)
+        send[torch.as_tensor(np.flatnonzero(mine))] = table[torch.as_tensor(parents[mine] - self.offset)]
+        rows = collectives.all_gather_axis(send, axis=0, dist=self.dist).reshape(
+            self.dist.world_size, len(parents), *table.shape[1:])[torch.as_tensor(owner),
+                                                                   torch.arange(len(parents))]
+        arriving = children // here == self.dist.rank
+        if arriving.any():
+            table[torch.as_tensor(children[arriving] - self.offset)] = rows[torch.as_tensor(np.flatnonzero(arriving))]
 
     def share(self, state: PopulationState) -> None:
         """Experience-weighted sharing in groups, then differentiation."""
         p = self.params
-        learner = state.learner
-        group = p.share_group or len(self.slots)
+        group = p.share_group or len(self.whole_slots)
         experience = float(state.member_env_steps - state.last_share_step)
-        keys = torch.as_tensor(rng.stream_keys(p.seed, TAG_SHARE, self.slots).reshape(-1, group))
-        for table in learner.parameter_tables():
-            values = table.to(torch.float64).reshape(-1, group, table.shape[1])
+        keys = torch.as_tensor(rng.stream_keys(p.seed, TAG_SHARE, self.whole_slots).reshape(-1, group))
+        for table in state.learner.parameter_tables():
+            whole = self._whole(table)
+            values = whole.to(torch.float64).reshape(-1, group, whole.shape[1])
             weights = torch.full_like(values, experience)
             shared, _ = share_weighted(values, weights, 0.0)
             if state.max_bias > 0:
-                shared, _ = differentiate(shared, state.max_bias, keys, state.shares * table.shape[1])
-            table.copy_(shared.reshape(table.shape).to(table.dtype))
-        groups = len(self.slots) // group
+                shared, _ = differentiate(shared, state.max_bias, keys, state.shares * whole.shape[1])
+            table.copy_(self._mine(shared.reshape(whole.shape)).to(table.dtype))
+        groups = len(self.whole_slots) // group
         state.lineage.record(state.member_env_steps, "share", np.full(groups, -1), groups=np.arange(groups))
         state.shares = state.member_env_steps // p.share_every if p.share_every else state.shares + 1
         state.max_bias /= p.bias_decay
         state.last_share_step = state.member_env_steps
 
     def _finite_members(self, state: PopulationState) -> np.ndarray:
-        return np.all([torch.isfinite(t).all(dim=1).cpu().numpy() for t in state.learner.parameter_tables()], axis=0)
+        local = np.all([torch.isfinite(t).all(dim=1).cpu().numpy() for t in state.learner.parameter_tables()], axis=0)
+        return self._whole(local.astype(np.int64)) != 0
 
     def check_finite(self, state: PopulationState, *, phase: int) -> list[str]:
         """A member whose parameters went non-finite ranks last (the next PBT step
@@ -255,8 +333,7 @@ class PopulationExperiment:
             self.diverged_phase = phase
             self.diverged = f"phase {phase}: every member diverged (non-finite parameters); the run stops here"
             return [self.diverged]
-        for slot in np.flatnonzero(~finite):
-            state.recent[slot] = []
+        state.recent[~self._mine(finite)] = np.nan
         return []
 
     # --- measurements ---------------------------------------------------------------
@@ -269,9 +346,10 @@ class PopulationExperiment:
                "updates": float(state.learner.updates)}
         epsilons = getattr(state.learner, "epsilons", None)
         if epsilons is not None:  # an ε-greedy agent's exploration, falling with its updates
-            out["epsilon"] = float(np.mean(epsilons()))
+            out["epsilon"] = float(np.mean(self._whole(epsilons())))
+        hypers = self.whole_hypers(state) if self.specs else {}
         for spec in self.specs:  # the spread of every hyper-parameter that varies
-            values = state.learner.hypers[spec.name]
+            values = hypers[spec.name]
             out[f"{spec.name}_min"], out[f"{spec.name}_mean"], out[f"{spec.name}_max"] = (
                 float(values.min()), float(values.mean()), float(values.max()))
         return out
@@ -301,14 +379,26 @@ class PopulationExperiment:
 
     # --- run file ---------------------------------------------------------------------
     def state_arrays(self, state: PopulationState) -> dict[str, Any]:
+        """The whole population's arrays (on several ranks every rank takes part; the
+        episodes come out in the one-process order: by step, then by member)."""
         self._note(state)
         lineage = {f"lineage_{name}": values for name, values in state.lineage.to_arrays().items()}
-        return {**state.learner.arrays(), **state.envs.arrays(), "agent_id": state.ids.copy(), **lineage,
-                "episode_member": np.asarray(state.episode_member, dtype=np.int64),
-                "episode_returns": np.asarray(state.episode_return, dtype=np.float64),
-                "episode_lengths": np.asarray(state.episode_length, dtype=np.int64),
-                "episode_env_steps": np.asarray(state.episode_step, dtype=np.int64),
-                "recent_returns": _ragged(state.recent)[0], "recent_counts": _ragged(state.recent)[1]}
+        local_envs = state.envs.arrays()
+        envs_arrays = {name: self._whole(values) for name, values in local_envs.items() if name != "env.actions"}
+        actions = local_envs["env.actions"]
+        envs_arrays["env.actions"] = (collectives.all_gather_ragged(actions.reshape(-1), dist=self.dist)
+                                      .reshape(-1, *actions.shape[1:]) if self.sharded else actions)
+        episodes = [np.asarray(state.episode_member, dtype=np.int64), np.asarray(state.episode_return),
+                    np.asarray(state.episode_length, dtype=np.int64), np.asarray(state.episode_step, dtype=np.int64)]
+        if self.sharded:
+            episodes = [collectives.all_gather_ragged(values, dist=self.dist) for values in episodes]
+            order = np.lexsort((episodes[0], episodes[3]))
+            episodes = [values[order] for values in episodes]
+        member, returns, lengths, steps = episodes
+        return {**{name: self._whole(values) for name, values in state.learner.arrays().items()}, **envs_arrays,
+                "agent_id": state.ids.copy(), **lineage, "episode_member": member,
+                "episode_returns": returns.astype(np.float64), "episode_lengths": lengths,
+                "episode_env_steps": steps, "recent_returns": self._whole(state.recent)}
 
     def state_counters(self, state: PopulationState) -> dict[str, Any]:
         return {**state.learner.counters(), "member_steps": state.member_steps, "episodes": state.episodes,
@@ -316,34 +406,56 @@ class PopulationExperiment:
                 "replications": state.replications, "last_share_step": state.last_share_step}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> PopulationState:
-        check_finite_arrays({k: v for k, v in arrays.items() if not k.startswith("lineage_")})
+        """This rank's part of a stored population (stored from any number of ranks)."""
+        check_finite_arrays({k: v for k, v in arrays.items() if not k.startswith("lineage_") and k != "recent_returns"})
         p = self.params
+        whole = len(self.whole_slots)
         ids = np.asarray(arrays["agent_id"], dtype=np.int64)
-        if ids.shape != self.slots.shape:
-            raise ValueError(f"agent_id: {ids.shape} ids stored for {len(self.slots)} members")
+        if ids.shape != (whole,):
+            raise ValueError(f"agent_id: {ids.shape} ids stored for {whole} members")
         lineage = Lineage.from_arrays({k[len("lineage_"):]: v for k, v in arrays.items() if k.startswith("lineage_")},
                                       self.tracked)
-        hypers = {name: np.asarray(arrays.get(f"hyper.{name}", np.zeros(0))) for name in self.hyper_bounds}
+        rows = slice(self.offset, self.offset + len(self.slots))
+        env_rows = slice(self.offset * self.copies, (self.offset + len(self.slots)) * self.copies)
+        mine: dict[str, Any] = {}
+        for name, values in arrays.items():
+            if name.startswith(("members.", "hyper.")):
+                values = np.asarray(values)
+                if values.ndim == 0 or values.shape[0] != whole:
+                    raise ValueError(f"{name}: {values.shape[:1]} rows stored for {whole} members")
+                mine[name] = values[rows]
+        counts = np.asarray(arrays["env.action_counts"], dtype=np.int64)
+        if counts.shape != (whole * self.copies,) or (counts < 0).any():
+            raise ValueError(f"env.action_counts: does not fit {whole} members x {self.copies} copies")
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        for name in ("env.episode", "env.return", "env.obs", "env.action_counts"):
+            mine[name] = np.asarray(arrays[name])[env_rows]
+        mine["env.actions"] = np.asarray(arrays["env.actions"])[starts[env_rows.start]:starts[env_rows.stop]]
+        hypers = {name: np.asarray(mine.get(f"hyper.{name}", np.zeros(0))) for name in self.hyper_bounds}
         learner = self.new_learner(self.slots, {k: (v if v.shape == self.slots.shape else np.ones(len(self.slots)))
                                                 for k, v in hypers.items()})
-        learner.load(arrays, counters)
+        learner.load(mine, counters)
         member_envs = MemberEnvs(p.env, p.seed, self.slots, self.copies)
-        member_envs.load(arrays)
-        state = PopulationState(learner=learner, envs=member_envs, ids=ids, lineage=lineage, copies=self.copies,
-                                agents=p.agents)
+        member_envs.load(mine)
+        recent = np.asarray(arrays["recent_returns"], dtype=np.float64)
+        if recent.shape != (whole, p.window):
+            raise ValueError(f"recent_returns: shape {recent.shape}, expected {(whole, p.window)}")
+        state = PopulationState(learner=learner, envs=member_envs, ids=ids, lineage=lineage,
+                                recent=recent[rows].copy(), copies=self.copies, agents=whole)
         state.member_steps = int(counters["member_steps"])
         state.episodes = int(counters["episodes"])
         state.shares = int(counters["shares"])
         state.max_bias = float(counters["max_bias"])
         state.replications = int(counters["replications"])
         state.last_share_step = int(counters["last_share_step"])
-        state.episode_member = [int(v) for v in arrays["episode_member"]]
-        state.episode_return = [float(v) for v in arrays["episode_returns"]]
-        state.episode_length = [int(v) for v in arrays["episode_lengths"]]
-        state.episode_step = [int(v) for v in arrays["episode_env_steps"]]
-        if not len(state.episode_member) == len(state.episode_return) == state.episodes:
-            raise ValueError(f"{len(state.episode_return)} episode returns stored for {state.episodes} episodes")
-        state.recent = _unragged(arrays["recent_returns"], arrays["recent_counts"], len(self.slots))
+        member = np.asarray(arrays["episode_member"], dtype=np.int64)
+        episodes = [member, np.asarray(arrays["episode_returns"]), np.asarray(arrays["episode_lengths"]),
+                    np.asarray(arrays["episode_env_steps"])]
+        if len({len(values) for values in episodes}) != 1 or len(member) != state.episodes:
+            raise ValueError(f"{len(member)} episode records stored for {state.episodes} episodes")
+        keep = np.isin(member, self.slots)
+        state.episode_member, state.episode_return, state.episode_length, state.episode_step = (
+            [kind(v) for v in values[keep].tolist()] for kind, values in zip((int, float, int, int), episodes))
         self._note(state)
         return state
 
@@ -356,23 +468,18 @@ class PopulationExperiment:
     # --- evaluation -------------------------------------------------------------------
     def member_qualities(self, state: PopulationState, episodes: int | None = None) -> np.ndarray:
         """Each member's mean return over ``episodes`` greedy episodes (default
-        ``--eval-episodes``), all members playing at once; NaN for 0."""
+        ``--eval-episodes``), all members playing at once; NaN for 0. The whole
+        population's: on several ranks, every rank takes part."""
         n = self.params.eval_episodes if episodes is None else episodes
         if n == 0:
-            return np.full(len(self.slots), np.nan)
-        return evaluate_members(self.params.env, self.params.seed, self.slots, self.greedy(state), n).mean(axis=1)
-
-    def greedy(self, state: PopulationState) -> Any:
-        raise NotImplementedError
-
-    def member_network(self, state: PopulationState, member: int) -> Any:
-        """Member ``member``'s acting network as a plain ``nn.Sequential`` (a copy)."""
-        raise NotImplementedError
+            return np.full(len(self.whole_slots), np.nan)
+        local = evaluate_members(self.params.env, self.params.seed, self.slots, self.greedy(state), n).mean(axis=1)
+        return self._whole(local)
 
     def member_returns(self, state: PopulationState, episodes: int, seed: int, member: int | None = None
                        ) -> np.ndarray:
         """(members, episodes) greedy returns from evaluation seed ``seed``: every
-        member, or ``member`` alone (slot)."""
+        member, or ``member`` alone (slot), in one process."""
         act = self.greedy(state)
         if member is None:
             return evaluate_members(self.params.env, seed, self.slots, act, episodes)
@@ -383,12 +490,22 @@ class PopulationExperiment:
     def quality(self, state: PopulationState, episodes: int | None = None) -> float:
         return float(np.nanmax(self.member_qualities(state, episodes)))
 
+    def close(self, state: PopulationState) -> None:
+        """The greedy evaluation of every member, once the run is saved (every rank
+        plays its members' episodes; the summary reads the result)."""
+        self._qualities = (self.member_qualities(state) if self.diverged is None
+                           else np.full(len(self.whole_slots), np.nan))
+        self._hypers = self.whole_hypers(state)
+
     def summary_fields(self, state: PopulationState, seconds: float) -> dict[str, Any]:
-        qualities = self.member_qualities(state) if self.diverged is None else np.full(len(self.slots), np.nan)
+        qualities = self._qualities if self._qualities is not None else self.member_qualities(state)
         known = qualities[~np.isnan(qualities)]
         plain = lambda x: None if x is None or math.isnan(x) else float(x)  # noqa: E731
         best = int(np.nanargmax(qualities)) if known.size else None
-        return {"env": self.params.env, "topology": "population", "ranks": 1, "agents": self.params.agents,
+        hypers = getattr(self, "_hypers", None) or self.whole_hypers(state)
+        hypers = {name: values for name, values in hypers.items() if name in self.tracked}
+        return {"env": self.params.env, "topology": "population", "ranks": self.dist.world_size if self.sharded else 1,
+                "agents": self.params.agents,
                 "quality": plain(known.max()) if known.size else None,
                 "quality_mean": plain(known.mean()) if known.size else None,
                 "quality_worst": plain(known.min()) if known.size else None, "best_member": best,
@@ -397,13 +514,12 @@ class PopulationExperiment:
                 "episodes": int(state.episodes),
                 "env_steps_per_second": state.env_steps / seconds if seconds > 0 else 0.0,
                 "replications": state.replications, "shares": state.shares,
-                "hypers": {name: [float(v) for v in values] for name, values in state.learner.hypers.items()
-                           if any(s.name == name for s in self.specs)},
+                "hypers": {name: [float(v) for v in values] for name, values in hypers.items()},
                 **({"diverged": self.diverged} if self.diverged is not None else {})}
 
     @staticmethod
     def role(params: Any, rank: int) -> str:
-        return "population"
+        return f"members rank {rank}"
 
 
 def evaluate_members(env_id: str, seed: int, slots: np.ndarray, act: Any, episodes: int) -> np.ndarray:
@@ -426,20 +542,3 @@ def evaluate_members(env_id: str, seed: int, slots: np.ndarray, act: Any, episod
         return out
     finally:
         evaluation.close()
-
-
-def _ragged(lists: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
-    return (np.asarray([v for values in lists for v in values], dtype=np.float64),
-            np.asarray([len(values) for values in lists], dtype=np.int64))
-
-
-def _unragged(flat: Any, counts: Any, members: int) -> list[list[float]]:
-    flat, counts = np.asarray(flat, dtype=np.float64), np.asarray(counts, dtype=np.int64)
-    if counts.shape != (members,) or (counts < 0).any() or int(counts.sum()) != flat.size:
-        raise ValueError("recent_returns: does not fit the members")
-    out, start = [], 0
-    for n in counts.tolist():
-        out.append(flat[start:start + n].tolist())
-        start += n
-    return out
-

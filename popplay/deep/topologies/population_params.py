@@ -42,6 +42,12 @@ class PopulationLayout:
     def hyper_specs(self, allowed: dict[str, hyper.Bounds]) -> tuple[hyper.HyperSpec, ...]:
         return hyper.parse(self.hp, allowed)
 
+    @property
+    def shards_members(self) -> bool:
+        """A population: ``--nproc`` ranks each run a block of its members (every rank
+        runs the phases), instead of a topology's ranks serving its learner."""
+        return self.agents > 1
+
     def schedule_warnings(self) -> list[str]:
         """Operators an env-step budget never reaches (silently none is not what was asked)."""
         if self.agents < 2 or not getattr(self, "env_steps", 0):

@@ -1,0 +1,77 @@
+"""Deep populations split over real ranks (gloo, ``--nproc``): bit-identical to one
+process with every operator on, resumable on another number of ranks, and a lost rank
+ends the job in bounded time with one line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._dist_helpers import WAIT, assert_same_run, popplay
+
+# Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
+pytestmark = pytest.mark.procs
+
+FLAGS = ["train", "dqn", "--agents", "4", "--hidden", "16,16", "--batch-size", "8", "--replay", "300",
+         "--learning-starts", "30", "--phase-steps", "50", "--eval-episodes", "1", "--seed", "3",
+         "--hp", "lr=loguniform:1e-4:1e-2", "--replicate-every", "100", "--replicate-fraction", "0.5",
+         "--share-every", "150", "--share-group", "2", "--differentiation", "0.001"]
+
+
+def test_two_ranks_equal_one_process_and_resume_on_one(tmp_path: Path) -> None:
+    from popplay.cli.main import main
+
+    one, two, straight = tmp_path / "one.h5", tmp_path / "two.h5", tmp_path / "straight.h5"
+    assert main([*FLAGS, "--env-steps", "1600", "--out", str(one)]) == 0
+    done = popplay(*FLAGS, "--env-steps", "1600", "--nproc", "2", "--out", str(two), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    # groups of two on two ranks: shares stay on a rank, but PBT copies cross (the best
+    # and worst halves are anywhere), and every score and window is gathered
+    assert summary["world_size"] == 2 and summary["replications"] >= 3 and summary["comm_calls"] > 0
+    data = assert_same_run(one, two)  # curves, lineage, members, replay, environments, episodes
+    assert len(data["state/lineage_event"]) > 8
+    # the two-rank file goes on in one process, as if never split
+    assert main(["train", "dqn", "--resume", str(two), "--env-steps", "2400"]) == 0
+    assert main([*FLAGS, "--env-steps", "2400", "--out", str(straight)]) == 0
+    assert_same_run(straight, two)
+
+
+def test_a_budget_in_episodes_and_an_uneven_split_are_refused_before_learning(tmp_path: Path) -> None:
+    for extra, message in ((["--episodes", "50"], "--episodes: a population over several ranks"),
+                           (["--agents", "3", "--share-group", "0", "--env-steps", "900"],
+                            "3 agents cannot be split evenly over 2")):
+        done = popplay(*FLAGS, *extra, "--nproc", "2", "--out", str(tmp_path / "r.h5"))
+        assert done.returncode == 2, done.stderr
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and message in errors[0], done.stderr
+
+
+def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(jobs, tmp_path: Path) -> None:
+    from popplay.checkpoints.validation import summarize
+    from popplay.distributed.launch import LOST_EXIT
+
+    out = tmp_path / "run.h5"
+    process = jobs.start([*FLAGS, "--env-steps", "40000000", "--checkpoint-every", "400", "--timeout", "20",
+                          "--nproc", "2", "--out", str(out)])
+    deadline = time.monotonic() + WAIT
+    while not out.exists():
+        assert process.poll() is None, process.communicate(timeout=30)
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    listing = os.popen(f"ps -o pid=,args= --ppid {process.pid}").read()
+    rank1 = next(int(line.split()[0]) for line in listing.splitlines() if "popplay rank 1/2" in line)
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.monotonic()
+    code, _, err = jobs.finish(process, WAIT)
+    assert time.monotonic() - killed < 20 + 10 and code == LOST_EXIT
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "rank 1 of 2 was lost" in errors[0], err
+    stored = summarize(out)
+    assert not stored["complete"]
+    done = popplay("train", "dqn", "--resume", str(out), "--env-steps", str(stored["progress"]["env_steps"] + 400))
+    assert done.returncode == 0, done.stderr
