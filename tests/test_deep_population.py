@@ -211,7 +211,7 @@ def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> 
 
 @pytest.mark.parametrize("args, message", [
     (["--hp", "lr=uniform:1e-4:1e-3"], "--agents 2 or more"),
-    (["--agents", "2", "--topology", "collective", "--simulators", "2"], "one process"),
+    (["--agents", "2", "--topology", "collective", "--simulators", "2"], "give --topology sequential"),
     (["--agents", "100000", "--replay", "1000000"], "memory"),
     (["--agents", "1000000", "--replay", "10", "--learning-starts", "0"], "memory"),  # the environments alone
     (["--agents", "4", "--share-every", "10", "--share-group", "3"], "divisor"),

@@ -62,12 +62,10 @@ _RUN_OPTIONS: list[tuple[str, Any, Any, str | None]] = [
     ("seeds", SeedsOption, 1, None),
     ("config", ConfigOption, None, None),
     ("nproc", NprocOption, 1, POPULATION),
-    # A deep topology's ranks come from its layout (--nproc there gets a one-line hint); a deep
-    # population (--agents P) splits its members over --nproc ranks.
-    ("nproc", Annotated[int, typer.Option(
-        min=1, help="Deep populations (--agents P): local processes (ranks) to split the members over "
-                    "(loopback only; the number must divide --agents). Other layouts count their own ranks.")],
-     1, DEEP),
+    # A deep population (--agents P) splits its members over --nproc ranks (its --agents help says
+    # so); a deep topology's ranks come from its layout (--nproc there gets a one-line hint). Kept off
+    # the help so that a top-level `nproc` in a --config, meant for the populations, leaves it alone.
+    ("nproc", Annotated[int, typer.Option(min=1, hidden=True)], 1, DEEP),
     ("timeout", DistTimeoutOption, 60.0, POPULATION),  # a deep agent's is one of its fields
     ("log_dir", LogDirOption, None, None),
 ]

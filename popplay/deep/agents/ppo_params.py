@@ -93,7 +93,7 @@ class PPOParams(PopulationLayout, WorkflowParams):
                       "eval_episodes")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
-        self._check_population(HYPER_BOUNDS, self.workflow)
+        self._check_population(HYPER_BOUNDS, self.workflow, "--workflow")
 
     def schedule(self, progress_remaining: float) -> tuple[float, float]:
         """``(learning rate, clip range)`` at ``progress_remaining`` in [0, 1]: linear

@@ -15,8 +15,8 @@ from popplay.operators import hyper
 class PopulationLayout:
     """The population options of a deep agent's parameters (a mix-in)."""
 
-    agents: int = option(1, "Members of a population learning at once in this process, batched over a member axis "
-                            "(sequential topology; 1: one agent).", min=1)
+    agents: int = option(1, "Members of a population learning at once, batched over a member axis in one process, "
+                            "or split over --nproc N local ranks (N dividing the members); 1: one agent.", min=1)
     hp: str = option("", "Per-member hyper-parameter, drawn from the seed: NAME=loguniform:LOW:HIGH, "
                          "NAME=uniform:LOW:HIGH or NAME=choice:A,B,... (repeat --hp, or separate with ';').",
                      repeat=True)
@@ -58,7 +58,7 @@ class PopulationLayout:
                 for name, every, what in (("replicate_every", self.replicate_every, "replication"),
                                           ("share_every", self.share_every, "sharing")) if every > per_member]
 
-    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str) -> None:
+    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology") -> None:
         """Population options that only make sense together (ValueError, one line)."""
         if self.agents < 1:
             raise ValueError(f"agents must be at least 1 (got {self.agents})")
@@ -70,7 +70,8 @@ class PopulationLayout:
                     raise ValueError(f"{name} acts on a population: give --agents 2 or more")
             return
         if topology != "sequential":
-            raise ValueError(f"agents: a population learns in one process (--topology sequential, got {topology!r})")
+            raise ValueError(f"agents: a population is a layout of its own (its members in one process, or over "
+                             f"--nproc ranks); give {layout} sequential (got {topology!r})")
         if self.replicate_every and not 0 < self.replicate_fraction <= 0.5:
             raise ValueError(f"replicate_fraction must lie in (0, 0.5] (got {self.replicate_fraction})")
         if self.share_group and (self.share_group < 2 or self.agents % self.share_group):
