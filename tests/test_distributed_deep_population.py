@@ -41,16 +41,6 @@ def test_two_ranks_equal_one_process_and_resume_on_one(tmp_path: Path) -> None:
     assert_same_run(straight, two)
 
 
-def test_a_budget_in_episodes_and_an_uneven_split_are_refused_before_learning(tmp_path: Path) -> None:
-    for extra, message in ((["--episodes", "50"], "--episodes: a population over several ranks"),
-                           (["--agents", "3", "--share-group", "0", "--env-steps", "900"],
-                            "3 agents cannot be split evenly over 2")):
-        done = popplay(*FLAGS, *extra, "--nproc", "2", "--out", str(tmp_path / "r.h5"))
-        assert done.returncode == 2, done.stderr
-        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-        assert len(errors) == 1 and message in errors[0], done.stderr
-
-
 def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(jobs, tmp_path: Path) -> None:
     from popplay.checkpoints.validation import summarize
     from popplay.distributed.launch import LOST_EXIT

@@ -150,6 +150,9 @@ def _launch(spec: DomainSpec, params: Any, options: JobOptions, out: Path, world
     if symmetric(spec, params):
         try:
             sharded.check_divisible(params, world, splits_trials=spec.splits_trials)
+            own = getattr(params, "check_ranks", None)  # what else the parameters cannot do over ranks
+            if own is not None:
+                own(world)
         except ValueError as error:
             raise UsageError(str(error)) from None
     if spec.kind != POPULATION:

@@ -123,9 +123,10 @@ class PopulationExperiment:
         self.dist = current()
         self.sharded = self.dist.distributed and members is None
         if self.sharded:
-            if params.episodes:
-                raise UsageError("--episodes: a population over several ranks takes an --env-steps or "
-                                 "--time-budget budget (every rank must agree on it at every step)")
+            try:  # the launcher checked it already; a rank started by hand (torchrun) checks here
+                params.check_ranks(self.dist.world_size)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
             self.slots = np.arange(params.agents, dtype=np.int64)[collectives.shard(params.agents, self.dist)]
         else:
             self.slots = (np.arange(params.agents, dtype=np.int64) if members is None

@@ -48,6 +48,13 @@ class PopulationLayout:
         runs the phases), instead of a topology's ranks serving its learner."""
         return self.agents > 1
 
+    def check_ranks(self, world: int) -> None:
+        """What a population cannot do over ``world`` ranks (ValueError, one line),
+        checked before any rank starts."""
+        if world > 1 and getattr(self, "episodes", 0):
+            raise ValueError("--episodes: a population over several ranks takes an --env-steps or --time-budget "
+                             "budget (every rank must agree on it at every step)")
+
     def schedule_warnings(self) -> list[str]:
         """Operators an env-step budget never reaches (silently none is not what was asked)."""
         if self.agents < 2 or not getattr(self, "env_steps", 0):
