@@ -46,10 +46,10 @@ import torch
 from popplay import rng
 from popplay.core.errors import UsageError
 from popplay.deep.envs.members import MemberEnvs
-from popplay.distributed import collectives
-from popplay.distributed.group import current
 from popplay.deep.topologies.base import check_finite_arrays
 from popplay.deep.topologies.common import budget_reached, estimated_budget_steps
+from popplay.distributed import collectives
+from popplay.distributed.group import current
 from popplay.operators import hyper
 from popplay.operators.evolution import Lineage, initial_ids, select_replacements
 from popplay.operators.sharing import differentiate, share_weighted
