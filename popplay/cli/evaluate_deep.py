@@ -12,20 +12,26 @@ from popplay.core.backend import Backend
 from popplay.core.errors import UsageError
 
 
-def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_output: bool,
-                  member: int | None = None) -> None:
-    """Play the stored policy greedily for ``episodes`` episodes and report their mean
-    return; a population's members each (or ``member`` alone)."""
+def restored(run: Path, stored: Any) -> tuple[Any, Any, Any]:
+    """(parameters, experiment, state) of a stored deep run, on the CPU in one process;
+    a file that does not restore is one line (exit 2)."""
     from popplay.deep.envs import EnvError  # defers gymnasium
 
     try:
         params = params_from_config(stored.domain, stored.config, run_options=False)
         experiment = registry.get(stored.domain).build(params, Backend("torch", "cpu"))
-        state = experiment.restore(stored.state, stored.state_counters)
+        return params, experiment, experiment.restore(stored.state, stored.state_counters)
     except EnvError as error:
         raise UsageError(str(error)) from None
     except (TypeError, ValueError, KeyError) as error:
         raise UsageError(f"{run}: damaged run file ({error})") from None
+
+
+def evaluate_deep(run: Path, stored: Any, episodes: int, seed: int | None, json_output: bool,
+                  member: int | None = None) -> None:
+    """Play the stored policy greedily for ``episodes`` episodes and report their mean
+    return; a population's members each (or ``member`` alone)."""
+    params, experiment, state = restored(run, stored)
     members = getattr(experiment, "member_returns", None)
     if members is None and member is not None:
         raise UsageError(f"--member: {run} holds one agent, not a population")

@@ -11,11 +11,11 @@ import typer
 from popplay.checkpoints.h5io import NoSpace, check_replaceable, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.scalars import LogError, write_csv
-from popplay.checkpoints.validation import load_run, params_from_config
+from popplay.checkpoints.validation import load_run
 from popplay.cli.app import app
 from popplay.cli.common import print_json
+from popplay.cli.evaluate_deep import restored
 from popplay.core import registry
-from popplay.core.backend import Backend
 from popplay.core.errors import PopplayError, UsageError
 
 
@@ -86,8 +86,6 @@ def export_member(run: Path, member: int, out: Optional[Path], json_output: bool
     """Member ``member``'s network of a deep population as a torch ``state_dict`` file."""
     import torch  # defers torch
 
-    from popplay.deep.envs import EnvError  # defers gymnasium
-
     try:
         stored = load_run(run)
     except RunFileError as error:
@@ -100,14 +98,7 @@ def export_member(run: Path, member: int, out: Optional[Path], json_output: bool
         raise UsageError(f"--member must lie in [0, {agents - 1}] for {run} (got {member})")
     target = out if out is not None else Path(run).with_name(f"{Path(run).stem}-member{member}.pt")
     check_replaceable(target, UsageError, kind="binary")  # an earlier export (a zip), never a run file
-    try:
-        params = params_from_config(stored.domain, stored.config, run_options=False)
-        experiment = registry.get(stored.domain).build(params, Backend("torch", "cpu"))
-        state = experiment.restore(stored.state, stored.state_counters)
-    except EnvError as error:
-        raise UsageError(str(error)) from None
-    except (TypeError, ValueError, KeyError) as error:
-        raise UsageError(f"{run}: damaged run file ({error})") from None
+    _, experiment, state = restored(run, stored)
     network = experiment.member_network(state, member)
     shape = " ".join(str(network).split())
     try:

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 from popplay import rng
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import DQNConfig
-from popplay.deep.agents.stacked import TAG_MEMBER, StackedAdam, StackedMLP, clip_rows_, member_seed
+from popplay.deep.agents.stacked import (
+    TAG_MEMBER,
+    StackedAdam,
+    StackedMLP,
+    check_shapes,
+    clip_rows_,
+    member_seed,
+    stored_hypers,
+)
 from popplay.operators.hyper import Bounds
 from popplay.xp import th
 
@@ -263,21 +271,8 @@ class DQNMembers:
                     "adam.steps": (self.count,)}
         for name, table in self.replay.arrays().items():
             expected[f"replay.{name}"] = (self.count, size, *table.shape[2:])
-        for name, shape in expected.items():
-            key = f"members.{name}"
-            if key not in arrays:
-                raise ValueError(f"{key} is missing")
-            if tuple(np.shape(arrays[key])) != shape:
-                raise ValueError(f"{key}: shape {tuple(np.shape(arrays[key]))}, expected {shape}")
-        steps = np.asarray(arrays["members.adam.steps"])
-        if not ((steps >= 0) & (steps == np.round(steps))).all():
-            raise ValueError("members.adam.steps: step counts are whole non-negative numbers")
-        hypers = {}
-        for name, bounds in HYPER_BOUNDS.items():
-            values = np.asarray(arrays.get(f"hyper.{name}", np.full(0, np.nan)), dtype=np.float64)
-            if values.shape != (self.count,) or not all(bounds.admits(float(v)) for v in values):
-                raise ValueError(f"hyper.{name}: {self.count} values of {bounds.describe()} expected")
-            hypers[name] = values
+        check_shapes(arrays, {f"members.{name}": shape for name, shape in expected.items()})
+        hypers = stored_hypers(arrays, HYPER_BOUNDS, self.count)
         take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
         self.online.matrix.copy_(take("members.online"))
         self.target.matrix.copy_(take("members.target"))

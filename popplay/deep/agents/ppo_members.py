@@ -23,7 +23,7 @@ from popplay import rng
 from popplay.deep.agents import networks
 from popplay.deep.agents.ppo import gae
 from popplay.deep.agents.ppo_params import HYPER_BOUNDS
-from popplay.deep.agents.stacked import StackedAdam, StackedMLP, clip_rows_, member_seed
+from popplay.deep.agents.stacked import StackedAdam, StackedMLP, check_shapes, clip_rows_, member_seed, stored_hypers
 from popplay.xp import th
 
 TAG_PPO = 14
@@ -256,17 +256,8 @@ class PPOMembers:
                     "members.next_start": tuple(self.next_start.shape)}
         for name, table in self.rollout.items():
             expected[f"members.rollout.{name}"] = (table.shape[1], filled, *table.shape[2:])
-        for key, shape in expected.items():
-            if key not in arrays:
-                raise ValueError(f"{key} is missing")
-            if tuple(np.shape(arrays[key])) != shape:
-                raise ValueError(f"{key}: shape {tuple(np.shape(arrays[key]))}, expected {shape}")
-        hypers = {}
-        for name, bounds in HYPER_BOUNDS.items():
-            values = np.asarray(arrays.get(f"hyper.{name}", np.full(0, np.nan)), dtype=np.float64)
-            if values.shape != (self.count,) or not all(bounds.admits(float(v)) for v in values):
-                raise ValueError(f"hyper.{name}: {self.count} values of {bounds.describe()} expected")
-            hypers[name] = values
+        check_shapes(arrays, expected)
+        hypers = stored_hypers(arrays, HYPER_BOUNDS, self.count)
         take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
         self.net.matrix.copy_(take("members.net"))
         self.adam.exp_avg.copy_(take("members.adam.exp_avg"))

@@ -14,8 +14,9 @@ stack holding member ``k`` alone (``tests/test_deep_population.py`` checks it).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -155,3 +156,30 @@ class StackedAdam:
         torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], self._counts, lr=1.0, beta1=self.betas[0],
                            beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
         self.network.matrix.addcmul_(self._scratch, lr.to(grad.dtype).unsqueeze(1))
+
+
+# --- run-file arrays of a population learner ------------------------------------------
+
+def check_shapes(arrays: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]]) -> None:
+    """ValueError (one line) unless every array of ``expected`` is stored with its shape."""
+    for key, shape in expected.items():
+        if key not in arrays:
+            raise ValueError(f"{key} is missing")
+        if tuple(np.shape(arrays[key])) != tuple(shape):
+            raise ValueError(f"{key}: shape {tuple(np.shape(arrays[key]))}, expected {tuple(shape)}")
+    if "members.adam.steps" in expected:
+        steps = np.asarray(arrays["members.adam.steps"])
+        if not ((steps >= 0) & (steps == np.round(steps))).all():
+            raise ValueError("members.adam.steps: step counts are whole non-negative numbers")
+
+
+def stored_hypers(arrays: Mapping[str, Any], bounds: Mapping[str, Any], count: int) -> dict[str, np.ndarray]:
+    """The members' hyper-parameters from ``hyper.<name>`` arrays, each checked against
+    its :class:`popplay.operators.hyper.Bounds` (ValueError, one line)."""
+    hypers = {}
+    for name, bound in bounds.items():
+        values = np.asarray(arrays.get(f"hyper.{name}", np.full(0, np.nan)), dtype=np.float64)
+        if values.shape != (count,) or not all(bound.admits(float(v)) for v in values):
+            raise ValueError(f"hyper.{name}: {count} values of {bound.describe()} expected")
+        hypers[name] = values
+    return hypers
