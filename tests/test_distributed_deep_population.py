@@ -41,6 +41,25 @@ def test_two_ranks_equal_one_process_and_resume_on_one(tmp_path: Path) -> None:
     assert_same_run(straight, two)
 
 
+def test_torchrun_ranks_split_the_members_as_nproc_does(jobs, tmp_path: Path) -> None:
+    """Under torchrun (as on a cluster) the world size comes from torchrun: the same
+    split of the members, the same bits as one process."""
+    import socket
+
+    from popplay.cli.main import main
+
+    one, ranked = tmp_path / "one.h5", tmp_path / "torchrun.h5"
+    assert main([*FLAGS, "--env-steps", "800", "--out", str(one)]) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = jobs.start(["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                          "-m", "popplay", *FLAGS, "--env-steps", "800", "--out", str(ranked)],
+                         module="torch.distributed.run")
+    jobs.finish(process, WAIT, expect=0)
+    assert_same_run(one, ranked)
+
+
 def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(jobs, tmp_path: Path) -> None:
     from popplay.checkpoints.validation import summarize
     from popplay.distributed.launch import LOST_EXIT

@@ -177,7 +177,7 @@ def _train_one(spec: DomainSpec, params: Any, options: TrainOptions, *, world: i
     # A deep topology's messages travel over gloo as CPU tensors, wherever its learner computes.
     with sharded.rank_session(world, timeout if every_rank else getattr(params, "timeout", timeout),
                               options.device if every_rank else "cpu") as dist:
-        sharded.check_supported(dist, spec=spec, world=world)
+        sharded.check_supported(dist, spec=spec, world=world, symmetric=every_rank)
         if dist.distributed and not every_rank:
             set_role(experiment_type.role(params, dist.rank))
             if dist.rank != 0:

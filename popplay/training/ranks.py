@@ -176,16 +176,17 @@ def rank_sync(dist: Dist) -> _RankSync | None:
     return _RankSync(dist) if dist.distributed else None
 
 
-def check_supported(dist: Dist, *, spec: DomainSpec, world: int) -> None:
+def check_supported(dist: Dist, *, spec: DomainSpec, world: int, symmetric: bool = False) -> None:
     """What a job over ranks cannot do (usage errors, the same on every rank): a
     population its domain does not shard, a deep topology on another number of ranks
-    than its layout has."""
+    than its layout has. ``symmetric``: every rank runs the phases on its share of a
+    population (any number of ranks the population divides into)."""
     if not dist.distributed:
         return
     if spec.kind == POPULATION and not spec.sharded:
         sharded = [name for name in registry.names() if registry.get(name).sharded]
         raise UsageError(f"{spec.name} does not run on several ranks yet (sharded: {', '.join(sharded)})")
-    if spec.kind != POPULATION and dist.world_size != world:
+    if not symmetric and dist.world_size != world:
         raise UsageError(f"this run needs {world} ranks (rank 0 and {world - 1} others); the job has "
                          f"{dist.world_size}")
 
