@@ -306,3 +306,16 @@ def test_a_ppo_population_resumes_exactly_and_exports_its_policy(tmp_path, cli) 
     assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "policy.pt")])[0] == 0
     policy = networks.mlp(4, 2, (8, 8), "tanh")
     policy.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=True))
+
+
+def test_a_diverged_member_is_replaced_not_the_run_stopped() -> None:
+    experiment = DQNPopulation(small(agents=4, replicate_fraction=0.25), None)
+    state = run_phases(experiment, 1)
+    state.learner.online.matrix[2, 5] = float("nan")
+    assert experiment.check_finite(state, phase=1) == [] and experiment.diverged is None
+    assert np.isnan(state.recent[2]).all()  # it ranks last from now on
+    parents, children = experiment.replicate(state, scores=np.array([1.0, 2.0, 99.0, 3.0]))
+    assert children.tolist() == [2] and parents.tolist() == [3]  # the NaN member never parents, whatever its score
+    assert torch.isfinite(state.learner.online.matrix).all()
+    state.learner.online.matrix.fill_(float("nan"))
+    assert experiment.check_finite(state, phase=2) and experiment.diverged  # every member: the run stops
