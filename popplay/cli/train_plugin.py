@@ -81,8 +81,8 @@ def _option(spec: Spec) -> tuple[Any, Any]:
     names = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.kind is bool else ([spec.flag] if form.name else [])
     bounds = {k: v for k, v in (("min", form.min), ("max", form.max)) if v is not None}
     if form.repeat:  # --hp a --hp b: one text field, the values joined with ';'
-        return (Annotated[Optional[list[str]], typer.Option(*names, help=form.help, hidden=form.hidden)],
-                None)
+        return (Annotated[Optional[list[str]], typer.Option(*names, help=form.help, hidden=form.hidden,
+                                                            metavar=form.metavar or "TEXT")], None)
     if spec.kind is tuple:  # widths such as 64,64: typed as text, parsed by the dataclass
         return Annotated[str, typer.Option(*names, help=form.help, hidden=form.hidden)], show(spec.default)
     if form.choices:  # an Enum: typer shows and checks the choices (a|b|c)

@@ -34,7 +34,8 @@ class Option:
     budget: bool = False
     #: Something else a resumed run may change (how long waits may take, a layout).
     on_resume: bool = False
-    #: Shown as ``--flag/--no-flag`` (booleans) or parsed from ``1,2,3`` (integer tuples).
+    #: Shown as ``--flag/--no-flag`` (booleans) or parsed from ``1,2,3`` (integer tuples);
+    #: a repeatable text option's value as help shows it.
     metavar: str | None = None
     #: Kept off the command line's help (still accepted).
     hidden: bool = False

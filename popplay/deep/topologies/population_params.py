@@ -19,7 +19,7 @@ class PopulationLayout:
                             "or split over --nproc N local ranks (N dividing the members); 1: one agent.", min=1)
     hp: str = option("", "Per-member hyper-parameter, drawn from the seed: NAME=loguniform:LOW:HIGH, "
                          "NAME=uniform:LOW:HIGH or NAME=choice:A,B,... (repeat --hp, or separate with ';').",
-                     repeat=True)
+                     repeat=True, metavar="NAME=KIND:ARGS")
     phase_steps: int = option(500, "Populations: steps of each member's environments in a phase (a console line, "
                                    "a curve point, the operators' check).", min=1)
     replicate_every: int = option(0, "PBT every this many env-steps per member: the worst --replicate-fraction "
