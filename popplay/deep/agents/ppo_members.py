@@ -23,7 +23,15 @@ from popplay import rng
 from popplay.deep.agents import networks
 from popplay.deep.agents.ppo import gae
 from popplay.deep.agents.ppo_params import HYPER_BOUNDS
-from popplay.deep.agents.stacked import StackedAdam, StackedMLP, check_shapes, clip_rows_, member_seed, stored_hypers
+from popplay.deep.agents.stacked import (
+    StackedAdam,
+    StackedMLP,
+    check_shapes,
+    clip_rows_,
+    forward_layers,
+    member_seed,
+    stored_hypers,
+)
 from popplay.xp import th
 
 TAG_PPO = 14
@@ -75,12 +83,7 @@ class PPOMembers:
         """(P, B, out) outputs of every member's policy (or value) network for (P, B, obs_dim)."""
         params = self.net.split(matrix)
         layers = params[len(self._policy_shapes):] if value else params[:len(self._policy_shapes)]
-        h = obs
-        for i in range(0, len(layers), 2):
-            h = torch.baddbmm(layers[i + 1].unsqueeze(1), h, layers[i].transpose(1, 2))
-            if i + 2 < len(layers):
-                h = torch.tanh(h)
-        return h
+        return forward_layers(layers[0::2], layers[1::2], obs, torch.tanh)
 
     def _members_obs(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs, dtype=torch.float32, device=self.device).view(self.count, self.config.copies, -1)

@@ -47,6 +47,23 @@ def parameter_count(in_dim: int, out_dim: int, hidden: Sequence[int]) -> int:
     return sum(math.prod(shape) for shape in layer_shapes(in_dim, out_dim, hidden))
 
 
+def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], x: torch.Tensor,
+                   activation: Any, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """A stack of MLPs' outputs (P, B, out) for inputs (P, B, in): one batched product
+    per layer, ``activation`` between layers (``torch.relu_`` in place where no autograd
+    runs through it, ``torch.tanh`` where one does); hidden activations appended to
+    ``hidden`` when given."""
+    h = x
+    last = len(weights) - 1
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+        if i < last:
+            h = activation(h)
+            if hidden is not None:
+                hidden.append(h)
+    return h
+
+
 class StackedMLP:
     """P networks made by :func:`popplay.deep.agents.networks.mlp` (ReLU), as rows of
     ``matrix`` (P, n). ``weights[i]`` (P, out, in) and ``biases[i]`` (P, out) are views
@@ -88,15 +105,7 @@ class StackedMLP:
     def forward(self, x: torch.Tensor, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Outputs (P, B, out) for inputs ``x`` (P, B, in), member by member; the hidden
         activations are appended to ``hidden`` when given, for :meth:`backward`."""
-        h = x
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
-            if i < last:
-                h = h.relu_()
-                if hidden is not None:
-                    hidden.append(h)
-        return h
+        return forward_layers(self.weights, self.biases, x, torch.relu_, hidden)
 
     def backward(self, x: torch.Tensor, hidden: list[torch.Tensor], grad_output: torch.Tensor) -> torch.Tensor:
         """d(loss)/d(parameters) into :attr:`grad` (P, n; returned), given d(loss)/d(output)

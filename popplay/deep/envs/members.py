@@ -70,6 +70,15 @@ class MemberEnvs:
                                                       int(self.episode[i])))
         return np.asarray(obs, dtype=np.float32)
 
+    def start_episode(self, episode: int) -> None:
+        """Every environment restarts at episode ``episode`` of its stream (evaluation
+        plays the same episode index on every member at once)."""
+        self.episode[:] = episode
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        self._actions = [[] for _ in self.envs]
+        self.obs = np.stack([self._reset(i) for i in range(len(self.envs))]).astype(np.float32)
+
     def step(self, actions: np.ndarray) -> Step:
         """One step of every environment with ``actions`` (member-major). :attr:`obs`
         moves on (a finished environment's to its next episode's first observation)."""

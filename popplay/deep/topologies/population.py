@@ -533,8 +533,7 @@ def evaluate_members(env_id: str, seed: int, slots: np.ndarray, act: Any, episod
         out = np.zeros((len(slots), episodes))
         for e in range(episodes):
             if e:
-                evaluation.episode[:] = e
-                evaluation.obs = np.stack([evaluation._reset(i) for i in range(len(slots))]).astype(np.float32)
+                evaluation.start_episode(e)
             active = np.ones(len(slots), dtype=bool)
             while active.any():
                 step = evaluation.step(act(evaluation.obs))
