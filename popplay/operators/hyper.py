@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -56,12 +56,6 @@ class HyperSpec:
     name: str
     kind: str  # one of KINDS
     values: tuple[float, ...]  # (low, high) for a range, the choices for "choice"
-
-    @property
-    def text(self) -> str:
-        if self.kind == "choice":
-            return f"{self.name}=choice:{','.join(f'{v:g}' for v in self.values)}"
-        return f"{self.name}={self.kind}:{self.values[0]:g}:{self.values[1]:g}"
 
 
 def parse(text: str, allowed: Mapping[str, Bounds]) -> tuple[HyperSpec, ...]:
@@ -110,8 +104,7 @@ def _uniforms(seed: int, members: np.ndarray, slot: int, count: int, counter: in
     r = rng._numpy_rng()
     keys = rng.stream_keys(seed, TAG_HYPER, [slot], np.asarray(members, dtype=np.int64).reshape(-1))[0]
     counters = r.mix_counter(np.arange(counter, counter + count, dtype=np.int64))
-    words = r.draw(keys[:, None], counters[None, :])
-    return (words.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return r.uniform53(r.draw(keys[:, None], counters[None, :]))
 
 
 def _draw(spec: HyperSpec, u: np.ndarray) -> np.ndarray:
@@ -159,8 +152,3 @@ def explore(values: dict[str, np.ndarray], children: np.ndarray, specs: tuple[Hy
             moved = np.clip(current * np.where(up, PERTURB_FACTORS[1], PERTURB_FACTORS[0]), *spec.values)
         out[spec.name][children] = np.where(u[:, 0] < resample, redraw, moved)
     return out
-
-
-def describe(values: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """The (min, max) of each hyper-parameter over the members (the console's spread)."""
-    return {name: (float(np.min(v)), float(np.max(v))) for name, v in values.items()}
