@@ -319,3 +319,11 @@ def test_a_diverged_member_is_replaced_not_the_run_stopped() -> None:
     assert torch.isfinite(state.learner.online.matrix).all()
     state.learner.online.matrix.fill_(float("nan"))
     assert experiment.check_finite(state, phase=2) and experiment.diverged  # every member: the run stops
+
+
+def test_updates_are_owed_from_learning_starts_on_as_for_one_agent() -> None:
+    """No burst of updates when learning starts: as UpdateCredit, a member owes
+    update_ratio updates per transition only once learning_starts are stored."""
+    experiment = DQNPopulation(small(agents=2, learning_starts=30, update_ratio=0.25, phase_steps=38), None)
+    state = run_phases(experiment, 1)
+    assert state.learner.updates == 2  # transitions 30..38 owe 9 x 0.25 = 2.25: two paid

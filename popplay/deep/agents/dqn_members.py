@@ -148,8 +148,9 @@ class DQNMembers:
     def receive(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
                 terminated: np.ndarray, truncated: np.ndarray) -> None:
         """One transition per member (rows in member order); owes ``update_ratio``
-        updates per member transition. A time-limit cut (``truncated``) still
-        bootstraps: only ``terminated`` is stored."""
+        updates per member transition once ``learning_starts`` are stored (the one-agent
+        rule, :class:`popplay.deep.agents.credit.UpdateCredit`). A time-limit cut
+        (``truncated``) still bootstraps: only ``terminated`` is stored."""
         at = self.position
         rows = self.replay
         rows.obs[:, at] = torch.as_tensor(obs, dtype=torch.float32)
@@ -160,7 +161,8 @@ class DQNMembers:
         self.position = (at + 1) % self.config.replay_capacity
         self.size = min(self.config.replay_capacity, self.size + 1)
         self.added += 1
-        self.update_credit += self.config.update_ratio
+        if self.size >= self.config.learning_starts:  # owed from then on, as UpdateCredit owes them
+            self.update_credit += self.config.update_ratio
 
     def train(self, progress: float = 0.0) -> int:
         """Run the updates owed, once ``learning_starts`` transitions are stored; returns
