@@ -135,7 +135,7 @@ class StackedAdam:
     torch's fused Adam kernel takes one step size, so it runs with step size 1 into a
     zeroed scratch matrix, which then moves each row by its member's step size: one
     fused pass and one multiply-add instead of the dozen passes of Adam written out
-    element by element (7x faster at 64 members of a 128-128 network). The kernel is
+    element by element (about 5x faster at 64 members of a 128-128 network). The kernel is
     given each member's row as a tensor of its own, because it rounds the tail of a
     tensor differently from its vectorised body: a row is then computed alike in a
     stack of any size. ``grad`` must always be the same matrix (the network's
