@@ -46,8 +46,7 @@ import torch
 from popplay import rng
 from popplay.core.errors import UsageError
 from popplay.deep.envs.members import MemberEnvs
-from popplay.deep.topologies.base import check_finite_arrays
-from popplay.deep.topologies.common import budget_reached, estimated_budget_steps
+from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays
 from popplay.distributed import collectives
 from popplay.distributed.group import current
 from popplay.operators import hyper
@@ -91,7 +90,7 @@ class PopulationState:
         return self.member_env_steps * (self.agents or len(self.ids))
 
 
-class PopulationExperiment:
+class PopulationExperiment(DeepExperiment):
     """The runner's view of a deep population (:class:`popplay.core.experiment.Experiment`).
 
     An agent's population plugs in with :meth:`new_learner` (its batched learner for
@@ -104,10 +103,6 @@ class PopulationExperiment:
 
     domain = "deep"
     hyper_bounds: dict[str, hyper.Bounds] = {}
-    step_name = "env-steps"
-    episode_unit = "episodes"
-    diverged: str | None = None
-    diverged_phase: int | None = None
 
     #: Environments per member (PPO's --copies; one for DQN).
     copies_field: str | None = None
@@ -177,10 +172,7 @@ class PopulationExperiment:
         """Member ``member``'s acting network as a plain ``nn.Sequential`` (a copy)."""
         raise NotImplementedError
 
-    # --- the run ---------------------------------------------------------------------
-    def warmup(self) -> None:
-        pass
-
+    # --- the run (budgets, progress and step counts: DeepExperiment's) -------------------
     def initial_state(self) -> PopulationState:
         p = self.params
         hypers = hyper.sample(self.specs, p.seed, self.slots, self.hyper_defaults())
@@ -191,11 +183,6 @@ class PopulationExperiment:
                                envs=MemberEnvs(p.env, p.seed, self.slots, self.copies), ids=ids, lineage=lineage,
                                recent=np.full((len(self.slots), p.window), np.nan), copies=self.copies,
                                agents=len(self.whole_slots), max_bias=float(p.differentiation))
-
-    def finished(self, state: PopulationState, *, time_mode: bool) -> bool:
-        if self.diverged is not None:
-            return True
-        return budget_reached(state.episodes, state.env_steps, self.params.episodes, self.params.env_steps)
 
     def phase(self, state: PopulationState, *, time_left: float | None) -> PopulationState:
         p = self.params
@@ -355,29 +342,6 @@ class PopulationExperiment:
                 float(values.min()), float(values.mean()), float(values.max()))
         return out
 
-    def agent_steps(self, state: PopulationState) -> int:
-        return state.env_steps
-
-    total_agent_steps = agent_steps
-
-    def _note(self, state: PopulationState) -> None:
-        self._last = (state.episodes, state.env_steps)
-
-    def budget_agent_steps(self) -> int:
-        done = getattr(self, "_last", (0, 0))
-        return estimated_budget_steps(done[0], done[1], self.params.episodes, self.params.env_steps)
-
-    @property
-    def progress_unit(self) -> str:
-        return "env-steps" if self.params.env_steps and not self.params.episodes else self.episode_unit
-
-    def budget_progress(self) -> int:
-        return self.params.env_steps if self.progress_unit == "env-steps" else self.params.episodes
-
-    def progress(self, state: PopulationState) -> int:
-        self._note(state)
-        return state.env_steps if self.progress_unit == "env-steps" else state.episodes
-
     # --- run file ---------------------------------------------------------------------
     def state_arrays(self, state: PopulationState) -> dict[str, Any]:
         """The whole population's arrays (on several ranks every rank takes part; the
@@ -459,12 +423,6 @@ class PopulationExperiment:
             [kind(v) for v in values[keep].tolist()] for kind, values in zip((int, float, int, int), episodes))
         self._note(state)
         return state
-
-    def static_arrays(self) -> dict[str, Any]:
-        return {}
-
-    def results(self, state: PopulationState) -> dict[str, Any]:
-        return {}
 
     # --- evaluation -------------------------------------------------------------------
     def member_qualities(self, state: PopulationState, episodes: int | None = None) -> np.ndarray:
