@@ -68,6 +68,29 @@ def zeros_bool(like: Any) -> Any:
 zeros_like = np.zeros_like
 
 
+def zeros_float(like: Any) -> Any:
+    return np.zeros(like.shape, dtype=np.float64)
+
+
+def compact(mask: Any, capacity: int) -> tuple[Any, Any, Any]:
+    """As :func:`popplay.xp.th.compact` (NumPy knows the count anyway)."""
+    true = np.flatnonzero(mask)
+    lanes = np.zeros(capacity, dtype=np.int64)
+    used = min(true.size, capacity)
+    lanes[:used] = true[:used]
+    return lanes, np.arange(capacity) < used, np.bool_(true.size > capacity)
+
+
+def flat_take(x: Any, lanes: Any) -> Any:
+    return np.asarray(x).reshape(-1)[lanes]
+
+
+def flat_put(x: Any, lanes: Any, valid: Any, values: Any) -> Any:
+    out = np.array(x, copy=True)
+    out.reshape(-1)[lanes[valid]] = values[valid]
+    return out
+
+
 def table(values: Any) -> Any:
     """A float64 look-up table indexed by arrays."""
     return np.asarray(values, dtype=np.float64)

@@ -64,6 +64,35 @@ def zeros_bool(like: torch.Tensor) -> torch.Tensor:
 zeros_like = torch.zeros_like
 
 
+def zeros_float(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+
+
+def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The flat indices of ``mask``'s true lanes packed into ``capacity`` slots, without
+    asking the device how many there are: (lanes, valid, overflow), where ``valid``
+    marks the slots in use and ``overflow`` (0-d) says some true lanes did not fit."""
+    flat = mask.reshape(-1)
+    rank = flat.cumsum(0) - 1
+    slot = torch.where(flat & (rank < capacity), rank, capacity)  # the rest share a spare slot
+    lanes = torch.zeros(capacity + 1, dtype=torch.int64, device=mask.device)
+    lanes.scatter_(0, slot, torch.arange(flat.numel(), device=mask.device))
+    count = rank[-1] + 1 if flat.numel() else torch.zeros((), dtype=torch.int64, device=mask.device)
+    valid = torch.arange(capacity, device=mask.device) < count
+    return lanes[:capacity], valid, count > capacity
+
+
+def flat_take(x: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1)[lanes]
+
+
+def flat_put(x: torch.Tensor, lanes: torch.Tensor, valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with ``values`` written at the valid ``lanes`` (flat indices)."""
+    out = torch.cat([x.reshape(-1), x.new_zeros(1)])
+    out.scatter_(0, torch.where(valid, lanes, x.numel()), values.to(x.dtype))
+    return out[:x.numel()].view(x.shape)
+
+
 class _Table:
     """A float64 table copied once to each device that indexes it."""
 

@@ -139,7 +139,9 @@ class DQNMembers:
         word = r.draw(self._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64, device=self.device)))
         explore = r.uniform_hi32(word) < torch.as_tensor(self.epsilons(), device=self.device)
         random = (r.uniform_lo32(word) * self.actions).to(torch.int64)
-        if bool(explore.all()):
+        # Skipping the forward pass when every member explores pays on the CPU; on a
+        # GPU the question would be a second wait per step (the actions are the first).
+        if torch.device(self.device).type == "cpu" and bool(explore.all()):
             return random.cpu().numpy()
         greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
         return torch.where(explore, random, greedy).cpu().numpy()

@@ -122,8 +122,9 @@ class PPOMembers:
         self._pending = None
         shape = (self.count, self.config.copies)
         reward_t = torch.as_tensor(reward, dtype=torch.float32, device=self.device).view(shape)
-        cut = torch.as_tensor(np.asarray(truncated) & ~np.asarray(terminated), device=self.device).view(shape)
-        if bool(cut.any()):
+        cut_here = np.asarray(truncated) & ~np.asarray(terminated)
+        if cut_here.any():  # asked of the host's arrays: no wait for the device
+            cut = torch.as_tensor(cut_here, device=self.device).view(shape)
             with torch.no_grad():
                 tail = self._forward(self.net.matrix, self._members_obs(next_obs), value=True).squeeze(-1)
             gamma = torch.as_tensor(self.hypers["gamma"], dtype=torch.float32, device=self.device).unsqueeze(1)

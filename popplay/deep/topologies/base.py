@@ -167,10 +167,12 @@ def non_finite_parameters(state: Any) -> list[str]:
     that hold NaN or infinity, and an infinite last loss (weights of 1e30 are finite, but
     no longer learn anything)."""
     holder = getattr(state, "agent", state)
+    named = [(f"{attribute}.{name}", p) for attribute, value in sorted(vars(holder).items())
+             if isinstance(value, torch.nn.Module) for name, p in value.named_parameters()]
     bad = []
-    for attribute, value in sorted(vars(holder).items()):
-        if isinstance(value, torch.nn.Module):
-            bad += [f"{attribute}.{name}" for name, p in value.named_parameters() if not bool(torch.isfinite(p).all())]
+    # One question to the device for all tensors; names only when something is wrong.
+    if named and not bool(torch.stack([torch.isfinite(p).all() for _, p in named]).all()):
+        bad = [name for name, p in named if not bool(torch.isfinite(p).all())]
     loss = getattr(holder, "last_loss", None)  # NaN before the first update; infinite never
     if isinstance(loss, float) and math.isinf(loss):
         bad.append(f"the loss ({loss})")

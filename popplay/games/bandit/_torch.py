@@ -15,6 +15,7 @@ from popplay.games.bandit.rules import WORDS_PER_STEP, make_rules
 from popplay.xp import th
 
 _rules = make_rules(th)
+NOISE_BLOCK_DRAWS = 2**22
 _rng = _rules.rng
 
 
@@ -42,6 +43,10 @@ class TorchBanditEngine:
         self.total_agents = agents if total_agents is None else int(total_agents)
         self.reduce_sums = reduce_sums
         self.shape = (trials, agents, arms)
+        # The reward noise of a block of steps is drawn at once (it depends on the
+        # keys and the step only): few, large operations instead of the retry rounds
+        # at every step. A block holds at most 2**22 draws (32 MiB).
+        self.noise_block = max(1, NOISE_BLOCK_DRAWS // (trials * agents))
         self.bias = None
         if use_bias:
             static = put(static_keys)[:, :, None]
@@ -51,67 +56,81 @@ class TorchBanditEngine:
     def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares.
 
-        Like the numba kernel, each agent keeps a greedy cache (best arm, best value,
-        runner-up bound), so a step needs a pass over all arms only for the agents
-        whose values tie or whose leader fell behind.
+        Every step has the same shapes and no step asks the device anything, so the
+        host queues a whole phase without waiting. The one read of a phase is whether
+        a reward's normal draw ran past its fixed budget of retry rounds (about one
+        draw in 10^9); then the phase is learned again with the exact, waiting draw.
         """
-        trials, agents, arms = self.shape
-        base_q = q[:, None, :].expand(self.shape)
-        base_n = (n / self.total_agents)[:, None, :].expand(self.shape)
-        means = self.means[:, None, :].expand(self.shape)
-        values = base_q.clone()
-        biased = values + self.bias if self.bias is not None else values
-        pulls = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
-        rewards = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
-        best_arm, best, second = _top2(biased)
-        topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
-        for s in range(n_steps):
-            counter = (first_step + s) * WORDS_PER_STEP
-            w0 = _rng.draw(self.keys, _rng.mix_counter(torch.tensor(counter, device=self.device)))
-            counter1 = torch.tensor(counter + 1, device=self.device)
-            w1 = _rng.draw(self.keys, _rng.mix_counter(counter1))
-            u_choice = _rng.uniform_lo32(w0)
-            explore = _rng.uniform_hi32(w0) < self.epsilons
-            arm = best_arm.clone()
-            needs_scan = (best <= second) & ~explore
-            if topk_agent is not None:
-                needs_scan &= ~topk_agent
-                chosen = (topk_agent & ~explore).nonzero(as_tuple=True)
-                if chosen[0].numel():
-                    order = torch.sort(biased[chosen], dim=-1, descending=True, stable=True).indices
-                    rank = torch.floor(u_choice[chosen] * self.topk.expand(trials, agents)[chosen]).to(torch.int64)
-                    arm[chosen] = order.gather(-1, rank[:, None])[:, 0]
-            scanned = needs_scan.nonzero(as_tuple=True)
-            if scanned[0].numel():
-                arm[scanned] = _random_argmax(biased[scanned], u_choice[scanned])
-            arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
-            index = arm[..., None]
-            noise = _rng.normal(self.keys, counter1, w1)
-            reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
-            pulls.scatter_add_(-1, index, torch.ones_like(index))
-            rewards.scatter_add_(-1, index, reward[..., None])
-            new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
-                                        pulls.gather(-1, index), rewards.gather(-1, index))
-            values.scatter_(-1, index, new_value)
-            if self.bias is not None:
-                new_value = new_value + self.bias.gather(-1, index)
-                biased.scatter_(-1, index, new_value)
-            best_arm, best, second, rescan = _rules.update_greedy(arm, new_value[..., 0], best_arm, best, second)
-            lost = rescan.nonzero(as_tuple=True)
-            if lost[0].numel():
-                best_arm[lost], best[lost], second[lost] = _top2(biased[lost])
-        pull_sums, reward_sums = pulls.sum(dim=1), rewards.sum(dim=1)
+        pull_sums, reward_sums, short = self._learn(q, n, first_step, n_steps, exact=False)
+        if bool(short):
+            pull_sums, reward_sums, _ = self._learn(q, n, first_step, n_steps, exact=True)
         if self.reduce_sums is not None:
             pull_sums, reward_sums = self.reduce_sums(pull_sums, reward_sums)
         n_new = n + pull_sums
         q_new = _rules.shared_estimate(q, n, n_new, reward_sums)
         return q_new, n_new
 
+    def _learn(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int,
+               exact: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The phase's pull and reward sums per (trial, arm), and whether a bounded
+        normal draw fell short (never with ``exact``).
 
-def _top2(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The greedy cache of every row: (an arm holding the maximum, it, the runner-up)."""
-    top = torch.topk(values, 2, dim=-1)
-    return top.indices[..., 0].clone(), top.values[..., 0].clone(), top.values[..., 1].clone()
+        Each step takes every agent's greedy arm from a full pass over its arms (the
+        numba kernel's cached leader and runner-up pick the same arm, but keeping
+        that cache needs a branch per agent)."""
+        trials, agents, arms = self.shape
+        dev = self.device
+        base_q = q[:, None, :].expand(self.shape)
+        base_n = (n / self.total_agents)[:, None, :].expand(self.shape)
+        means = self.means[:, None, :].expand(self.shape)
+        biased = base_q.clone()
+        if self.bias is not None:
+            biased += self.bias
+        pulls = torch.zeros(self.shape, dtype=torch.int64, device=dev)
+        rewards = torch.zeros(self.shape, dtype=torch.int64, device=dev)
+        topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
+        counters = torch.arange(first_step * WORDS_PER_STEP, (first_step + n_steps) * WORDS_PER_STEP,
+                                dtype=torch.int64, device=dev)
+        mixed = _rng.mix_counter(counters[::WORDS_PER_STEP])
+        short = torch.zeros((), dtype=torch.bool, device=dev)
+        for s in range(n_steps):
+            if s % self.noise_block == 0:
+                block = counters[WORDS_PER_STEP * s + 1::WORDS_PER_STEP][:self.noise_block, None, None]
+                noises, fell_short = _reward_noise(self.keys, block, exact)
+                short |= fell_short
+            w0 = _rng.draw(self.keys, mixed[s])
+            u_choice = _rng.uniform_lo32(w0)
+            explore = _rng.uniform_hi32(w0) < self.epsilons
+            arm = _random_argmax(biased, u_choice)
+            if topk_agent is not None:
+                order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
+                rank = torch.floor(u_choice * self.topk).to(torch.int64)
+                arm = torch.where(topk_agent, order.gather(-1, rank[..., None])[..., 0], arm)
+            arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
+            index = arm[..., None]
+            noise = noises[s % self.noise_block]
+            reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
+            pulls.scatter_add_(-1, index, torch.ones_like(index))
+            rewards.scatter_add_(-1, index, reward[..., None])
+            new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
+                                        pulls.gather(-1, index), rewards.gather(-1, index))
+            if self.bias is not None:
+                new_value = new_value + self.bias.gather(-1, index)
+            biased.scatter_(-1, index, new_value)
+        return pulls.sum(dim=1), rewards.sum(dim=1), short
+
+
+def _reward_noise(keys: torch.Tensor, counters: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every agent's reward noise at each of ``counters`` (shaped (steps, 1, 1)): the
+    normals and whether a bounded draw fell short (never with ``exact``)."""
+    words = _rng.draw(keys, _rng.mix_counter(counters))
+    if exact:
+        return _rng.normal(keys, counters, words), torch.zeros((), dtype=torch.bool, device=keys.device)
+    draws = words.numel()
+    # slots for the draws that need retry rounds: about 1.5 %, plus eight binomial
+    # standard deviations and a floor
+    expected = 0.015 * draws
+    return _rng.normal_bounded(keys, counters, words, min(draws, int(expected + 8 * expected ** 0.5 + 16)))
 
 
 def _random_argmax(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -377,8 +377,8 @@ class CartPoleExperiment:
         those agents in this rank's tables (None when there are none; see
         :meth:`_record_quarantine`). One pass over the tables when all is well."""
         xp = _namespace(q)
-        if bool(xp.isfinite(q).all()) and bool(xp.isfinite(w).all()) and bool(xp.isfinite(e).all()) \
-                and bool(xp.isfinite(cart).all()):
+        # one question to the device (combined there), not one per table
+        if bool(xp.isfinite(q).all() & xp.isfinite(w).all() & xp.isfinite(e).all() & xp.isfinite(cart).all()):
             return None
         bad = ~(xp.isfinite(q).all(-1) & xp.isfinite(w).all(-1) & xp.isfinite(e).all(-1)
                 & xp.isfinite(cart).all(-1))

@@ -26,6 +26,7 @@ from popplay.xp import th
 
 _rules = make_rules(th)
 _rng = _rules.rng
+SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
 
 
 class TorchKnightsEngine:
@@ -48,9 +49,14 @@ class TorchKnightsEngine:
         TD(λ) sums already added up per network: (result, plies, (networks, P) or None)."""
         dev = self.device
         S, k = self.squares, self.k
-        kind_t = self._tensor(kind, torch.int64)
-        if bool((kind_t == KIND_SEARCH).any()):
+        # Which sides have network players or learners is asked of the host's arrays,
+        # never of the device: the ply loop must not wait on the device.
+        kind_np, learn_np = np.asarray(kind), np.asarray(learn, dtype=bool)
+        if (kind_np == KIND_SEARCH).any():
             raise ValueError("the torch engine has no search player; use the numba engine")
+        net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
+        learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
+        kind_t = self._tensor(kind_np, torch.int64)
         w1 = self._tensor(nets.w1, torch.float64)
         n_nets, inputs, hidden = w1.shape
         rows = inputs + 1  # one zero row per network for captured pieces
@@ -67,11 +73,14 @@ class TorchKnightsEngine:
         n = keys_t.shape[0]
         games = torch.arange(n, device=dev)
 
+        # every word counter of the batch, mixed once: no host-to-device copy per ply
+        mixed = _rng.mix_counter(torch.arange(base, base + 2 * k + self.max_turns, device=dev))
+        remaining = torch.arange(S, S - 2 * k, -1, device=dev)
         # the starting positions: partial Fisher-Yates over the squares
         perm = torch.arange(S, device=dev).repeat(n, 1)
         for i in range(2 * k):
-            u = _rng.uniform53(_rng.draw(keys_t, _rng.mix_counter(torch.tensor(base + i, device=dev))))
-            j = i + _rules.pick(u, torch.tensor(S - i, device=dev))
+            u = _rng.uniform53(_rng.draw(keys_t, mixed[i]))
+            j = i + _rules.pick(u, remaining[i])
             a, b = perm[:, i].clone(), perm[games, j]
             perm[:, i] = b
             perm[games, j] = a
@@ -84,9 +93,12 @@ class TorchKnightsEngine:
         result = torch.zeros(n, dtype=torch.int64, device=dev)
         plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
         history: list[list[tuple]] = [[], []]
-        learning = bool(learn_t.any())
+        learning = any(learn_side)
         for ply in range(self.max_turns):
-            if ply % 8 == 0 and not bool(active.any()):
+            # The one question a ply loop asks the device, every SYNC_EVERY plies:
+            # whether any game is still on (games end at different plies; without
+            # it every batch would run to max_turns).
+            if ply % SYNC_EVERY == 0 and ply and not bool(active.any()):
                 break
             side = ply % 2
             mover = 1 - 2 * side
@@ -97,15 +109,15 @@ class TorchKnightsEngine:
             legal = (targets >= 0) & (occupant != mover) & active[:, None]
             capture = legal & (occupant == -mover)
             n_legal = legal.sum(dim=1)
-            word = _rng.draw(keys_t, _rng.mix_counter(torch.tensor(base + 2 * k + ply, device=dev)))
+            word = _rng.draw(keys_t, mixed[2 * k + ply])
             u = _rules.choice(word)
             random_slot = _nth(legal, _rules.pick(u, n_legal))
             n_capture = capture.sum(dim=1)
             greedy_slot = torch.where(n_capture > 0, _nth(capture, _rules.pick(u, n_capture)), random_slot)
             kd = kind_t[:, side]
             slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
-            is_net = kd == KIND_NET
-            if bool(is_net.any()):
+            if net_side[side]:
+                is_net = kd == KIND_NET
                 q = net_t[:, side]
                 z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
                 base_row = (q * rows)[:, None]
@@ -128,15 +140,14 @@ class TorchKnightsEngine:
             own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
             opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
             pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
-            if learning:
+            if learn_side[side]:
                 records = learn_t[:, side] & moving
-                if bool(records.any()):
-                    q = net_t[:, side]
-                    z = self._preactivation(w1flat, b1, q, own, opp, rows)
-                    h = _rules.sigmoid(z)
-                    v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
-                    index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
-                    history[side].append((records, index, h, v))
+                q = net_t[:, side]
+                z = self._preactivation(w1flat, b1, q, own, opp, rows)
+                h = _rules.sigmoid(z)
+                v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
+                index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
+                history[side].append((records, index, h, v))
             won = moving & ((opp < S).sum(dim=1) == 0)
             result = torch.where(won, mover, result)
             plies = torch.where(won, ply + 1, plies)

@@ -1,0 +1,148 @@
+"""GPU-shaped torch engines: the operations that would make the host wait for a GPU,
+counted on the CPU with a dispatch mode, do not grow with agents or with the steps of
+a phase; the sync-free normal draw equals the exact one."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from popplay import rng
+from popplay.core.backend import Backend
+from popplay.core.syncs import SyncCounter
+from popplay.distributed.group import Dist
+from popplay.xp import npx, th
+
+TORCH = Backend("torch", "cpu")
+
+
+def phase_syncs(experiment_type, params) -> tuple[int, dict[str, int]]:
+    """Host waits in the second phase of a fresh experiment (the first warms caches)."""
+    experiment = experiment_type(params, TORCH, dist=Dist())
+    state = experiment.phase(experiment.initial_state(), time_left=None)
+    with SyncCounter() as counter:
+        experiment.phase(state, time_left=None)
+    assert counter.ops > 100  # the counter saw the phase's work
+    return counter.syncs, dict(counter.by_name)
+
+
+@pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
+def test_bandit_phase_waits_once_whatever_agents_or_steps(differentiation: str) -> None:
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.games.bandit.rules import BanditParams
+
+    def syncs(agents: int, share_every: int) -> tuple[int, dict[str, int]]:
+        return phase_syncs(BanditExperiment, BanditParams(arms=6, agents=agents, trials=3, share_every=share_every,
+                                                          steps_per_agent=2 * share_every,
+                                                          differentiation=differentiation))
+
+    base = syncs(4, 4)
+    assert base == syncs(64, 4) == syncs(4, 16)
+    assert base[0] <= 1, base  # whether a reward draw ran out of retry rounds
+
+
+def test_cartpole_phase_waits_a_fixed_number_of_times() -> None:
+    from popplay.games.cartpole.experiment import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+
+    def syncs(agents: int, share_every: int) -> tuple[int, dict[str, int]]:
+        return phase_syncs(CartPoleExperiment, CartPolePopulationParams(
+            agents=agents, trials=2, share_every=share_every, steps_per_agent=2 * share_every))
+
+    base = syncs(4, 4)
+    assert base == syncs(64, 4) == syncs(4, 16)
+    assert base[0] <= 2, base  # the finite check and the share's input check
+
+
+def test_knights_phase_waits_only_every_few_plies() -> None:
+    from popplay.games.knights import _torch
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.games.knights.rules import KnightsParams
+
+    def syncs(agents: int, games: int, max_turns: int = 40) -> int:
+        return phase_syncs(KnightsExperiment, KnightsParams(agents=agents, games_per_agent=games, episodes=3,
+                                                            max_turns=max_turns))[0]
+
+    bound = math.ceil(40 / _torch.SYNC_EVERY)
+    assert syncs(4, 2) <= bound
+    assert syncs(32, 2) <= bound and syncs(4, 8) <= bound
+    assert syncs(4, 2, max_turns=400) > bound  # the check is really there (and counted)
+
+
+def test_deep_updates_never_wait() -> None:
+    from popplay.deep.agents.dqn import DoubleDQN, DQNConfig
+    from popplay.deep.agents.replay import Batch
+
+    agent = DoubleDQN(DQNConfig(hidden=(8,), batch_size=16, replay_capacity=64, target_every=3), 4, 2, seed=1)
+    g = torch.Generator().manual_seed(0)
+    agent.replay.add(Batch(torch.randn(64, 4, generator=g), torch.randint(2, (64,), generator=g),
+                           torch.randn(64, generator=g), torch.randn(64, 4, generator=g), torch.zeros(64)))
+    with SyncCounter() as counter:
+        for _ in range(7):
+            agent.update()
+    assert counter.ops > 100 and counter.syncs == 0, counter.by_name
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_deep_population_updates_never_wait(algo: str) -> None:
+    from popplay.deep.agents.ppo_params import PPOParams
+    from popplay.deep.topologies.dqn import DQNParams, DQNPopulation
+    from popplay.deep.topologies.rollout import PPOPopulation
+
+    if algo == "dqn":
+        params = DQNParams(agents=3, hidden=(8,), batch_size=8, replay_capacity=200, learning_starts=20,
+                           phase_steps=60, seed=2)
+        experiment = DQNPopulation(params, None)
+    else:
+        params = dataclasses.replace(PPOParams(), agents=3, hidden=(8,), n_steps=16, batch_size=8, n_epochs=2,
+                                     phase_steps=64, seed=2)
+        experiment = PPOPopulation(params, None)
+    state = experiment.initial_state()
+    learner = state.learner
+    counts: list[tuple[int, int]] = []
+    train = learner.train
+
+    def counted(*args, **kwargs):
+        with SyncCounter() as counter:
+            result = train(*args, **kwargs)
+        counts.append((counter.syncs, counter.ops))
+        return result
+
+    learner.train = counted
+    experiment.phase(state, time_left=None)
+    assert sum(ops for _, ops in counts) > 100  # some updates ran
+    assert all(syncs == 0 for syncs, _ in counts)
+
+
+# --- the sync-free normal draw --------------------------------------------------------
+
+@pytest.mark.parametrize("xp", [th, npx], ids=["torch", "numpy"])
+def test_bounded_normal_equals_the_exact_one(xp) -> None:
+    exact_rng, bounded_rng = rng.make_rng(th), rng.make_rng(xp)
+    n = 40_000
+    key = torch.full((n,), 31, dtype=torch.int64)
+    counter = torch.arange(n, dtype=torch.int64).view(200, 200)
+    word = exact_rng.draw(key.view(200, 200), exact_rng.mix_counter(counter))
+    exact = exact_rng.normal(key.view(200, 200), counter, word)
+    as_xp = (lambda t: t) if xp is th else (lambda t: t.numpy())
+    x, short = bounded_rng.normal_bounded(as_xp(key.view(200, 200)), as_xp(counter), as_xp(word), 1200)
+    assert not bool(short)
+    np.testing.assert_array_equal(np.asarray(x), exact.numpy())
+    # too few slots, or too few rounds, say so (and only then may x differ)
+    assert bool(bounded_rng.normal_bounded(as_xp(key.view(200, 200)), as_xp(counter), as_xp(word), 50)[1])
+    assert bool(bounded_rng.normal_bounded(as_xp(key.view(200, 200)), as_xp(counter), as_xp(word), 1200,
+                                           rounds=1)[1])
+
+
+def test_bounded_normal_never_waits() -> None:
+    r = rng.make_rng(th)
+    key = torch.arange(5000, dtype=torch.int64)
+    word = r.draw(key, r.mix_counter(torch.tensor(3)))
+    with SyncCounter() as counter:
+        r.normal_bounded(key, torch.tensor(3), word, 200)
+    with SyncCounter() as exact:
+        r.normal(key, torch.tensor(3), word)
+    assert counter.syncs == 0 and exact.syncs > 0  # the exact draw does wait: the counter sees it
