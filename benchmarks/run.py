@@ -388,13 +388,14 @@ class Bench:
 
     # -- GPU --------------------------------------------------------------------
 
-    def gpu(self, device: str = "cuda") -> None:
+    def gpu(self, device: str = "cuda", compile: bool = False) -> None:
         """The GPU section; ``device="cpu"`` runs the same rows on torch's CPU (the test
-        suite's way of exercising this path on machines without a GPU)."""
+        suite's way of exercising this path on machines without a GPU); ``compile``:
+        the engines' steps through torch.compile."""
         import torch
 
         s = self.sizes
-        cuda = Backend("torch", device)
+        cuda = Backend("torch", device, compile)
         largest_gym = max(s.cartpole_agents)
         for agents, trials, arms in s.gpu_bandit:
             (timing, mib), used = _shrink_on_oom(

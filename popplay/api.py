@@ -40,6 +40,7 @@ def _domain_of(params: Any) -> str:
 
 
 def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", device: str = "auto",
+          compile: bool = False,
           time_budget: float | None = None, checkpoint_every: str | None = None, overwrite: bool = False,
           progress: bool = False, **fields: Any) -> TrainOutcome:
     """Train a population; return its outcome (summary, curves, final state).
@@ -48,7 +49,7 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
         params: a domain's parameters (``BanditParams(...)`` …) or a domain name, with
             ``fields`` setting its parameters (``train("bandit", agents=8, trials=4)``).
         out: run file to write (HDF5); None (the default) writes nothing.
-        backend, device: as ``--backend``/``--device``.
+        backend, device, compile: as ``--backend``/``--device``/``--compile``.
         time_budget: seconds of learning instead of the step budget.
         checkpoint_every: as ``--checkpoint-every`` ("30s", "5m", or a count); needs ``out``.
         overwrite: replace ``out`` if it exists.
@@ -65,7 +66,7 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
         raise TypeError("give fields only with a domain name (or use dataclasses.replace on params)")
     every = CheckpointEvery.parse(checkpoint_every) if checkpoint_every else None
     domain = _domain_of(params)  # (auto is the CPU for deep agents: DomainSpec.backend)
-    options = TrainOptions(backend=backend, device=device, time_budget=time_budget,
+    options = TrainOptions(backend=backend, device=device, compile=compile, time_budget=time_budget,
                            out=Path(out) if out is not None else None, overwrite=overwrite, checkpoint_every=every)
     return run_train(domain, params, options, reporter=PlainReporter(sys.stderr) if progress else None)
 

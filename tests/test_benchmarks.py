@@ -91,3 +91,23 @@ def test_gpu_section_runs_its_rows_on_torch_cpu(bench_run):
     assert rows[0]["agents"] * rows[0]["trials"] == 256 * 16
     assert "games per episode" in rows[2]["notes"]
     assert any("GPU memory" in note for note in bench.notes["gpu"])
+
+
+def test_gpu_benchmark_without_a_gpu_says_so_in_one_line(capsys):
+    from popplay.core.backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU is here: benchmarks/gpu.py would measure")
+    path, modules = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("popplay_benchmarks_gpu", ROOT / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.main([]) == 0
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name in ("run", "bandit", "cartpole", "knights", "_common", "popplay_benchmarks_gpu"):
+                del sys.modules[name]
+    assert capsys.readouterr().out == "benchmarks/gpu.py: no CUDA GPU on this machine; nothing measured\n"

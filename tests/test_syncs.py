@@ -146,3 +146,86 @@ def test_bounded_normal_never_waits() -> None:
     with SyncCounter() as exact:
         r.normal(key, torch.tensor(3), word)
     assert counter.syncs == 0 and exact.syncs > 0  # the exact draw does wait: the counter sees it
+
+
+# --- compiled steps: one graph each, same results -----------------------------------
+
+def _one_graph(step):
+    """``step`` compiled as one graph by dynamo alone (the ``eager`` backend: no code
+    generation, so the test is quick); a graph break raises."""
+    return torch.compile(step, fullgraph=True, dynamic=False, backend="eager")
+
+
+def _final_state(experiment_type, params, compile_step=None):
+    experiment = experiment_type(params, TORCH, dist=Dist())
+    if compile_step is not None:
+        compile_step(experiment)
+    state = experiment.initial_state()
+    for _ in range(2):
+        state = experiment.phase(state, time_left=None)
+    return state
+
+
+@pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
+def test_bandit_step_is_one_graph(differentiation: str) -> None:
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.games.bandit.rules import BanditParams
+
+    params = BanditParams(arms=5, agents=3, trials=2, share_every=4, steps_per_agent=8,
+                          differentiation=differentiation)
+
+    def compile_step(experiment) -> None:
+        experiment._torch._step = _one_graph(experiment._torch._learning_step)
+
+    plain, compiled = _final_state(BanditExperiment, params), _final_state(BanditExperiment, params, compile_step)
+    np.testing.assert_array_equal(plain.q, compiled.q)
+    np.testing.assert_array_equal(plain.n, compiled.n)
+
+
+def test_cartpole_step_is_one_graph() -> None:
+    from popplay.games.cartpole.experiment import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+
+    params = CartPolePopulationParams(agents=3, trials=2, share_every=8, steps_per_agent=16, algorithm="q")
+
+    def compile_step(experiment) -> None:
+        experiment._torch._step = _one_graph(experiment._torch._learning_step)
+
+    plain = _final_state(CartPoleExperiment, params)
+    compiled = _final_state(CartPoleExperiment, params, compile_step)
+    np.testing.assert_array_equal(plain.q, compiled.q)
+    np.testing.assert_array_equal(plain.failures, compiled.failures)
+
+
+def test_knights_ply_is_one_graph() -> None:
+    from popplay.games.knights import engine
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.games.knights.rules import KnightsParams
+
+    params = KnightsParams(agents=3, games_per_agent=2, episodes=2, max_turns=30)
+    plain = _final_state(KnightsExperiment, params)
+    torch_engine = engine._torch_engine(params.geometry.table, params.pieces, params.max_turns, "cpu")
+    torch_engine._ply = _one_graph(torch_engine._one_ply)
+    try:
+        compiled = _final_state(KnightsExperiment, params)
+    finally:
+        engine._ENGINES.clear()
+    np.testing.assert_array_equal(plain.w1, compiled.w1)
+    np.testing.assert_array_equal(plain.score, compiled.score)
+
+
+def test_train_compile_runs_the_inductor_build_and_agrees() -> None:
+    import popplay
+
+    fields = dict(arms=4, agents=2, trials=2, steps_per_agent=8, share_every=4)
+    plain = popplay.train("bandit", backend="torch", **fields)
+    compiled = popplay.train("bandit", compile=True, **fields)  # --compile alone picks the torch engine
+    assert compiled.summary["backend"] == "torch"
+    np.testing.assert_array_equal(plain.result.state.q, compiled.result.state.q)
+
+
+def test_compile_with_numba_is_refused_in_one_line(cli) -> None:
+    code, out, err = cli(["train", "bandit", "--backend", "numba", "--compile", "--agents", "2", "--trials", "1",
+                          "--agent-steps", "8", "--share-every", "4"])
+    assert code == 2 and out == ""
+    assert err == "Error: --compile compiles the torch engine; --backend numba is compiled already\n"

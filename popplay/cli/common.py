@@ -42,6 +42,10 @@ CHECKPOINT_HELP = ("Write the complete state into the run file every N units of 
 SeedOption = Annotated[int, typer.Option(help="Seed of every random stream.")]
 BackendOption = Annotated[BackendName, typer.Option(help=BACKEND_HELP)]
 DeviceOption = Annotated[DeviceName, typer.Option(help=DEVICE_HELP)]
+CompileOption = Annotated[bool, typer.Option(
+    "--compile/--no-compile",
+    help="Run the torch engine's steps through torch.compile (fullgraph; the first phase pays the "
+         "compilation, tens of seconds on a CPU). Off by default: see docs/performance.md for where it pays.")]
 TimeBudgetOption = Annotated[Optional[float], typer.Option(help=TIME_BUDGET_HELP)]
 OutOption = Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)]
 OverwriteOption = Annotated[bool, typer.Option(help="Replace --out if it exists.")]

@@ -33,7 +33,8 @@ from popplay.training.job import JobOptions
 # Options a resumed run may still be given: the new budget and how (not what) to run.
 #: How (not what) a resumed run may be told to run; what it learns may change only
 #: in the fields its parameters mark as budget or ``on_resume``.
-RESUME_RUN_OPTIONS = {"resume", "seeds", "time_budget", "checkpoint_every", "backend", "device", "json_output",
+RESUME_RUN_OPTIONS = {"resume", "seeds", "time_budget", "checkpoint_every", "backend", "device", "compile",
+                      "json_output",
                       "config", "nproc", "timeout", "log_dir"}
 
 
@@ -109,15 +110,15 @@ def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | Non
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
                  resume: Any = None, seeds: int = 1, nproc: int = 1, timeout: float = 60.0,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, compile: bool = False) -> None:
     """Shared tail of every ``train`` command: run the job (:func:`popplay.training.job.run`:
     seeds, ranks, resume), report, exit 130 if stopped."""
     defaulted = out is None and resume is None
     if resume is not None:
         out = resume.path
     base = out if out is not None else default_out(domain)
-    options = JobOptions(backend=backend, device=device, time_budget=time_budget, out=base, overwrite=overwrite,
-                         checkpoint_every=checkpoint_every, seeds=seeds, nproc=nproc, timeout=timeout,
+    options = JobOptions(backend=backend, device=device, compile=compile, time_budget=time_budget, out=base,
+                         overwrite=overwrite, checkpoint_every=checkpoint_every, seeds=seeds, nproc=nproc, timeout=timeout,
                          log_dir=log_dir, argv=invocation())
 
     def reporter(quiet: bool) -> Any:

@@ -21,6 +21,7 @@ class Backend:
 
     name: str
     device: str
+    compile: bool = False  # torch: run the engine's steps through torch.compile
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that wall-clock timings are honest."""
@@ -51,7 +52,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def resolve_backend(backend: str = "auto", device: str = "auto") -> Backend:
+def resolve_backend(backend: str = "auto", device: str = "auto", compile: bool = False) -> Backend:
     """Turn the user's ``--backend``/``--device`` into a usable :class:`Backend`.
 
     ``auto`` picks torch on CUDA when a GPU is present and numba on the CPU otherwise.
@@ -68,8 +69,10 @@ def resolve_backend(backend: str = "auto", device: str = "auto") -> Backend:
     if device == "auto":
         device = "cuda" if backend != "numba" and cuda_available() else "cpu"
     if backend == "auto":
-        backend = "torch" if device == "cuda" else "numba"
-    return Backend(backend, device)
+        backend = "torch" if device == "cuda" or compile else "numba"
+    if compile and backend != "torch":
+        raise BackendError("--compile compiles the torch engine; --backend numba is compiled already")
+    return Backend(backend, device, compile)
 
 
 @dataclass(frozen=True)

@@ -104,13 +104,13 @@ class DomainSpec:
         """The experiment of ``params`` on ``backend``."""
         return self.experiment_type()(params, backend)
 
-    def backend(self, backend: str = "auto", device: str = "auto") -> Backend:
+    def backend(self, backend: str = "auto", device: str = "auto", compile: bool = False) -> Backend:
         """Where a run of this domain computes. Populations: :func:`resolve_backend`.
         Deep agents run on torch, on the CPU unless ``--device cuda`` is asked for
         (``auto`` is the CPU: at these network sizes acting step by step across the bus
         costs more than a GPU saves) and the spec lists ``cuda``."""
         if self.kind == POPULATION:
-            return resolve_backend(backend, device)
+            return resolve_backend(backend, device, compile=compile)
         if device not in DEVICES:
             raise UsageError(f"--device must be one of {', '.join(DEVICES)} (got {device!r})")
         if device != "cuda":

@@ -40,6 +40,7 @@ class JobOptions:
 
     backend: str = "auto"
     device: str = "auto"
+    compile: bool = False  # the torch engines' steps through torch.compile
     time_budget: float | None = None
     out: Path | None = None  # the run file (its seeds' files are named after it)
     overwrite: bool = False
@@ -89,7 +90,7 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     if options.seeds > 1 and resume is not None:
         raise UsageError("--seeds: resume each seed's run file on its own")
     world = world_size(spec, params, options)
-    spec.backend(options.backend, options.device)  # a device the run cannot use: refused before any rank starts
+    spec.backend(options.backend, options.device, compile=options.compile)  # a device the run cannot use: refused before any rank starts
     if not symmetric(spec, params) and options.nproc > 1:
         raise UsageError(f"--nproc: a {spec.name} run's ranks come from its layout (--topology or --workflow and "
                          f"its rank counts: {world} here), not --nproc")
@@ -110,7 +111,7 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     for run_params, path in plan:
         logs = options.log_dir if options.log_dir is None or options.seeds == 1 else \
             Path(options.log_dir) / f"seed{run_params.seed}"
-        train_options = TrainOptions(backend=options.backend, device=options.device,
+        train_options = TrainOptions(backend=options.backend, device=options.device, compile=options.compile,
                                      time_budget=options.time_budget, out=path, overwrite=options.overwrite,
                                      checkpoint_every=every, log_dir=logs)
         outcome, job.stop_requested = _train_one(spec, run_params, train_options, world=world, timeout=options.timeout,

@@ -58,6 +58,7 @@ class TrainOptions:
 
     backend: str = "auto"
     device: str = "auto"
+    compile: bool = False  # the torch engines' steps through torch.compile
     time_budget: float | None = None
     out: Any = None  # pathlib.Path
     overwrite: bool = False
@@ -161,7 +162,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         params.validate()
     except ValueError as error:
         raise UsageError(user_message(type(params), str(error))) from None
-    backend = spec.backend(options.backend, options.device)
+    backend = spec.backend(options.backend, options.device, compile=options.compile)
     if options.time_budget is not None and not options.time_budget > 0:
         raise UsageError(f"--time-budget must be positive (got {options.time_budget})")
     budgets = budget_fields(type(params))

@@ -115,3 +115,12 @@ def table(values: Any) -> _Table:
 
 
 sigmoid = torch.sigmoid
+
+
+def compiled(step: Callable, enabled: bool) -> Callable:
+    """``step`` through ``torch.compile`` as one graph (``fullgraph``: a graph break is an
+    error, not a silent fall-back to Python), shapes fixed (every step of an engine
+    has the same shapes); ``step`` itself when not ``enabled``."""
+    if not enabled:
+        return step
+    return torch.compile(step, fullgraph=True, dynamic=False)

@@ -25,7 +25,7 @@ class TorchBanditEngine:
     def __init__(self, *, means: np.ndarray, keys: np.ndarray, static_keys: np.ndarray,
                  epsilons: np.ndarray, topk: np.ndarray, groups: np.ndarray, n_groups: int,
                  bias_scale: float, use_bias: bool, device: str, total_agents: int | None = None,
-                 reduce_sums: Any = None) -> None:
+                 reduce_sums: Any = None, compile: bool = False) -> None:
         self.device = torch.device(device)
         put = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=self.device)  # noqa: E731
         self.means = put(means)
@@ -43,6 +43,8 @@ class TorchBanditEngine:
         self.total_agents = agents if total_agents is None else int(total_agents)
         self.reduce_sums = reduce_sums
         self.shape = (trials, agents, arms)
+        self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
+        self._step = th.compiled(self._learning_step, compile)
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
         # at every step. A block holds at most 2**22 draws (32 MiB).
@@ -53,7 +55,8 @@ class TorchBanditEngine:
             counters = torch.arange(arms, dtype=torch.int64, device=self.device)
             self.bias = _rules.arm_bias(_rng.draw(static, _rng.mix_counter(counters)), bias_scale)
 
-    def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int,
+              n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares.
 
         Every step has the same shapes and no step asks the device anything, so the
@@ -78,7 +81,6 @@ class TorchBanditEngine:
         Each step takes every agent's greedy arm from a full pass over its arms (the
         numba kernel's cached leader and runner-up pick the same arm, but keeping
         that cache needs a branch per agent)."""
-        trials, agents, arms = self.shape
         dev = self.device
         base_q = q[:, None, :].expand(self.shape)
         base_n = (n / self.total_agents)[:, None, :].expand(self.shape)
@@ -88,7 +90,6 @@ class TorchBanditEngine:
             biased += self.bias
         pulls = torch.zeros(self.shape, dtype=torch.int64, device=dev)
         rewards = torch.zeros(self.shape, dtype=torch.int64, device=dev)
-        topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         counters = torch.arange(first_step * WORDS_PER_STEP, (first_step + n_steps) * WORDS_PER_STEP,
                                 dtype=torch.int64, device=dev)
         mixed = _rng.mix_counter(counters[::WORDS_PER_STEP])
@@ -98,26 +99,33 @@ class TorchBanditEngine:
                 block = counters[WORDS_PER_STEP * s + 1::WORDS_PER_STEP][:self.noise_block, None, None]
                 noises, fell_short = _reward_noise(self.keys, block, exact)
                 short |= fell_short
-            w0 = _rng.draw(self.keys, mixed[s])
-            u_choice = _rng.uniform_lo32(w0)
-            explore = _rng.uniform_hi32(w0) < self.epsilons
-            arm = _random_argmax(biased, u_choice)
-            if topk_agent is not None:
-                order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
-                rank = torch.floor(u_choice * self.topk).to(torch.int64)
-                arm = torch.where(topk_agent, order.gather(-1, rank[..., None])[..., 0], arm)
-            arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
-            index = arm[..., None]
-            noise = noises[s % self.noise_block]
-            reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
-            pulls.scatter_add_(-1, index, torch.ones_like(index))
-            rewards.scatter_add_(-1, index, reward[..., None])
-            new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
-                                        pulls.gather(-1, index), rewards.gather(-1, index))
-            if self.bias is not None:
-                new_value = new_value + self.bias.gather(-1, index)
-            biased.scatter_(-1, index, new_value)
+            self._step(biased, pulls, rewards, base_q, base_n, means, mixed[s], noises[s % self.noise_block])
         return pulls.sum(dim=1), rewards.sum(dim=1), short
+
+
+    def _learning_step(self, biased: torch.Tensor, pulls: torch.Tensor, rewards: torch.Tensor, base_q: torch.Tensor,
+                       base_n: torch.Tensor, means: torch.Tensor, mixed: torch.Tensor, noise: torch.Tensor) -> None:
+        """One step of every agent: choose arms, draw rewards, update ``biased``
+        (greedy values, bias included), ``pulls`` and ``rewards`` in place."""
+        arms = self.shape[2]
+        w0 = _rng.draw(self.keys, mixed)
+        u_choice = _rng.uniform_lo32(w0)
+        explore = _rng.uniform_hi32(w0) < self.epsilons
+        arm = _random_argmax(biased, u_choice)
+        if self.topk_agent is not None:
+            order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
+            rank = torch.floor(u_choice * self.topk).to(torch.int64)
+            arm = torch.where(self.topk_agent, order.gather(-1, rank[..., None])[..., 0], arm)
+        arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
+        index = arm[..., None]
+        reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
+        pulls.scatter_add_(-1, index, torch.ones_like(index))
+        rewards.scatter_add_(-1, index, reward[..., None])
+        new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
+                                    pulls.gather(-1, index), rewards.gather(-1, index))
+        if self.bias is not None:
+            new_value = new_value + self.bias.gather(-1, index)
+        biased.scatter_(-1, index, new_value)
 
 
 def _reward_noise(keys: torch.Tensor, counters: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:

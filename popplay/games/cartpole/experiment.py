@@ -109,6 +109,7 @@ class CartPoleExperiment:
                 keys=self._local_keys, phys=self._phys, bounds=self._bounds, gamma=p.gamma,
                 failure_reward=p.failure_reward, cutoff=p.trace_cutoff, start_range=p.start_range,
                 accumulate=p.trace == "accumulating", watkins=p.algorithm == "q", device=backend.device,
+                compile=backend.compile,
             )
             self._bias_keys_device = self._torch.tensor(self._bias_keys)
         else:

@@ -32,13 +32,14 @@ SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
 class TorchKnightsEngine:
     """Plays batches of games on one device; weights are fixed during a call."""
 
-    def __init__(self, *, jumps: np.ndarray, pieces: int, max_turns: int, device: str) -> None:
+    def __init__(self, *, jumps: np.ndarray, pieces: int, max_turns: int, device: str, compile: bool = False) -> None:
         self.device = torch.device(device)
         table = np.array(jumps, dtype=np.int64)  # a writable copy for torch
         self.squares = table.shape[0] - 1  # the last row serves captured pieces
         self.jumps = torch.as_tensor(table, device=self.device)
         self.k = int(pieces)
         self.max_turns = int(max_turns)
+        self._ply = th.compiled(self._one_ply, compile)
 
     def _tensor(self, a: Any, dtype: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
@@ -94,6 +95,8 @@ class TorchKnightsEngine:
         plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
         history: list[list[tuple]] = [[], []]
         learning = any(learn_side)
+        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs)
+        plies_done = torch.arange(1, self.max_turns + 1, device=dev)  # as tensors: one graph for every ply
         for ply in range(self.max_turns):
             # The one question a ply loop asks the device, every SYNC_EVERY plies:
             # whether any game is still on (games end at different plies; without
@@ -101,57 +104,11 @@ class TorchKnightsEngine:
             if ply % SYNC_EVERY == 0 and ply and not bool(active.any()):
                 break
             side = ply % 2
-            mover = 1 - 2 * side
-            own, opp = pieces[:, side], pieces[:, 1 - side]
-            targets = self.jumps[own].reshape(n, -1)  # (n, k·J), −1 off board / captured
-            origin = own[:, :, None].expand(-1, -1, self.jumps.shape[1]).reshape(n, -1)
-            occupant = board.gather(1, targets.clamp(min=0))
-            legal = (targets >= 0) & (occupant != mover) & active[:, None]
-            capture = legal & (occupant == -mover)
-            n_legal = legal.sum(dim=1)
-            word = _rng.draw(keys_t, mixed[2 * k + ply])
-            u = _rules.choice(word)
-            random_slot = _nth(legal, _rules.pick(u, n_legal))
-            n_capture = capture.sum(dim=1)
-            greedy_slot = torch.where(n_capture > 0, _nth(capture, _rules.pick(u, n_capture)), random_slot)
-            kd = kind_t[:, side]
-            slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
-            if net_side[side]:
-                is_net = kd == KIND_NET
-                q = net_t[:, side]
-                z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
-                base_row = (q * rows)[:, None]
-                t_clamped = targets.clamp(min=0)
-                z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
-                     + w1flat[base_row + t_clamped]
-                     - capture[..., None] * w1flat[base_row + S + t_clamped])
-                y = b2[q][:, None] + (_rules.sigmoid(z) * w2[q][:, None, :]).sum(dim=-1)
-                best_slot = torch.where(legal, y, torch.tensor(-torch.inf, dtype=y.dtype, device=dev)).argmax(dim=1)
-                explore = _rules.explores(word, eps_t[:, side])
-                slot = torch.where(is_net & ~explore, best_slot, slot)
-            moving = n_legal > 0
-            f = origin.gather(1, slot[:, None])[:, 0]
-            t = targets.gather(1, slot[:, None])[:, 0]
-            cap = capture.gather(1, slot[:, None])[:, 0] & moving
-            dump = torch.full_like(f, S)
-            board.scatter_(1, torch.where(moving, f, dump)[:, None], 0)
-            board.scatter_(1, torch.where(moving, t, dump)[:, None], mover)
-            board[:, S] = 0
-            own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
-            opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
-            pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
-            if learn_side[side]:
-                records = learn_t[:, side] & moving
-                q = net_t[:, side]
-                z = self._preactivation(w1flat, b1, q, own, opp, rows)
-                h = _rules.sigmoid(z)
-                v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
-                index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
-                history[side].append((records, index, h, v))
-            won = moving & ((opp < S).sum(dim=1) == 0)
-            result = torch.where(won, mover, result)
-            plies = torch.where(won, ply + 1, plies)
-            active = active & ~won
+            pieces, board, active, result, plies, record = self._ply(
+                side, net_side[side], learn_side[side], plies_done[ply], _rng.draw(keys_t, mixed[2 * k + ply]),
+                pieces, board, active, result, plies, tables)
+            if record is not None:
+                history[side].append(record)
         delta = None
         if learning:
             delta = torch.zeros(n_nets * rows * hidden + n_nets * (2 * hidden + 1), dtype=torch.float64, device=dev)
@@ -162,6 +119,67 @@ class TorchKnightsEngine:
             d_w1 = d_w1.view(n_nets, rows, hidden)[:, :inputs].reshape(n_nets, -1)
             delta = torch.cat([d_w1, d_rest], dim=1).cpu().numpy()
         return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
+
+    def _one_ply(self, side: int, net_here: bool, learn_here: bool, ply_done: torch.Tensor, word: torch.Tensor,
+                 pieces: torch.Tensor, board: torch.Tensor, active: torch.Tensor, result: torch.Tensor,
+                 plies: torch.Tensor, tables: tuple) -> tuple:
+        """One ply of every game: the mover (``side``) picks its move, the position and
+        results advance; the learner's after-state record when ``learn_here``."""
+        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs = tables
+        S = self.squares
+        n = pieces.shape[0]
+        mover = 1 - 2 * side
+        own, opp = pieces[:, side], pieces[:, 1 - side]
+        targets = self.jumps[own].reshape(n, -1)  # (n, k·J), −1 off board / captured
+        origin = own[:, :, None].expand(-1, -1, self.jumps.shape[1]).reshape(n, -1)
+        occupant = board.gather(1, targets.clamp(min=0))
+        legal = (targets >= 0) & (occupant != mover) & active[:, None]
+        capture = legal & (occupant == -mover)
+        n_legal = legal.sum(dim=1)
+        u = _rules.choice(word)
+        random_slot = _nth(legal, _rules.pick(u, n_legal))
+        n_capture = capture.sum(dim=1)
+        greedy_slot = torch.where(n_capture > 0, _nth(capture, _rules.pick(u, n_capture)), random_slot)
+        kd = kind_t[:, side]
+        slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
+        if net_here:
+            is_net = kd == KIND_NET
+            q = net_t[:, side]
+            z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
+            base_row = (q * rows)[:, None]
+            t_clamped = targets.clamp(min=0)
+            z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
+                 + w1flat[base_row + t_clamped]
+                 - capture[..., None] * w1flat[base_row + S + t_clamped])
+            y = b2[q][:, None] + (_rules.sigmoid(z) * w2[q][:, None, :]).sum(dim=-1)
+            best_slot = torch.where(legal, y, -torch.inf).argmax(dim=1)
+            explore = _rules.explores(word, eps_t[:, side])
+            slot = torch.where(is_net & ~explore, best_slot, slot)
+        moving = n_legal > 0
+        f = origin.gather(1, slot[:, None])[:, 0]
+        t = targets.gather(1, slot[:, None])[:, 0]
+        cap = capture.gather(1, slot[:, None])[:, 0] & moving
+        dump = torch.full_like(f, S)
+        board.scatter_(1, torch.where(moving, f, dump)[:, None], 0)
+        board.scatter_(1, torch.where(moving, t, dump)[:, None], mover)
+        board[:, S] = 0
+        own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
+        opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
+        pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
+        record = None
+        if learn_here:
+            records = learn_t[:, side] & moving
+            q = net_t[:, side]
+            z = self._preactivation(w1flat, b1, q, own, opp, rows)
+            h = _rules.sigmoid(z)
+            v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
+            index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
+            record = (records, index, h, v)
+        won = moving & ((opp < S).sum(dim=1) == 0)
+        result = torch.where(won, mover, result)
+        plies = torch.where(won, ply_done, plies)
+        active = active & ~won
+        return pieces, board, active, result, plies, record
 
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
