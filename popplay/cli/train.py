@@ -118,8 +118,8 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         out = resume.path
     base = out if out is not None else default_out(domain)
     options = JobOptions(backend=backend, device=device, compile=compile, time_budget=time_budget, out=base,
-                         overwrite=overwrite, checkpoint_every=checkpoint_every, seeds=seeds, nproc=nproc, timeout=timeout,
-                         log_dir=log_dir, argv=invocation())
+                         overwrite=overwrite, checkpoint_every=checkpoint_every, seeds=seeds, nproc=nproc,
+                         timeout=timeout, log_dir=log_dir, argv=invocation())
 
     def reporter(quiet: bool) -> Any:
         # Progress and status lines go to stderr: stdout carries only the results (the
