@@ -1,5 +1,7 @@
 """The batched knights engines against the plain-Python reference: games, bots and the
 TD(λ) update; determinism and independence from threads and batch layout."""
+import dataclasses
+
 import numba
 import numpy as np
 import pytest
@@ -93,6 +95,30 @@ def test_torch_engine_agrees_with_numba():
     b = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
     assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
     np.testing.assert_allclose(b.delta, a.delta, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_torch_engine_plays_the_same_games_within_float32_rounding():
+    params = KnightsParams(max_turns=60)
+    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6)
+    batch = _mixed_batch(120, 4, seed=4)
+    batch = batch._replace(kind=np.where(batch.kind == game.KIND_SEARCH, game.KIND_NET, batch.kind))
+    lam = np.array([0.3, 0.5, 0.7, 0.9])
+    a = engine.run_batch(nets, lam, batch, params=params, base=7, backend=TORCH)
+    b = engine.run_batch(nets, lam, batch, params=dataclasses.replace(params, dtype="float32"), base=7, backend=TORCH)
+    assert b.delta.dtype == np.float32 and a.delta.dtype == np.float64  # really computed in float32
+    same = (a.result == b.result) & (a.plies == b.plies)
+    assert same.mean() > 0.9  # a near-tie between after-states may flip
+    if same.all():
+        np.testing.assert_allclose(b.delta, a.delta, rtol=1e-3, atol=1e-5)
+    assert not np.array_equal(b.delta.astype(np.float64), a.delta)
+
+
+def test_float32_on_the_numba_engine_is_refused_in_one_line(cli):
+    code, out, err = cli(["train", "knights", "--backend", "numba", "--dtype", "float32", "--agents", "2",
+                          "--games-per-agent", "2", "--episodes", "1"])
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1] == ("Error: --dtype float32 runs on the torch engine (--backend torch); "
+                                            "the numba engine computes in float64")
 
 
 @pytest.mark.cuda

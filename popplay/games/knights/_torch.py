@@ -32,13 +32,15 @@ SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
 class TorchKnightsEngine:
     """Plays batches of games on one device; weights are fixed during a call."""
 
-    def __init__(self, *, jumps: np.ndarray, pieces: int, max_turns: int, device: str, compile: bool = False) -> None:
+    def __init__(self, *, jumps: np.ndarray, pieces: int, max_turns: int, device: str, compile: bool = False,
+                 dtype: str = "float64") -> None:
         self.device = torch.device(device)
         table = np.array(jumps, dtype=np.int64)  # a writable copy for torch
         self.squares = table.shape[0] - 1  # the last row serves captured pieces
         self.jumps = torch.as_tensor(table, device=self.device)
         self.k = int(pieces)
         self.max_turns = int(max_turns)
+        self.dtype = getattr(torch, dtype)
         self._ply = th.compiled(self._one_ply, compile)
 
     def _tensor(self, a: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -58,17 +60,17 @@ class TorchKnightsEngine:
         net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
         learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
         kind_t = self._tensor(kind_np, torch.int64)
-        w1 = self._tensor(nets.w1, torch.float64)
+        w1 = self._tensor(nets.w1, self.dtype)
         n_nets, inputs, hidden = w1.shape
         rows = inputs + 1  # one zero row per network for captured pieces
         w1p = torch.cat([w1, torch.zeros(n_nets, 1, hidden, dtype=w1.dtype, device=dev)], dim=1)
         w1flat = w1p.reshape(-1, hidden)
-        b1 = self._tensor(nets.b1, torch.float64)
-        w2 = self._tensor(nets.w2, torch.float64)
-        b2 = self._tensor(nets.b2, torch.float64)
-        lam_t = self._tensor(lam, torch.float64)
+        b1 = self._tensor(nets.b1, self.dtype)
+        w2 = self._tensor(nets.w2, self.dtype)
+        b2 = self._tensor(nets.b2, self.dtype)
+        lam_t = self._tensor(lam, self.dtype)
         net_t = self._tensor(net, torch.int64)
-        eps_t = self._tensor(eps, torch.float64)
+        eps_t = self._tensor(eps, self.dtype)
         learn_t = self._tensor(learn, torch.bool)
         keys_t = self._tensor(keys, torch.int64)
         n = keys_t.shape[0]
@@ -111,7 +113,7 @@ class TorchKnightsEngine:
                 history[side].append(record)
         delta = None
         if learning:
-            delta = torch.zeros(n_nets * rows * hidden + n_nets * (2 * hidden + 1), dtype=torch.float64, device=dev)
+            delta = torch.zeros(n_nets * rows * hidden + n_nets * (2 * hidden + 1), dtype=self.dtype, device=dev)
             d_w1 = delta[:n_nets * rows * hidden].view(n_nets * rows, hidden)
             d_rest = delta[n_nets * rows * hidden:].view(n_nets, 2 * hidden + 1)
             for side in range(2):
@@ -194,7 +196,7 @@ class TorchKnightsEngine:
         if not steps:
             return
         hidden = w2.shape[1]
-        target = _rules.reward(result, 1 - 2 * side).to(torch.float64)
+        target = _rules.reward(result, 1 - 2 * side).to(w2.dtype)
         c = torch.zeros_like(target)
         lam = lam_t[q]
         for records, index, h, v in reversed(steps):

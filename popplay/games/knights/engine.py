@@ -37,7 +37,8 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
     if summed and backend is not None and backend.name == "torch" and not bool((batch.kind == KIND_SEARCH).any()):
-        engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile)
+        engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
+                               params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                            batch.keys, base=base)
         return Played(result, plies, delta)
@@ -73,14 +74,15 @@ def _chunks(items: int) -> int:
 _ENGINES: dict[tuple, Any] = {}
 
 
-def _torch_engine(table: np.ndarray, pieces: int, max_turns: int, device: str, compile: bool = False) -> Any:
+def _torch_engine(table: np.ndarray, pieces: int, max_turns: int, device: str, compile: bool = False,
+                  dtype: str = "float64") -> Any:
     from popplay.games.knights._torch import TorchKnightsEngine  # defers torch: the numba engine needs none
 
-    key = (table.tobytes(), table.shape, pieces, max_turns, device, compile)
+    key = (table.tobytes(), table.shape, pieces, max_turns, device, compile, dtype)
     if key not in _ENGINES:
         _ENGINES.clear()
         _ENGINES[key] = TorchKnightsEngine(jumps=table, pieces=pieces, max_turns=max_turns, device=device,
-                                           compile=compile)
+                                           compile=compile, dtype=dtype)
     return _ENGINES[key]
 
 

@@ -73,6 +73,9 @@ class KnightsExperiment:
             # depends on the batch: a rank's share of the games would differ in the last bits.
             raise ValueError("knights runs on several ranks with --backend numba only (the torch engine's "
                              "sums depend on the batch, so a sharded run would not be bit-identical)")
+        if p.dtype != "float64" and backend.name != "torch":
+            raise ValueError(f"--dtype {p.dtype} runs on the torch engine (--backend torch); the numba engine "
+                             "computes in float64")
         agents, slots = np.arange(p.agents), np.arange(p.games_per_agent)
         self.play_keys = _rng.stream_keys(p.seed, game.TAG_PLAY, agents, slots).reshape(-1)
         self.opponent_keys = _rng.stream_keys(p.seed, game.TAG_OPPONENT, agents, slots)

@@ -63,6 +63,7 @@ KIND_OF_CODE = {-1: KIND_RANDOM, -2: KIND_GREEDY, -3: KIND_SEARCH}
 
 KNIGHT: tuple[tuple[int, int], ...] = ((-2, -1), (-2, 1), (-1, -2), (-1, 2), (1, -2), (1, 2), (2, -1), (2, 1))
 DEFAULT_MAX_TURNS = 100
+DTYPES = ("float64", "float32")
 SEARCH_WIN = 1000.0  # score of a won (lost: minus) position in the material search
 MAX_SIDE = 26  # rows and columns are named a..z / 1..26 in the terminal
 
@@ -106,6 +107,9 @@ class KnightsParams:
                                       "a random population member; half as X).", min=1)
     episodes: int = option(10000, "Learning episodes (one game per copy each).", min=1, budget=True)
     hidden: int = option(4, "Hidden sigmoid units of each value network.", min=1, max=1024)
+    dtype: str = option("float64", "Floating point of the torch engine's games and TD(λ) sums (float32: half the "
+                                   "memory traffic on a GPU; the weights stay float64). The numba engine computes "
+                                   "in float64 only.", choices=DTYPES)
     alpha: float = option(0.05, "TD(λ) step size per game copy (copies' changes are summed).")
     lam: float = option(0.7, "Eligibility-trace decay λ.", min=0.0, max=1.0)
     epsilon: float = option(0.05, "Exploration: chance of a random move while learning.", min=0.0, max=1.0)
@@ -142,6 +146,7 @@ class KnightsParams:
             (self.games_per_agent >= 1, "games_per_agent", "must be at least 1"),
             (self.episodes >= 1, "episodes", "must be at least 1"),
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
+            (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
             (0.0 <= self.lam <= 1.0, "lam", "must lie in [0, 1]"),
             (0.0 <= self.epsilon <= 1.0, "epsilon", "must lie in [0, 1]"),
