@@ -130,6 +130,7 @@ class Bench:
         self.sizes = sizes
         self.say = progress
         self.cuda = bool(torch.cuda.is_available())
+        self.compile = False  # also the torch engines through torch.compile (--compile)
         self.rows: list[dict[str, Any]] = []
         self.notes: dict[str, list[str]] = {}
         self.cache: dict[tuple, Any] = {}
@@ -141,7 +142,9 @@ class Bench:
     # -- plumbing ---------------------------------------------------------------
 
     def backends(self) -> list[Backend]:
-        return [Backend("numba", "cpu"), Backend("torch", "cpu")] + ([Backend("torch", "cuda")] if self.cuda else [])
+        compiled = [Backend("torch", "cpu", True)] if self.compile else []
+        return [Backend("numba", "cpu"), Backend("torch", "cpu"), *compiled] + (
+            [Backend("torch", "cuda", self.compile)] if self.cuda else [])
 
     def once(self, key: tuple, measure: Callable[[], Any]) -> Any:
         import numba
@@ -174,7 +177,8 @@ class Bench:
             trials: int | None = None, arms: int | None = None, games: int | None = None,
             peer: dict[str, Any] | None = None, notes: str = "", gpu_mib: float | None = None) -> dict[str, Any]:
         """One row: what was measured, how fast, and against which peer."""
-        row = {"section": section, "domain": domain, "backend": backend.name, "device": backend.device,
+        name = backend.name + ("+compile" if backend.compile else "")
+        row = {"section": section, "domain": domain, "backend": name, "device": backend.device,
                "threads": self.threads_of(backend),
                "agents": agents, "trials": trials, "arms": arms, "games_per_agent": games,
                "unit": "agent-turns/s" if domain == "knights" else "agent-steps/s",
@@ -186,7 +190,7 @@ class Bench:
         self.rows.append(row)
         size = "x".join(str(v) for v in (agents, trials, arms or games) if v is not None)
         ratio = f", {row['ratio']:.2f}x {peer['name']}" if peer else ""
-        self.say(f"  {section:<18} {domain:<8} {backend.name} {backend.device} {size}: {fmt_rate(timing.rate)}/s "
+        self.say(f"  {section:<18} {domain:<8} {name} {backend.device} {size}: {fmt_rate(timing.rate)}/s "
                  f"({timing.seconds:.2f} s){ratio}")
         return row
 
@@ -441,7 +445,8 @@ def _oom_note(asked: int, used: int, what: str) -> str:
 
 
 def _backend_order(row: dict[str, Any]) -> int:
-    return {("numba", "cpu"): 0, ("torch", "cpu"): 1, ("torch", "cuda"): 2}.get((row["backend"], row["device"]), 3)
+    return {("numba", "cpu"): 0, ("torch", "cpu"): 1, ("torch+compile", "cpu"): 2, ("torch", "cuda"): 3,
+            ("torch+compile", "cuda"): 4}.get((row["backend"], row["device"]), 5)
 
 
 # ---------------------------------------------------------------------------
@@ -548,6 +553,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--knights-warm", type=int, help="untimed learning episodes before knights timing")
     parser.add_argument("--memory", action="store_true",
                         help="also the peak RSS of bandit 1000 arms x 8192 agents x 64 trials (fresh processes)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile'd torch engines (rows 'torch+compile'; the GPU rows compiled)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -565,6 +572,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         print(QUICK_WARNING, file=sys.stderr, flush=True)
     bench = Bench(sizes, say)
+    bench.compile = args.compile
     extra = []
     sections = []
     for name in SECTIONS:

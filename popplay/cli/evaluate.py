@@ -22,13 +22,13 @@ from popplay.core.limits import MemoryLimitError, check_fits
 from popplay.games.knights import games_bytes
 
 
-class Opponent(str, Enum):
-    random = "random"
-    greedy = "greedy"
-    search = "search"
+#: The knights benchmark players, weakest first (popplay.games.knights.opponents).
+Opponent = Enum("Opponent", {name: name for name in
+                             ("random", "noisy75", "noisy50", "noisy25", "greedy", "search1", "search",
+                              "search2", "search3", "search4")}, type=str)
 
 
-KNIGHTS_ONLY = ("--opponent", "--games", "--seed")
+KNIGHTS_ONLY = ("--opponent", "--games", "--seed", "--ladder")
 
 
 @app.command("evaluate")
@@ -41,6 +41,9 @@ def evaluate(
         min=2, help="knights: games per agent, half moving first (default 200; rounded up to even).")] = None,
     seed: Annotated[Optional[int], typer.Option(
         help="knights: seed of the evaluation games (default: the run's seed, as during training).")] = None,
+    ladder: Annotated[bool, typer.Option(
+        "--ladder", help="knights: every agent's Elo on the fixed ladder of benchmark players (random = 0), "
+                         "from --games games against each rung, with a 95% interval.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
     episodes: Annotated[Optional[int], typer.Option(
         min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
@@ -65,7 +68,9 @@ def evaluate(
         raise UsageError(f"--member applies to deep populations only ({run} is a {stored.domain} run)")
     if episodes is not None:
         raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
-    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed)) if value is not None]
+    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None)) if value is not None]
+    if ladder and opponent is not None:
+        raise UsageError("--ladder plays every rung of the ladder; leave out --opponent")
     if stored.domain != "knights" and given:
         raise UsageError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
     try:
@@ -74,6 +79,10 @@ def evaluate(
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
         raise UsageError(f"{run}: damaged run file ({error})") from None
+    if stored.domain == "knights" and ladder:
+        _evaluate_ladder(run, stored, params, state, games or 200, params.seed if seed is None else seed,
+                         json_output)
+        return
     if stored.domain == "knights":
         _evaluate_knights(run, stored, params, state, opponent or Opponent.greedy, games or 200,
                           params.seed if seed is None else seed, json_output)
@@ -159,3 +168,45 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     spread = (f" ± {1.96 * payload['quality_se']:.3f} (95%, over agents)" if "quality_se" in payload else "")
     console.print(f"population quality (mean agent) {payload['mean']:.3f}{spread}; best {payload['best']:.3f} "
                   f"(agent {best}, optimistic: selected), worst {payload['worst']:.3f} (agent {worst})")
+
+
+def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int, seed: int,
+                     json_output: bool) -> None:
+    """Every agent against every rung of the ladder; its ladder Elo with a 95 % interval."""
+    from popplay.games.knights.opponents import quality  # defers numba
+    from popplay.tournaments.ladder import RUNGS, ladder, ladder_elo  # defers numba
+
+    games += games % 2
+    try:
+        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
+    except MemoryLimitError as error:
+        raise UsageError(str(error)) from None
+    rungs = ladder(params)
+    results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in RUNGS}
+    elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
+    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "elo": round(float(elo.elo[i]), 1),
+                  "elo_ci95": [round(float(elo.low[i]), 1), round(float(elo.high[i]), 1)],
+                  "scores": {name: float(q.score[i]) for name, q in results.items()}}
+                 for i in range(params.agents)]
+    best, worst = int(elo.elo.argmax()), int(elo.elo.argmin())
+    payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "ladder": rungs.as_dict(),
+               "games_per_rung": games, "seed": seed, "episode": state.episode, "agent_steps": state.turns,
+               "per_agent": per_agent, **{f"elo_{k}": round(v, 1) for k, v in elo.summary().items()},
+               "best_agent": best, "worst_agent": worst}
+    if json_output:
+        print_json(payload)
+        return
+    table = Table(title=f"{run}: {params.agents} agents after {state.episode:,} episodes on the ladder, "
+                        f"{games} games per rung")
+    table.caption = ("ladder Elo: maximum likelihood against the rungs' fixed ratings (random = 0); "
+                     "95% interval from the agent's own games")
+    for column in ("agent", "elo", "95% interval", *RUNGS):
+        table.add_column(column, justify="right")
+    for row in sorted(per_agent, key=lambda r: -r["elo"]):
+        low, high = row["elo_ci95"]
+        table.add_row(str(row["agent"]), f"{row['elo']:.0f}", f"{low:.0f} to {high:.0f}",
+                      *(f"{row['scores'][name]:.2f}" for name in RUNGS))
+    console = Console()
+    console.print(table)
+    console.print("rungs: " + ", ".join(f"{r['name']} {r['elo']:.0f} ± {1.96 * r['se']:.0f}"
+                                        for r in payload["ladder"]["rungs"]))

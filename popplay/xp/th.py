@@ -123,4 +123,9 @@ def compiled(step: Callable, enabled: bool) -> Callable:
     has the same shapes); ``step`` itself when not ``enabled``."""
     if not enabled:
         return step
-    return torch.compile(step, fullgraph=True, dynamic=False)
+    compiled_step = torch.compile(step, fullgraph=True, dynamic=False)
+    # Every engine (population size, side to move) is its own graph of the same code;
+    # past dynamo's default of 8 graphs per code, later engines would run uncompiled.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
+    return compiled_step

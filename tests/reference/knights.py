@@ -188,3 +188,24 @@ def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT):
 def reward(result, side):
     player = 1 - 2 * side
     return 0.5 if result == 0 else (1.0 if result == player else 0.0)
+
+
+def minimax_value(board, player, depth, offsets=KNIGHT):
+    """Plain minimax (no pruning) on material for ``player`` to move, ``depth`` plies:
+    own − opposing pieces at the horizon, −1000 with no pieces left, a pass when
+    there is no legal move."""
+    if count(board, player) == 0:
+        return -1000.0
+    if depth == 0:
+        return float(count(board, player) - count(board, -player))
+    moves = legal_moves(board, player, offsets)
+    if not moves:
+        return -minimax_value(board, -player, depth - 1, offsets)
+    return max(-minimax_value(apply_move(board, m), -player, depth - 1, offsets) for m in moves)
+
+
+def minimax_best_moves(board, player, depth, offsets=KNIGHT):
+    """The indices (in legal-move order) of the moves with the best minimax score."""
+    moves = legal_moves(board, player, offsets)
+    scores = [-minimax_value(apply_move(board, m), -player, depth - 1, offsets) for m in moves]
+    return [i for i, s in enumerate(scores) if s == max(scores)]

@@ -22,7 +22,17 @@ import numba
 import numpy as np
 from numba import prange
 
-from popplay.games.knights.rules import KIND_GREEDY, KIND_NET, KIND_RANDOM, SEARCH_WIN, make_rules
+from popplay.games.knights.rules import (
+    KIND_DEPTH_BASE,
+    KIND_GREEDY,
+    KIND_NET,
+    KIND_NOISY,
+    KIND_RANDOM,
+    KIND_SEARCH,
+    MAX_SEARCH_DEPTH,
+    SEARCH_WIN,
+    make_rules,
+)
 from popplay.xp import nb
 
 _rules = make_rules(nb)
@@ -199,6 +209,145 @@ def _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores):
 
 
 @numba.njit(cache=True)
+def _copy_level(boards, piece_stack, count_stack, source, target):
+    boards[target, :] = boards[source]
+    piece_stack[target, :, :] = piece_stack[source]
+    count_stack[target, :] = count_stack[source]
+
+
+@numba.njit(cache=True)
+def _negamax(boards, piece_stack, count_stack, level0, side0, depth0, alpha0, beta0, jumps, mfs, mts, mcs,
+             istate, fstate):
+    """Alpha-beta value, for ``side0`` to move, of the position at ``level0`` of the
+    stacks, ``depth0`` plies deep: material (own − opposing pieces) at the horizon,
+    −SEARCH_WIN for a side with no pieces left; a side without a legal move passes
+    (a ply). Children are copied one level down, so no move is ever undone.
+
+    Written as a loop over an explicit stack (numba's cache mishandles recursive
+    functions): per level, ``istate`` holds (side, depth, moves, current move) and
+    ``fstate`` (alpha, beta, best)."""
+    level = level0
+    istate[level, 0], istate[level, 1] = side0, depth0
+    fstate[level, 0], fstate[level, 1] = alpha0, beta0
+    descending = True
+    value = 0.0
+    while True:
+        if descending:
+            side, depth, counts = istate[level, 0], istate[level, 1], count_stack[level]
+            if counts[side] == 0:
+                value = -SEARCH_WIN
+                descending = False
+                continue
+            if depth == 0:
+                value = float(counts[side] - counts[1 - side])
+                descending = False
+                continue
+            n = _moves(boards[level], piece_stack[level], counts, side, jumps, mfs[level], mts[level], mcs[level])
+            istate[level, 2], istate[level, 3] = n, 0
+            fstate[level, 2] = -np.inf
+            child = level + 1
+            _copy_level(boards, piece_stack, count_stack, level, child)
+            if n > 0:
+                _apply(boards[child], piece_stack[child], count_stack[child], side, mfs[level, 0], mts[level, 0],
+                       mcs[level, 0])
+            istate[child, 0], istate[child, 1] = 1 - side, depth - 1
+            fstate[child, 0], fstate[child, 1] = -fstate[level, 1], -fstate[level, 0]
+            level = child
+            continue
+        if level == level0:
+            return value
+        parent = level - 1
+        score = -value
+        if score > fstate[parent, 2]:
+            fstate[parent, 2] = score
+        if fstate[parent, 2] > fstate[parent, 0]:
+            fstate[parent, 0] = fstate[parent, 2]
+        following = istate[parent, 3] + 1
+        if following >= istate[parent, 2] or fstate[parent, 0] >= fstate[parent, 1]:
+            value = fstate[parent, 2]  # every move tried (or a pass), or a cut-off
+            level = parent
+            continue
+        istate[parent, 3] = following
+        _copy_level(boards, piece_stack, count_stack, parent, level)
+        _apply(boards[level], piece_stack[level], count_stack[level], istate[parent, 0], mfs[parent, following],
+               mts[parent, following], mcs[parent, following])
+        istate[level, 0], istate[level, 1] = 1 - istate[parent, 0], istate[parent, 1] - 1
+        fstate[level, 0], fstate[level, 1] = -fstate[parent, 1], -fstate[parent, 0]
+        descending = True
+
+
+@numba.njit(cache=True)
+def _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores, depth, boards, piece_stack,
+                count_stack, mfs, mts, mcs, istate, fstate):
+    """The ``depth``-ply alpha-beta material search's move; equal best scores broken
+    by ``u`` in move order."""
+    best = _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, boards, piece_stack,
+                         count_stack, mfs, mts, mcs, istate, fstate)
+    ties = 0
+    for i in range(n):
+        if scores[i] == best:
+            ties += 1
+    pick = _pick(u, ties)
+    for i in range(n):
+        if scores[i] == best:
+            if pick == 0:
+                return i
+            pick -= 1
+    return n - 1
+
+
+@numba.njit(cache=True)
+def _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, boards, piece_stack,
+                  count_stack, mfs, mts, mcs, istate, fstate):
+    """Scores of the ``n`` root moves (exact for the best ones) and the best score.
+    Each root move is searched with its window's floor just under the best so far:
+    scores are whole numbers, so a move that ties the best is scored exactly and
+    every other one falls below it."""
+    best = -np.inf
+    for i in range(n):
+        boards[1, :] = board
+        piece_stack[1, :, :] = pieces
+        count_stack[1, :] = counts
+        _apply(boards[1], piece_stack[1], count_stack[1], side, mf[i], mt[i], mc[i])
+        floor = best - 0.5
+        score = -_negamax(boards, piece_stack, count_stack, 1, 1 - side, depth - 1, -np.inf, -floor, jumps,
+                          mfs, mts, mcs, istate, fstate)
+        scores[i] = score
+        if score > best:
+            best = score
+    return best
+
+
+@numba.njit(cache=True)
+def depth_search_scores(board, side, jumps, depth):
+    """The root scores of the ``depth``-ply search for ``side`` on one flat board (+1 X,
+    −1 O), in legal-move order; only the best ones are exact (see :func:`_depth_scores`)."""
+    squares = board.shape[0]
+    k = max(1, squares)
+    pieces = np.zeros((2, k), dtype=np.int64)
+    counts = np.zeros(2, dtype=np.int64)
+    for sq in range(squares):  # squares in order: the piece lists come out sorted
+        if board[sq] != 0:
+            owner = 0 if board[sq] == 1 else 1
+            pieces[owner, counts[owner]] = sq
+            counts[owner] += 1
+    max_moves = k * jumps.shape[1]
+    mf = np.empty(max_moves, dtype=np.int64)
+    mt = np.empty(max_moves, dtype=np.int64)
+    mc = np.empty(max_moves, dtype=np.int64)
+    flat = board.astype(np.int8)
+    n = _moves(flat, pieces, counts, side, jumps, mf, mt, mc)
+    scores = np.empty(n)
+    levels = MAX_SEARCH_DEPTH + 1
+    _depth_scores(flat, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth,
+                  np.empty((levels, squares), dtype=np.int8), np.empty((levels, 2, k), dtype=np.int64),
+                  np.empty((levels, 2), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
+                  np.empty((levels, max_moves), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
+                  np.empty((levels, 4), dtype=np.int64), np.empty((levels, 3)))
+    return scores
+
+
+@numba.njit(cache=True)
 def _apply(board, pieces, counts, side, f, t, cap):
     """Move f -> t for ``side`` (capturing on t if ``cap``); piece lists stay sorted."""
     mover = 1 - 2 * side
@@ -298,6 +447,14 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
         mt = np.empty(max_moves, dtype=np.int64)
         mc = np.empty(max_moves, dtype=np.int64)
         scores = np.empty(max_moves)
+        boards = np.empty((MAX_SEARCH_DEPTH + 1, squares), dtype=np.int8)
+        piece_stack = np.empty((MAX_SEARCH_DEPTH + 1, 2, k), dtype=np.int64)
+        count_stack = np.empty((MAX_SEARCH_DEPTH + 1, 2), dtype=np.int64)
+        mfs = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
+        mts = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
+        mcs = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
+        istate = np.empty((MAX_SEARCH_DEPTH + 1, 4), dtype=np.int64)
+        fstate = np.empty((MAX_SEARCH_DEPTH + 1, 3))
         z0 = np.empty(hidden)
         zf = np.empty(hidden)
         hist_v = np.empty((2, max_steps))
@@ -320,19 +477,21 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
                 word = _draw(key, mixed[2 * k + ply])
                 u = _choice(word)
                 kd = kind[g, side]
-                if kd == KIND_NET:
-                    q = net[g, side]
-                    if _explores(word, eps[g, side]):
-                        i = _pick(u, n)
-                    else:
-                        _preactivation(w1, b1, q, pieces, counts, side, squares, z0)
-                        i = _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares)
+                if (kd == KIND_NET or kd == KIND_NOISY) and _explores(word, eps[g, side]):
+                    i = _pick(u, n)
+                elif kd == KIND_NET:
+                    _preactivation(w1, b1, net[g, side], pieces, counts, side, squares, z0)
+                    i = _net_best(w1, w2, b2, net[g, side], z0, zf, mf, mt, mc, n, squares)
                 elif kd == KIND_RANDOM:
                     i = _pick(u, n)
-                elif kd == KIND_GREEDY:
+                elif kd == KIND_GREEDY or kd == KIND_NOISY:
                     i = _greedy_pick(mc, n, u)
-                else:
+                elif kd == KIND_SEARCH:
                     i = _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores)
+                else:
+                    i = _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores,
+                                    kd - KIND_DEPTH_BASE, boards, piece_stack, count_stack, mfs, mts, mcs,
+                                    istate, fstate)
                 _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
                 if learn[g, side]:
                     _record(w1, b1, w2, b2, net[g, side], pieces, counts, side, squares, z0, steps[side],

@@ -55,8 +55,8 @@ class TorchKnightsEngine:
         # Which sides have network players or learners is asked of the host's arrays,
         # never of the device: the ply loop must not wait on the device.
         kind_np, learn_np = np.asarray(kind), np.asarray(learn, dtype=bool)
-        if (kind_np == KIND_SEARCH).any():
-            raise ValueError("the torch engine has no search player; use the numba engine")
+        if (kind_np >= KIND_SEARCH).any():
+            raise ValueError("the torch engine plays networks, random and greedy only; use the numba engine")
         net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
         learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
         kind_t = self._tensor(kind_np, torch.int64)

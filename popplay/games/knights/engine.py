@@ -10,6 +10,7 @@ import numpy as np
 from popplay import rng as _rng
 from popplay.games.knights import _numba as kernels
 from popplay.games.knights.rules import (
+    BOT_EPSILON,
     KIND_NET,
     KIND_OF_CODE,
     KIND_SEARCH,
@@ -36,7 +37,7 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     geo = params.geometry
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
-    if summed and backend is not None and backend.name == "torch" and not bool((batch.kind == KIND_SEARCH).any()):
+    if summed and backend is not None and backend.name == "torch" and not bool((batch.kind >= KIND_SEARCH).any()):
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
@@ -144,6 +145,8 @@ def play_pairs(nets: Networks, pairs: Any, games: int, *, params: KnightsParams 
         kind = np.where(players == code, k, kind)
     eps_of_net = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), (max(nets.count, 1),))
     eps = np.where(players >= 0, eps_of_net[np.clip(players, 0, None)], 0.0)
+    for code, bot_eps in BOT_EPSILON.items():
+        eps = np.where(players == code, bot_eps, eps)
     batch = GameBatch(kind.astype(np.int64), np.clip(players, 0, None).astype(np.int64), eps,
                       np.zeros(players.shape, dtype=bool), _rng.stream_keys(seed, tag, streams, j).reshape(-1))
     played = run_batch(nets, np.zeros(max(nets.count, 1)), batch, params=params, base=base, backend=backend)

@@ -40,6 +40,7 @@ from popplay.games.knights import opponents as bots
 from popplay.games.knights import rules as game
 from popplay.games.knights.rules import KIND_NET, LINEAGE_PARAMETERS, GameBatch, KnightsParams, KnightsState, Snapshot
 from popplay.operators import evolution as evo
+from popplay.tournaments.ladder import ladder, ladder_elo
 from popplay.tournaments.ratings import elo_ratings
 from popplay.tournaments.roundrobin import TAG_SELECTION, round_robin
 from popplay.xp import npx
@@ -88,6 +89,9 @@ class KnightsExperiment:
         # Plies of the ranking round robins this experiment has played (not agent steps:
         # no agent learns from them; ``popplay reproduce knights`` counts them as compute).
         self.ranking_turns = 0
+        # With every rung evaluated, the curves get the population's ladder Elo (the
+        # ladder is rated on first use, then cached).
+        self.ladder_metrics = True
 
     # -- the runner's interface -------------------------------------------------
 
@@ -105,6 +109,7 @@ class KnightsExperiment:
                              mutate_params=p.mutate_params)
 
         small = KnightsExperiment(tiny, self.backend, dist=Dist())
+        small.ladder_metrics = False  # a ladder of this tiny game would be rated for nothing
         state = small.phase(small.initial_state(), time_left=None)
         small.measure(state)
 
@@ -275,6 +280,10 @@ class KnightsExperiment:
                 metrics.update(stats.error_metric("quality", q.score))
             for stat, v in q.summary().items():
                 metrics[f"{name}_{stat}"] = v
+        if self.ladder_metrics and set(game.LADDER_RUNGS) <= set(self.eval_opponents):
+            stored = self.stored_qualities(state)
+            elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in stored.items()}, ladder(self.params))
+            metrics.update({f"ladder_elo_{stat}": v for stat, v in elo.summary().items()})
         metrics["score_best"] = float(state.score.max())
         metrics["score_worst"] = float(state.score.min())
         metrics["eval_episode"] = float(state.eval_episode[0])

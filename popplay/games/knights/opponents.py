@@ -4,7 +4,12 @@
 * ``greedy`` captures when it can (a random capture), otherwise plays at random;
 * ``search`` is a two-ply minimax on material: it maximises (own − opposing pieces)
   after the opponent's best reply, a capture of the last piece counting as a win or
-  a loss; equal scores are broken at random.
+  a loss; equal scores are broken at random;
+* ``search1`` … ``search4`` search d plies deep with alpha-beta pruning (material at
+  the horizon, a side with no pieces lost, a side with no move passes; equal best
+  scores broken at random in move order, from the game's own draws). ``search1``
+  plays exactly greedy's moves and ``search2`` exactly search's; the deeper ones are
+  the upper rungs of the ladder (:mod:`popplay.tournaments.ladder`).
 
 Quality of an agent = (wins + draws/2) / games against an opponent, the games split
 evenly between moving first and second. All agents meet the same starting positions
@@ -19,13 +24,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from popplay.games.knights import engine
+from popplay.games.knights import _numba, engine
 from popplay.games.knights import rules as game
 from popplay.games.knights.rules import OPPONENTS, KnightsParams, Networks
 
 __all__ = ["OPPONENTS", "Quality", "quality", "bot_move", "strongest"]
 
-_STRENGTH = ("random", "greedy", "search")
+# Weakest first, as the ladder rates them on the default board (docs/knights.md):
+# search1 plays greedy's moves and search2 the search's (same rule, same tie-breaks);
+# search3, whose horizon ends on its own move, rates a little below search2.
+_STRENGTH = ("random", "noisy75", "noisy50", "noisy25", "search1", "greedy", "search3", "search2", "search",
+             "search4")
 
 
 class Quality(NamedTuple):
@@ -76,8 +85,15 @@ def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
         captures = [m for m in moves if flat[m[1]] == -player]
         pool = captures or moves
         return pool[math.floor(u * len(pool))]
-    if opponent != "search":
+    if opponent not in OPPONENTS:
         raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)} (got {opponent!r})")
+    if opponent != "search":  # search<d>: the engines' alpha-beta kernel, on this board
+        rows, cols = np.asarray(board).shape
+        depth = int(opponent[len("search"):])
+        scores = _numba.depth_search_scores(np.ascontiguousarray(flat, dtype=np.int64), 0 if player == 1 else 1,
+                                            game.geometry(rows, cols, jumps).table, depth)
+        tied = [m for m, s in zip(moves, scores) if s == scores.max()]
+        return tied[math.floor(u * len(tied))]
     scores = [_search_score(board, m, player, jumps) for m in moves]
     tied = [m for m, s in zip(moves, scores) if s == max(scores)]
     return tied[math.floor(u * len(tied))]

@@ -57,9 +57,25 @@ TAG_MATCH = 36  # games between given players (tournaments)
 
 # Player kinds inside the engines.
 KIND_NET, KIND_RANDOM, KIND_GREEDY, KIND_SEARCH = 0, 1, 2, 3
+KIND_NOISY = 4  # greedy, but a random move with its player's ε (networks explore with theirs too)
 # Player codes accepted by :func:`play_pairs`: >= 0 is a network index, < 0 a bot.
-OPPONENTS: dict[str, int] = {"random": -1, "greedy": -2, "search": -3}
-KIND_OF_CODE = {-1: KIND_RANDOM, -2: KIND_GREEDY, -3: KIND_SEARCH}
+# Kind KIND_DEPTH_BASE + d: the alpha-beta material search d plies deep (benchmark
+# code -(KIND_DEPTH_BASE + d), name "search<d>"); numba engine only.
+KIND_DEPTH_BASE = 10
+MAX_SEARCH_DEPTH = 4
+# Noisy greedy bots: greedy, but a uniformly random move with probability ε (the
+# ladder's rungs between random and greedy).
+NOISY = {"noisy75": (-21, 0.75), "noisy50": (-22, 0.5), "noisy25": (-23, 0.25)}
+OPPONENTS: dict[str, int] = {"random": -1, "greedy": -2, "search": -3,
+                             **{f"search{d}": -(KIND_DEPTH_BASE + d) for d in range(1, MAX_SEARCH_DEPTH + 1)},
+                             **{name: code for name, (code, _) in NOISY.items()}}
+KIND_OF_CODE = {-1: KIND_RANDOM, -2: KIND_GREEDY, -3: KIND_SEARCH,
+                **{-(KIND_DEPTH_BASE + d): KIND_DEPTH_BASE + d for d in range(1, MAX_SEARCH_DEPTH + 1)},
+                **{code: KIND_NOISY for code, _ in NOISY.values()}}
+BOT_EPSILON = {code: eps for code, eps in NOISY.values()}  # bots not listed never explore
+# The ladder's rungs, weakest first (popplay.tournaments.ladder rates them);
+# ``--eval-opponents ladder`` evaluates against all of them.
+LADDER_RUNGS = ("random", "noisy75", "noisy50", "noisy25", "greedy", "search2", "search3", "search4")
 
 KNIGHT: tuple[tuple[int, int], ...] = ((-2, -1), (-2, 1), (-1, -2), (-1, 2), (1, -2), (1, 2), (2, -1), (2, 1))
 DEFAULT_MAX_TURNS = 100
@@ -117,8 +133,10 @@ class KnightsParams:
     opponents_learn: bool = option(False, "Opponents also learn from the games they are drawn into.")
     eval_every: int = option(20, "Episodes between evaluations against the benchmark opponents.", min=1)
     eval_games: int = option(100, "Games per agent and opponent in an evaluation.", min=2)
-    eval_opponents: str = option("random,greedy", "Benchmark opponents to evaluate against: some of "
-                                                  "random,greedy,search.")
+    eval_opponents: str = option("random,greedy", "Benchmark opponents to evaluate against: some of random, "
+                                                  "noisy75, noisy50, noisy25, greedy, search, search1 ... search4; "
+                                                  "ladder: every rung of the ladder, and the population's ladder "
+                                                  "Elo in the curves.")
     snapshot_every: int = option(100, "Episodes between snapshots of the population kept in the run file "
                                       "(0: none).", min=0)
     seed: int = option(0, "Seed of every random stream.")
@@ -187,11 +205,13 @@ class KnightsParams:
 
 
 def parse_opponents(spec: str) -> tuple[str, ...]:
-    """Benchmark opponents from a comma-separated list (e.g. ``"random,greedy"``)."""
-    names = tuple(dict.fromkeys(part.strip().lower() for part in str(spec).split(",") if part.strip()))
+    """Benchmark opponents from a comma-separated list (e.g. ``"random,greedy"``;
+    ``ladder`` stands for every rung of the ladder)."""
+    parts = [part.strip().lower() for part in str(spec).split(",") if part.strip()]
+    names = tuple(dict.fromkeys(name for part in parts for name in (LADDER_RUNGS if part == "ladder" else (part,))))
     bad = [name for name in names if name not in OPPONENTS]
     if not names or bad:
-        raise ValueError(f"eval_opponents must list some of {', '.join(OPPONENTS)} (got {spec!r})")
+        raise ValueError(f"eval_opponents must list some of {', '.join(OPPONENTS)} or ladder (got {spec!r})")
     return names
 
 
