@@ -17,8 +17,8 @@ from popplay.core.backend import Backend
 from popplay.training.pipeline import CheckpointEvery, TrainOptions, TrainOutcome
 from popplay.training.pipeline import train as run_train
 
-__all__ = ["train", "evaluate", "tournament", "load", "params_for", "TrainOptions", "TrainOutcome",
-           "CheckpointEvery"]
+__all__ = ["train", "evaluate", "tournament", "load", "knights_agent", "params_for", "TrainOptions",
+           "TrainOutcome", "CheckpointEvery"]
 
 
 def params_for(domain: str, **fields: Any) -> Any:
@@ -76,6 +76,21 @@ def load(run: str | Path) -> Any:
     config, curves, state, results, versions)."""
 
     return load_run(Path(run))
+
+
+def knights_agent(run: str | Path, agent: int = 0) -> tuple[Any, Any]:
+    """Agent ``agent`` of a knights run: its value network
+    (:class:`popplay.games.knights.rules.Network`) and the run's parameters (board,
+    jumps), e.g. for :func:`popplay.games.knights.pettingzoo.agent_policy`."""
+    stored = load(run)
+    if stored.domain != "knights":
+        raise ValueError(f"{run}: a {stored.domain} run, not knights")
+    params = params_from_config("knights", stored.config, run_options=False)
+    if not 0 <= agent < params.agents:
+        raise ValueError(f"agent must lie in [0, {params.agents - 1}] (the run has {params.agents} agents)")
+    state = registry.get("knights").build(params, Backend("numba", "cpu")).restore(stored.state,
+                                                                                   stored.state_counters)
+    return state.networks.agent(agent), params
 
 
 def evaluate(run: str | Path, *, opponent: str = "greedy", games: int = 200, seed: int | None = None) -> dict[str, Any]:
