@@ -31,10 +31,11 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 def test_learning_opponents_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
     """Both sides learn: a network's change sums games played on several ranks, which
-    continue one running sum in game order (collectives.chain)."""
+    continue one running sum in game order (collectives.chain); a league of frozen past
+    generations takes some of the games (its members never learn)."""
     from popplay.cli.main import main
 
-    args = [*TINY, "--opponents-learn"]
+    args = [*TINY, "--opponents-learn", "--league", "2", "--snapshot-every", "1", "--league-sampling", "pfsp"]
     one = tmp_path / "one.h5"
     assert main([*args, "--out", str(one)]) == 0
     for n in (2, 4):

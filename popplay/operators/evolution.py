@@ -22,6 +22,7 @@ themselves (an int64 array shaped like the scores).
 """
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -83,6 +84,26 @@ def select_replacements(scores: np.ndarray, fraction: float, eligible: np.ndarra
     parents = np.take_along_axis(order, pick, axis=-1)
     parents = np.where(n_usable > 0, parents, children)
     return parents, children
+
+
+def significant(parents: np.ndarray, children: np.ndarray, ratings: np.ndarray, errors: np.ndarray,
+                confidence: float = 0.95) -> np.ndarray:
+    """Which of :func:`select_replacements`' pairs to carry out when replacing needs
+    evidence: ``parents[k]`` replaces ``children[k]`` only if the parent's rating
+    interval (rating ± z · standard error, two-sided at ``confidence``) lies wholly
+    above the child's, so no agent is replaced by one it may be as good as.
+
+    Returns:
+        A boolean mask over the pairs (shaped like ``parents``).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1) (got {confidence!r})")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    ratings = np.asarray(ratings, dtype=np.float64)
+    errors = np.asarray(errors, dtype=np.float64)
+    parent_low = np.take_along_axis(ratings, parents, axis=-1) - z * np.take_along_axis(errors, parents, axis=-1)
+    child_high = np.take_along_axis(ratings, children, axis=-1) + z * np.take_along_axis(errors, children, axis=-1)
+    return parent_low > child_high  # NaN ratings (ineligible agents) compare False: never a parent
 
 
 def _lead_index(lead: tuple[int, ...]) -> tuple[np.ndarray, ...]:

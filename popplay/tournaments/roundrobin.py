@@ -20,6 +20,7 @@ mean 0, or the anchor player at 0).
 """
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -103,7 +104,67 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
     # With an odd number of games, alternate who gets the extra first move.
     swap = (np.arange(len(first)) % 2 == 1) & (games % 2 == 1)
     a, b = np.where(swap, second, first), np.where(swap, first, second)
-    pairs = np.stack([players[a], players[b]], axis=1)
+    wins, draws, losses, turns = _play_pair_list(nets, players[a], players[b], games, 0, params=params, seed=seed,
+                                                 tag=tag, base=base, epsilon=epsilon, backend=backend, dist=dist)
+    return _tournament(players, a, b, wins, draws, losses, turns)
+
+
+def adaptive_round_robin(nets: Networks, players: Any, games: int, *, params: KnightsParams | None = None,
+                         seed: int = 0, tag: int = TAG_TOURNAMENT, base: int = 0, epsilon: float | Any = 0.0,
+                         backend: Any = None, dist: Any = None, confidence: float = 0.95) -> Tournament:
+    """A round robin that spends its games where pairs are still undecided.
+
+    The budget is that of :func:`round_robin` (``games`` per pair). Half of it (at
+    least 2 games per pair) is spread evenly; the rest goes out in rounds of 2 games
+    to the pairs whose order the ratings so far do not settle (their rating
+    difference within the ``confidence`` interval of its standard error), the least
+    settled first, until the budget is spent or every pair is settled. Round r plays
+    from stream family r (``(seed, tag, r, j)``), so every pair of a round meets the
+    same starting positions; results are a :class:`Tournament` as usual (pairs
+    played different numbers of games)."""
+    dist = current() if dist is None else dist
+    players = np.asarray(players, dtype=np.int64).reshape(-1)
+    if games < 1:
+        raise ValueError(f"games must be at least 1 (got {games})")
+    n = len(players)
+    if n < 2:
+        raise ValueError("a tournament needs at least two players")
+    a, b = np.triu_indices(n, k=1)
+    budget = games * len(a)
+    first_round = max(2, games // 2)
+    wins, draws, losses, turns = _play_pair_list(nets, players[a], players[b], first_round, 0, params=params,
+                                                 seed=seed, tag=tag, base=base, epsilon=epsilon, backend=backend,
+                                                 dist=dist)
+    spent = first_round * len(a)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    round_number = 1
+    while spent + 2 <= budget:
+        result = _tournament(players, a, b, wins, draws, losses, turns)
+        ratings = result.ratings()
+        errors = result.rating_errors(ratings)
+        gap = np.abs(ratings[a] - ratings[b]) / np.maximum(np.hypot(errors[a], errors[b]), 1e-12)
+        undecided = np.flatnonzero(gap < z)
+        if not len(undecided):
+            break
+        chosen = undecided[np.argsort(gap[undecided], kind="stable")][:(budget - spent) // 2]
+        more = _play_pair_list(nets, players[a[chosen]], players[b[chosen]], 2, round_number, params=params,
+                               seed=seed, tag=tag, base=base, epsilon=epsilon, backend=backend, dist=dist)
+        wins[chosen] += more[0]
+        draws[chosen] += more[1]
+        losses[chosen] += more[2]
+        turns += more[3]
+        spent += 2 * len(chosen)
+        round_number += 1
+    return _tournament(players, a, b, wins, draws, losses, turns)
+
+
+def _play_pair_list(nets: Networks, first: np.ndarray, second: np.ndarray, games: int, stream: int, *,
+                    params: KnightsParams | None, seed: int, tag: int, base: int, epsilon: float | Any,
+                    backend: Any, dist: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(wins, draws, losses of each pair's first player, turns) of ``games`` games per
+    pair from stream family ``stream``; with several ranks, each plays a contiguous
+    block of the pairs and the counts are gathered in pair order."""
+    pairs = np.stack([first, second], axis=1)
     wins = np.zeros(len(pairs), dtype=np.int64)
     draws = np.zeros(len(pairs), dtype=np.int64)
     losses = np.zeros(len(pairs), dtype=np.int64)
@@ -114,7 +175,7 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
     for lo in range(mine_lo, mine_hi, step):  # chunks of many pairs: memory, not a loop over pairs
         hi = min(lo + step, mine_hi)
         played = engine.play_pairs(nets, pairs[lo:hi], games, params=params, seed=seed, tag=tag,
-                                 streams=np.zeros(hi - lo, dtype=np.int64), epsilon=epsilon, backend=backend,
+                                 streams=np.full(hi - lo, stream, dtype=np.int64), epsilon=epsilon, backend=backend,
                                  base=base)
         wins[lo:hi], draws[lo:hi], losses[lo:hi] = played.wins, played.draws, played.losses
         turns += played.turns
@@ -125,6 +186,12 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
         gathered = collectives.all_gather_axis(counts, axis=1, dist=dist)[:, :len(pairs)]
         wins, draws, losses = (np.ascontiguousarray(row) for row in gathered)
         turns = collectives.sum_int(int(turns), dist=dist)
+    return wins, draws, losses, int(turns)
+
+
+def _tournament(players: np.ndarray, a: np.ndarray, b: np.ndarray, wins: np.ndarray, draws: np.ndarray,
+                losses: np.ndarray, turns: int) -> Tournament:
+    n = len(players)
     w = np.zeros((n, n), dtype=np.int64)
     d = np.zeros((n, n), dtype=np.int64)
     w[a, b] = wins

@@ -38,11 +38,20 @@ from popplay.games.knights import _numba as kernels
 from popplay.games.knights import engine
 from popplay.games.knights import opponents as bots
 from popplay.games.knights import rules as game
-from popplay.games.knights.rules import KIND_NET, LINEAGE_PARAMETERS, GameBatch, KnightsParams, KnightsState, Snapshot
+from popplay.games.knights.rules import (
+    KIND_NET,
+    LINEAGE_PARAMETERS,
+    GameBatch,
+    KnightsParams,
+    KnightsState,
+    Networks,
+    Snapshot,
+)
 from popplay.operators import evolution as evo
+from popplay.operators import league as league_ops
 from popplay.tournaments.ladder import ladder, ladder_elo
-from popplay.tournaments.ratings import elo_ratings
-from popplay.tournaments.roundrobin import TAG_SELECTION, round_robin
+from popplay.tournaments.ratings import elo_ratings, elo_standard_errors
+from popplay.tournaments.roundrobin import TAG_SELECTION, adaptive_round_robin, round_robin
 from popplay.xp import npx
 
 _VARIED = ("alpha", "lam", "epsilon")
@@ -80,6 +89,7 @@ class KnightsExperiment:
         agents, slots = np.arange(p.agents), np.arange(p.games_per_agent)
         self.play_keys = _rng.stream_keys(p.seed, game.TAG_PLAY, agents, slots).reshape(-1)
         self.opponent_keys = _rng.stream_keys(p.seed, game.TAG_OPPONENT, agents, slots)
+        self.league_keys = _rng.stream_keys(p.seed, game.TAG_LEAGUE, agents, slots)
         self.words_per_game = game.words_per_game(p.pieces, p.max_turns)
         self.home = np.repeat(agents, p.games_per_agent)
         self.home_side = np.tile(slots % 2, p.agents)
@@ -92,6 +102,7 @@ class KnightsExperiment:
         # With every rung evaluated, the curves get the population's ladder Elo (the
         # ladder is rated on first use, then cached).
         self.ladder_metrics = True
+        self.fitness_errors = np.full(p.agents, np.inf)  # the latest ranking's rating errors
 
     # -- the runner's interface -------------------------------------------------
 
@@ -121,14 +132,16 @@ class KnightsExperiment:
         every ``replicate_every`` episodes, selective replication with variation (an
         episode is the unit of work, so ``time_left`` does not shorten it)."""
         p = self.params
-        batch = self.episode_batch(state)
+        league = self.league_opponents(state)
+        batch = self.episode_batch(state, league)
+        bank, lam = self.bank(state)
         if self.dist.distributed:
-            played = self._play_sharded(state, batch)
+            played = self._play_sharded(state, batch, bank, lam)
         else:
-            played = engine.run_batch(state.networks, state.lam, batch, params=p,
+            played = engine.run_batch(bank, lam, batch, params=p,
                                     base=state.episode * self.words_per_game, backend=self.backend)
         self.backend.synchronize()
-        change = state.alpha[:, None] * played.delta
+        change = state.alpha[:, None] * played.delta[:p.agents]  # league members never learn
         flat = game.pack(state.networks) + change
         nets = game.unpack(flat, p.inputs, p.hidden)
         sign = np.where(self.home_side == 0, 1, -1)
@@ -137,17 +150,64 @@ class KnightsExperiment:
         turns = int(played.plies.sum())
         self._turns_per_episode = turns
         self._seen = (state.episode + 1, state.turns + turns)
+        league_score = self.league_scores(state)
+        if p.league:
+            first = len(state.snapshots) - len(self.league_members(state))
+            met = np.where(league >= 0, first + league // p.agents, -1)
+            league_score = league_ops.updated_scores(league_score, met, points)
         new = state._replace(w1=np.ascontiguousarray(nets.w1), b1=np.ascontiguousarray(nets.b1),
                              w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), score=score,
                              episode=state.episode + 1, turns=state.turns + turns,
-                             score_history=state.score_history + (score,))
+                             score_history=state.score_history + (score,), league_score=league_score)
         if p.replicate_every and new.episode % p.replicate_every == 0:
             new = self.replicate(new)
         if p.snapshot_every and new.episode % p.snapshot_every == 0:
-            new = new._replace(snapshots=state.snapshots + (new.snapshot(),))
+            new = new._replace(snapshots=state.snapshots + (new.snapshot(),),
+                               league_score=np.append(new.league_score, 0.5))
         return new
 
-    def _play_sharded(self, state: KnightsState, batch: GameBatch) -> Any:
+    # -- the league of past generations -------------------------------------------
+
+    def league_members(self, state: KnightsState) -> tuple[Snapshot, ...]:
+        """The frozen snapshots the population may meet: the last ``--league`` taken."""
+        k = self.params.league
+        return state.snapshots[-k:] if k else ()
+
+    def league_scores(self, state: KnightsState) -> np.ndarray:
+        """The population's running score against every snapshot (0.5 before any game)."""
+        if state.league_score is not None and len(state.league_score) == len(state.snapshots):
+            return np.asarray(state.league_score, dtype=np.float64)
+        return np.full(len(state.snapshots), 0.5)
+
+    def bank(self, state: KnightsState) -> tuple[Networks, np.ndarray]:
+        """The networks games may refer to, and their λ: the population's, then every
+        league member's agents (snapshot after snapshot), frozen copies."""
+        members = self.league_members(state)
+        if not members:
+            return state.networks, state.lam
+        nets = Networks(*(np.ascontiguousarray(np.concatenate([getattr(state, name)]
+                                                              + [getattr(s, name) for s in members]))
+                          for name in ("w1", "b1", "w2", "b2")))
+        return nets, np.concatenate([state.lam] + [s.lam for s in members])
+
+    def league_opponents(self, state: KnightsState) -> np.ndarray:
+        """(agents, games_per_agent): the league member (bank index − agents) each game
+        slot meets this episode, −1 for a game within the population. The draws come
+        from the slots' own league streams at the episode's counters."""
+        p = self.params
+        members = self.league_members(state)
+        if not members:
+            return np.full((p.agents, p.games_per_agent), -1, dtype=np.int64)
+        rules = _numpy_rules()
+        words = [rules.rng.draw(self.league_keys, rules.rng.mix_counter(np.int64(2 * state.episode + i)))
+                 for i in range(2)]
+        scores = self.league_scores(state)[-len(members):]
+        weights = (league_ops.pfsp_weights(scores) if p.league_sampling == "pfsp"
+                   else np.full(len(members), 1.0 / len(members)))
+        return league_ops.league_opponents(rules.rng.uniform_hi32(words[0]), rules.rng.uniform_lo32(words[0]),
+                                           rules.rng.uniform53(words[1]), weights, p.league_fraction, p.agents)
+
+    def _play_sharded(self, state: KnightsState, batch: GameBatch, bank: Networks, lam: np.ndarray) -> Any:
         """This rank's games (its home agents' slots), then everything gathered in
         agent order, with the same bits as one process. When only a game's home side
         learns, a network's change is the sum over its own games, all on the rank that
@@ -159,7 +219,7 @@ class KnightsExperiment:
         p = self.params
         games = slice(self._mine.start * p.games_per_agent, self._mine.stop * p.games_per_agent)
         local = GameBatch(*(np.ascontiguousarray(np.asarray(field)[games]) for field in batch))
-        played = engine.run_batch(state.networks, state.lam, local, params=p,
+        played = engine.run_batch(bank, lam, local, params=p,
                                 base=state.episode * self.words_per_game, backend=self.backend,
                                 summed=not p.opponents_learn)
         result = collectives.all_gather_axis(np.asarray(played.result).astype(np.int64), 0, dist=self.dist)
@@ -190,6 +250,8 @@ class KnightsExperiment:
         fitness = self.fitness(state, flat, eligible)
         parents, children = evo.select_replacements(fitness, p.replicate_fraction, eligible)
         copies = parents != children
+        if p.replicate_when == "significant":
+            copies &= evo.significant(parents, children, fitness, self.fitness_errors, p.replicate_confidence)
         parents, children = parents[copies], children[copies]
         if not len(children):
             return state._replace(fitness=fitness)
@@ -227,27 +289,38 @@ class KnightsExperiment:
         p = self.params
         if p.tournament_games > 0:
             safe = np.where(eligible[:, None], flat, 0.0)  # diverged agents play (and rank) as blanks
-            result = round_robin(game.unpack(safe, p.inputs, p.hidden), np.arange(p.agents), p.tournament_games,
-                                 params=p, seed=p.seed, tag=TAG_SELECTION,
-                                 base=state.episode * self.words_per_game, backend=self.backend)
+            play = adaptive_round_robin if p.tournament_pairing == "adaptive" else round_robin
+            result = play(game.unpack(safe, p.inputs, p.hidden), np.arange(p.agents), p.tournament_games,
+                          params=p, seed=p.seed, tag=TAG_SELECTION, base=state.episode * self.words_per_game,
+                          backend=self.backend)
             self.ranking_turns += int(result.turns)
             fitness = elo_ratings(result.wins, result.draws)
+            self.fitness_errors = elo_standard_errors(fitness, result.wins, result.draws)
         else:
             recent = state.score_history[-p.replicate_every:]
             fitness = np.mean(np.stack(recent), axis=0) if recent else state.score.copy()
         return np.where(eligible, fitness, np.nan)
 
-    def episode_batch(self, state: KnightsState) -> GameBatch:
-        """Who plays whom in this episode's games (agent-major, game slot minor)."""
+    def episode_batch(self, state: KnightsState, league: np.ndarray | None = None) -> GameBatch:
+        """Who plays whom in this episode's games (agent-major, game slot minor); with
+        ``league`` (:meth:`league_opponents`) some slots meet frozen past generations,
+        which play with the ε they had and never learn."""
         p = self.params
         opponent = self.opponents(state.episode).reshape(-1)
+        from_league = np.zeros(opponent.shape, dtype=bool)
+        if league is not None:
+            league = league.reshape(-1)
+            from_league = league >= 0
+            opponent = np.where(from_league, p.agents + league, opponent)
         home_x = self.home_side == 0
         net = np.stack([np.where(home_x, self.home, opponent), np.where(home_x, opponent, self.home)], axis=1)
         learn = np.stack([home_x, ~home_x], axis=1)
         if p.opponents_learn:
             learn = np.ones_like(learn)
+        learn &= ~np.stack([~home_x & from_league, home_x & from_league], axis=1)  # a league member's side
+        epsilon = np.concatenate([state.epsilon] + [s.epsilon for s in self.league_members(state)])
         kind = np.full(net.shape, KIND_NET, dtype=np.int64)
-        return GameBatch(kind, net.astype(np.int64), state.epsilon[net], learn, self.play_keys)
+        return GameBatch(kind, net.astype(np.int64), epsilon[net], learn, self.play_keys)
 
     def opponents(self, episode: int) -> np.ndarray:
         """(agents, games_per_agent): the population member each game slot meets."""
@@ -372,6 +445,7 @@ class KnightsExperiment:
         arrays["score_history"] = (np.stack(state.score_history) if state.score_history
                                    else np.zeros((0, self.params.agents)))
         snaps = state.snapshots
+        arrays["league_score"] = self.league_scores(state)
         arrays["snapshot_episode"] = np.array([s.episode for s in snaps], dtype=np.int64)
         for name in _SNAPSHOT_FIELDS:
             template = getattr(state, name)
@@ -425,9 +499,13 @@ class KnightsExperiment:
             lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
                                         {"alpha": values["alpha"], "lam": values["lam"],
                                          "epsilon": values["epsilon"]})
+        # Run files written before the league existed have no league scores: 0.5 each.
+        league_score = np.array(arrays.get("league_score", np.full(len(snaps), 0.5)), dtype=np.float64)
+        if league_score.shape != (len(snaps),):
+            raise ValueError(f"state league_score has shape {league_score.shape}, expected ({len(snaps)},)")
         return KnightsState(**values, episode=int(counters["episode"]), turns=int(counters["turns"]),
                             snapshots=tuple(snaps), score_history=tuple(history), fitness=fitness,
-                            lineage=lineage)
+                            lineage=lineage, league_score=league_score)
 
     def static_arrays(self) -> dict[str, np.ndarray]:
         geo = self.params.geometry

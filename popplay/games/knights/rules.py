@@ -54,6 +54,7 @@ TAG_OPPONENT = 33  # which population member an agent's game slot meets, per epi
 TAG_INIT = 34  # initial network weights, per agent slot
 TAG_EVALUATION = 35  # games against benchmark opponents
 TAG_MATCH = 36  # games between given players (tournaments)
+TAG_LEAGUE = 37  # which game slots meet the league, and whom in it, per episode
 
 # Player kinds inside the engines.
 KIND_NET, KIND_RANDOM, KIND_GREEDY, KIND_SEARCH = 0, 1, 2, 3
@@ -80,6 +81,9 @@ LADDER_RUNGS = ("random", "noisy75", "noisy50", "noisy25", "greedy", "search2", 
 KNIGHT: tuple[tuple[int, int], ...] = ((-2, -1), (-2, 1), (-1, -2), (-1, 2), (1, -2), (1, 2), (2, -1), (2, 1))
 DEFAULT_MAX_TURNS = 100
 DTYPES = ("float64", "float32")
+LEAGUE_SAMPLING = ("uniform", "pfsp")
+REPLICATE_WHEN = ("always", "significant")
+PAIRINGS = ("uniform", "adaptive")
 SEARCH_WIN = 1000.0  # score of a won (lost: minus) position in the material search
 MAX_SIDE = 26  # rows and columns are named a..z / 1..26 in the terminal
 
@@ -139,6 +143,13 @@ class KnightsParams:
                                                   "Elo in the curves.")
     snapshot_every: int = option(100, "Episodes between snapshots of the population kept in the run file "
                                       "(0: none).", min=0)
+    league: int = option(0, "A league of past generations: the last K snapshots (--snapshot-every apart) join "
+                            "the opponent pool, frozen (0: the population plays only itself).", min=0)
+    league_fraction: float = option(0.5, "With --league: the fraction of game slots played against it.",
+                                    min=0.0, max=1.0)
+    league_sampling: str = option("uniform", "With --league: uniform over its members, or pfsp (prioritised "
+                                             "fictitious self-play: a snapshot weighted by (1 - the population's "
+                                             "recent score against it)^2).", choices=LEAGUE_SAMPLING)
     seed: int = option(0, "Seed of every random stream.")
     # Selective replication with variation (see docs/tournaments.md).
     replicate_every: int = option(0, "Episodes between selective replications: rank the population, copy the best "
@@ -150,6 +161,16 @@ class KnightsParams:
                                        "[1/S, S] (1: unchanged; lambda and epsilon stay in [0, 1]).")
     tournament_games: int = option(2, "Games per pair in the ranking round robin (half moving first); 0 ranks by "
                                       "the mean learning score since the last replication instead (no extra games).")
+    tournament_pairing: str = option("uniform", "uniform: every pair of the ranking round robin plays "
+                                                "--tournament-games; adaptive: the same budget, half spread evenly, "
+                                                "the rest in rounds of 2 games to the pairs whose order is still "
+                                                "undecided.", choices=PAIRINGS)
+    replicate_when: str = option("always", "always: the worst are replaced by the best at every replication; "
+                                           "significant: only where the parent's rating interval (at "
+                                           "--replicate-confidence) lies wholly above the child's (needs "
+                                           "--tournament-games).", choices=REPLICATE_WHEN)
+    replicate_confidence: float = option(0.95, "With --replicate-when significant: the rating intervals' "
+                                               "confidence, in (0, 1).")
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -172,6 +193,11 @@ class KnightsParams:
             (self.eval_every >= 1, "eval_every", "must be at least 1"),
             (self.eval_games >= 2, "eval_games", "must be at least 2 (half move first)"),
             (self.snapshot_every >= 0, "snapshot_every", "must be non-negative (0: no snapshots)"),
+            (self.league >= 0, "league", "must be non-negative (0: no league)"),
+            (self.league == 0 or self.snapshot_every > 0, "league",
+             "needs snapshots to draw its members from (--snapshot-every above 0)"),
+            (0.0 <= self.league_fraction <= 1.0, "league_fraction", "must lie in [0, 1]"),
+            (self.league_sampling in LEAGUE_SAMPLING, "league_sampling", f"must be one of {', '.join(LEAGUE_SAMPLING)}"),
             (self.replicate_every >= 0, "replicate_every", "must be non-negative (0: no replication)"),
             (self.replicate_every == 0 or self.agents >= 2, "agents", "must be at least 2 to replicate"),
             (0.0 < self.replicate_fraction <= 0.5, "replicate_fraction", "must lie in (0, 0.5]"),
@@ -179,6 +205,11 @@ class KnightsParams:
              "must be non-negative (0: no weight noise)"),
             (math.isfinite(self.mutate_params) and self.mutate_params >= 1.0, "mutate_params",
              "must be at least 1 (1: no parameter variation)"),
+            (self.tournament_pairing in PAIRINGS, "tournament_pairing", f"must be one of {', '.join(PAIRINGS)}"),
+            (self.replicate_when in REPLICATE_WHEN, "replicate_when", f"must be one of {', '.join(REPLICATE_WHEN)}"),
+            (self.replicate_when == "always" or self.tournament_games > 0, "replicate_when",
+             "significant compares tournament ratings: give --tournament-games above 0"),
+            (0.0 < self.replicate_confidence < 1.0, "replicate_confidence", "must lie in (0, 1)"),
             (self.tournament_games >= 0, "tournament_games",
              "must be non-negative (0: rank by the learning scores since the last selection)"),
         ]
@@ -571,6 +602,7 @@ class KnightsState(NamedTuple):
     score_history: tuple[np.ndarray, ...] = ()  # every episode's learning scores (agents,)
     fitness: np.ndarray | None = None  # (agents,) what the last selection ranked by (NaN before any)
     lineage: Any = None  # popplay.operators.evolution.Lineage: every operator applied to the agents
+    league_score: np.ndarray | None = None  # (snapshots,) the population's recent score against each snapshot
 
     @property
     def networks(self) -> Networks:
