@@ -99,3 +99,49 @@ def test_a_dqn_population_on_cuda_learns_and_its_member_matches_the_member_alone
     assert first.exit_code == 0, first.output
     resumed = CliRunner().invoke(app, ["train", "dqn", "--resume", str(out), "--device", "cpu", "--env-steps", "900"])
     assert resumed.exit_code == 0, resumed.output
+
+
+def test_cartpole_and_knights_on_cuda_match_the_cpu():
+    from popplay.games.cartpole.experiment import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.games.knights.rules import KnightsParams
+    from popplay.training.loop import run
+
+    params = CartPolePopulationParams(agents=32, trials=4, steps_per_agent=256, share_every=64, seed=2)
+    cpu = run(CartPoleExperiment(params, Backend("numba", "cpu"))).state
+    gpu = run(CartPoleExperiment(params, Backend("torch", "cuda"))).state
+    np.testing.assert_allclose(gpu.q, cpu.q, rtol=0, atol=1e-9)
+    knights = KnightsParams(agents=8, games_per_agent=8, episodes=3, max_turns=60)
+    cpu_k = run(KnightsExperiment(knights, Backend("numba", "cpu"))).state
+    gpu_k = run(KnightsExperiment(knights, Backend("torch", "cuda"))).state
+    assert np.mean(cpu_k.score == gpu_k.score) > 0.8  # CUDA's exp may flip a near-tie now and then
+
+
+@pytest.mark.parametrize("domain", ["bandit", "cartpole", "knights"])
+def test_compiled_engines_on_cuda_agree_with_the_uncompiled(domain):
+    """--compile on CUDA: one graph per step (fullgraph), the same population up to the
+    compiler's reordering of floating point."""
+    import popplay
+
+    sizes = {"bandit": dict(arms=10, agents=64, trials=16, steps_per_agent=64, share_every=16),
+             "cartpole": dict(agents=64, trials=4, steps_per_agent=128, share_every=64),
+             "knights": dict(agents=8, games_per_agent=8, episodes=2, max_turns=60)}[domain]
+    plain = popplay.train(domain, backend="torch", device="cuda", **sizes).result.state
+    compiled = popplay.train(domain, backend="torch", device="cuda", compile=True, **sizes).result.state
+    for name in ("q", "n", "w1"):
+        if hasattr(plain, name) and getattr(plain, name) is not None:
+            np.testing.assert_allclose(getattr(compiled, name), getattr(plain, name), rtol=1e-6, atol=1e-9)
+
+
+def test_knights_float32_on_cuda_plays_like_float64():
+    import dataclasses
+
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.games.knights.rules import KnightsParams
+    from popplay.training.loop import run
+
+    params = KnightsParams(agents=8, games_per_agent=8, episodes=2, max_turns=60)
+    f64 = run(KnightsExperiment(params, Backend("torch", "cuda"))).state
+    f32 = run(KnightsExperiment(dataclasses.replace(params, dtype="float32"), Backend("torch", "cuda"))).state
+    np.testing.assert_allclose(f32.w1, f64.w1, rtol=1e-3, atol=1e-4)

@@ -1,0 +1,188 @@
+"""Does knights self-play keep improving? Ladder Elo against learning time (not a test).
+
+    python benchmarks/knights_ladder.py [--seconds 1800] [--seeds 0,1,2] [--agents 64]
+        [--settings a,b,c,d] [--parallel 2] [--final-games 1000] [--out benchmarks/results/knights_ladder.json]
+
+Settings (each `popplay train knights` with `--eval-opponents ladder`, so the curves
+carry the population's ladder Elo at every evaluation):
+
+  a  Bell's: self-play within the population, no replication
+  b  a + selective replication with variation (every 5 episodes, a quarter replaced,
+     weight noise 0.01, parameters varied by up to x1.5)
+  c  b + a league of the last 4 snapshots (taken every 50 episodes, drawn by PFSP for
+     half the games), significance-based replacement and adaptive pairing
+  d  c + stronger agents (32 hidden units instead of 4)
+
+Runs go `--parallel` at a time, one numba thread each, all with the same `--seconds` of
+learning (evaluation excluded). Then every final population is placed on the ladder
+(`popplay evaluate --ladder`, 200 games per rung) and its best agent plays
+`--final-games` games against the two-ply search (the issue's goal: a score of 0.5).
+Reported per setting and seed: the ladder Elo curve (best, mean, worst), the slope of
+the mean over the last third of the run with its 95 % interval (least squares), the
+final ladder Elo and the best agent's score against search with its Wilson interval.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+REPLICATION = ["--replicate-every", "5", "--replicate-fraction", "0.25", "--mutate-weights", "0.01",
+               "--mutate-params", "1.5"]
+LEAGUE = ["--league", "4", "--snapshot-every", "50", "--league-sampling", "pfsp", "--league-fraction", "0.5",
+          "--replicate-when", "significant", "--tournament-pairing", "adaptive", "--tournament-games", "4"]
+SETTINGS = {
+    "a": [],
+    "b": REPLICATION,
+    "c": REPLICATION + LEAGUE,
+    "d": REPLICATION + LEAGUE + ["--hidden", "32"],
+}
+
+
+def popplay(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "popplay", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def slope(seconds: np.ndarray, values: np.ndarray) -> dict:
+    """Least-squares slope (Elo per minute) of ``values`` over the last third, ±1.96 s.e."""
+    keep = seconds >= seconds.max() * 2 / 3
+    t, y = seconds[keep] / 60.0, values[keep]
+    if len(t) < 3:
+        return {"elo_per_minute": None, "ci95": None, "points": int(len(t))}
+    design = np.stack([t, np.ones_like(t)], axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - design @ coef
+    variance = residual @ residual / (len(t) - 2)
+    error = float(np.sqrt(variance / ((t - t.mean()) ** 2).sum()))
+    return {"elo_per_minute": float(coef[0]), "ci95": [float(coef[0] - 1.96 * error), float(coef[0] + 1.96 * error)],
+            "points": int(len(t))}
+
+
+def run_study(args: argparse.Namespace) -> dict:
+    import h5py
+
+    workdir = Path(tempfile.mkdtemp(prefix="popplay-ladder-"))
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    jobs = [(name, seed) for seed in args.seeds for name in args.settings]
+    common = ["train", "knights", "--agents", str(args.agents), "--episodes", str(10**9), "--time-budget",
+              str(args.seconds), "--eval-opponents", "ladder", "--eval-every", str(args.eval_every),
+              "--eval-games", str(args.eval_games), "--overwrite", "--json"]
+    from popplay.games.knights.rules import KnightsParams
+    from popplay.tournaments.ladder import ladder
+
+    ladder(KnightsParams())  # rated (or read from the cache) once, before the runs that all need it
+    report: dict = {"seconds": args.seconds, "agents": args.agents, "settings": {k: SETTINGS[k] for k in args.settings},
+                    "runs": {}}
+    running: list[tuple[str, int, subprocess.Popen]] = []
+    while jobs or running:
+        while jobs and len(running) < args.parallel:
+            name, seed = jobs.pop(0)
+            out = workdir / f"{name}-{seed}.h5"
+            command = [sys.executable, "-m", "popplay", *common, "--seed", str(seed), "--out", str(out),
+                       *SETTINGS[name]]
+            running.append((name, seed, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                         text=True, env=env, cwd=ROOT)))
+        time.sleep(5)
+        for item in list(running):
+            name, seed, proc = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"setting {name} seed {seed} failed: {err.strip().splitlines()[-1:]}")
+            path = workdir / f"{name}-{seed}.h5"
+            summary = json.loads(out.strip().splitlines()[-1])
+            with h5py.File(path) as f:
+                curves = {k: f["curves"][k][()] for k in f["curves"]}
+            episode = curves["eval_episode"]
+            points = np.array([i for i in range(len(episode)) if i == 0 or episode[i] != episode[i - 1]])
+            seconds = curves["seconds"][points]
+            ladder = popplay("evaluate", str(path), "--ladder", "--games", "200", "--json", env=env)
+            ladder_final = json.loads(ladder.stdout.strip().splitlines()[-1])
+            best = int(ladder_final["best_agent"])
+            search = popplay("evaluate", str(path), "--opponent", "search", "--games", str(args.final_games),
+                             "--json", env=env)
+            versus = json.loads(search.stdout.strip().splitlines()[-1])
+            report["runs"][f"{name}-{seed}"] = {
+                "setting": name, "seed": seed, "episodes": summary["phases"],
+                "learning_seconds": summary["seconds"],
+                "curve": {"seconds": seconds.tolist(), "episode": episode[points].tolist(),
+                          **{f"ladder_elo_{s}": curves[f"ladder_elo_{s}"][points].tolist()
+                             for s in ("best", "mean", "worst")}},
+                "slope_mean_last_third": slope(seconds, curves["ladder_elo_mean"][points]),
+                "final_ladder": {k: ladder_final[k] for k in ("elo_best", "elo_mean", "elo_worst")},
+                "best_ladder_agent": best,
+                "best_ladder_agent_ci95": ladder_final["per_agent"][best]["elo_ci95"],
+                "versus_search": {"games": versus["games"], "best": versus["best"], "best_agent": versus["best_agent"],
+                                  "best_ci95": versus["best_ci95"], "mean": versus["mean"]},
+            }
+            print(f"{name}-{seed}: {report['runs'][f'{name}-{seed}']['final_ladder']}, vs search best "
+                  f"{versus['best']:.3f} {versus['best_ci95']}", file=sys.stderr, flush=True)
+    return report
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = {"a": "tab:grey", "b": "tab:blue", "c": "tab:orange", "d": "tab:green"}
+    for key, run in report["runs"].items():
+        c = run["curve"]
+        minutes = np.array(c["seconds"]) / 60.0
+        colour = colours.get(run["setting"], "black")
+        ax.plot(minutes, c["ladder_elo_mean"], color=colour, label=f"{run['setting']} mean" if run["seed"] ==
+                min(r["seed"] for r in report["runs"].values()) else None)
+        ax.fill_between(minutes, c["ladder_elo_worst"], c["ladder_elo_best"], color=colour, alpha=0.15)
+    ax.set_xlabel("learning time (minutes)")
+    ax.set_ylabel("ladder Elo (random = 0)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=1800.0)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--agents", type=int, default=64)
+    parser.add_argument("--settings", default="a,b,c,d")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-games", type=int, default=20)
+    parser.add_argument("--final-games", type=int, default=1000)
+    parser.add_argument("--out", default=str(HERE / "results" / "knights_ladder.json"))
+    args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.settings = [s.strip() for s in args.settings.split(",")]
+    report = run_study(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    try:
+        plot(report, Path(args.out).with_suffix(".png"))
+    except ImportError:
+        pass
+    for key, run in report["runs"].items():
+        s = run["slope_mean_last_third"]
+        print(f"{key}: {run['episodes']} episodes; final ladder Elo best {run['final_ladder']['elo_best']:.0f} "
+              f"mean {run['final_ladder']['elo_mean']:.0f}; slope of the mean over the last third "
+              f"{s['elo_per_minute']} Elo/min {s['ci95']}; best vs search {run['versus_search']['best']:.3f} "
+              f"{run['versus_search']['best_ci95']}")
+
+
+if __name__ == "__main__":
+    main()
