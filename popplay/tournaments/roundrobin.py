@@ -94,13 +94,8 @@ def round_robin(nets: Networks, players: Any, games: int, *, params: KnightsPara
     """
 
     dist = current() if dist is None else dist
-    players = np.asarray(players, dtype=np.int64).reshape(-1)
-    if games < 1:
-        raise ValueError(f"games must be at least 1 (got {games})")
-    n = len(players)
-    if n < 2:
-        raise ValueError("a tournament needs at least two players")
-    first, second = np.triu_indices(n, k=1)
+    players = _checked(players, games)
+    first, second = np.triu_indices(len(players), k=1)
     # With an odd number of games, alternate who gets the extra first move.
     swap = (np.arange(len(first)) % 2 == 1) & (games % 2 == 1)
     a, b = np.where(swap, second, first), np.where(swap, first, second)
@@ -123,13 +118,8 @@ def adaptive_round_robin(nets: Networks, players: Any, games: int, *, params: Kn
     same starting positions; results are a :class:`Tournament` as usual (pairs
     played different numbers of games)."""
     dist = current() if dist is None else dist
-    players = np.asarray(players, dtype=np.int64).reshape(-1)
-    if games < 1:
-        raise ValueError(f"games must be at least 1 (got {games})")
-    n = len(players)
-    if n < 2:
-        raise ValueError("a tournament needs at least two players")
-    a, b = np.triu_indices(n, k=1)
+    players = _checked(players, games)
+    a, b = np.triu_indices(len(players), k=1)
     budget = games * len(a)
     first_round = max(2, games // 2)
     wins, draws, losses, turns = _play_pair_list(nets, players[a], players[b], first_round, 0, params=params,
@@ -156,6 +146,15 @@ def adaptive_round_robin(nets: Networks, players: Any, games: int, *, params: Kn
         spent += 2 * len(chosen)
         round_number += 1
     return _tournament(players, a, b, wins, draws, losses, turns)
+
+
+def _checked(players: Any, games: int) -> np.ndarray:
+    players = np.asarray(players, dtype=np.int64).reshape(-1)
+    if games < 1:
+        raise ValueError(f"games must be at least 1 (got {games})")
+    if len(players) < 2:
+        raise ValueError("a tournament needs at least two players")
+    return players
 
 
 def _play_pair_list(nets: Networks, first: np.ndarray, second: np.ndarray, games: int, stream: int, *,

@@ -169,7 +169,6 @@ def _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores):
     other = 1 - side
     n_jumps = jumps.shape[1]
     best = -np.inf
-    ties = 0
     for i in range(n):
         f = mf[i]
         t = mt[i]
@@ -196,8 +195,15 @@ def _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores):
         scores[i] = score
         if score > best:
             best = score
-            ties = 1
-        elif score == best:
+    return _tied_pick(scores, n, best, u)
+
+
+@numba.njit(cache=True)
+def _tied_pick(scores, n, best, u):
+    """The floor(u · ties)-th, in move order, of the moves scoring ``best``."""
+    ties = 0
+    for i in range(n):
+        if scores[i] == best:
             ties += 1
     pick = _pick(u, ties)
     for i in range(n):
@@ -283,17 +289,7 @@ def _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores, de
     by ``u`` in move order."""
     best = _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, boards, piece_stack,
                          count_stack, mfs, mts, mcs, istate, fstate)
-    ties = 0
-    for i in range(n):
-        if scores[i] == best:
-            ties += 1
-    pick = _pick(u, ties)
-    for i in range(n):
-        if scores[i] == best:
-            if pick == 0:
-                return i
-            pick -= 1
-    return n - 1
+    return _tied_pick(scores, n, best, u)
 
 
 @numba.njit(cache=True)
