@@ -199,13 +199,15 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     table = Table(title=f"{run}: {params.agents} agents after {state.episode:,} episodes on the ladder, "
                         f"{games} games per rung")
     table.caption = ("ladder Elo: maximum likelihood against the rungs' fixed ratings (random = 0); "
-                     "95% interval from the agent's own games")
-    for column in ("agent", "elo", "95% interval", *RUNGS):
-        table.add_column(column, justify="right")
+                     "95% interval from the agent's own games; then the score against each rung")
+    for column in ("agent", "elo", "95% CI"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for name in RUNGS:  # short headers: the score against each rung
+        table.add_column(name.replace("noisy", "n").replace("search", "s").replace("random", "rnd"), justify="right")
     for row in sorted(per_agent, key=lambda r: -r["elo"]):
         low, high = row["elo_ci95"]
-        table.add_row(str(row["agent"]), f"{row['elo']:.0f}", f"{low:.0f} to {high:.0f}",
-                      *(f"{row['scores'][name]:.2f}" for name in RUNGS))
+        table.add_row(str(row["agent"]), f"{row['elo']:.0f}", f"{low:.0f}..{high:.0f}",
+                      *(f"{row['scores'][name]:.2f}".removeprefix("0") for name in RUNGS))
     console = Console()
     console.print(table)
     console.print("rungs: " + ", ".join(f"{r['name']} {r['elo']:.0f} ± {1.96 * r['se']:.0f}"
