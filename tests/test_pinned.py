@@ -29,6 +29,10 @@ POPULATION_KEYS = {"agents", "hp", "phase_steps", "replicate_every", "replicate_
                    "copy_replay", "share_every", "share_group", "differentiation", "bias_decay"}  # --agents P
 ADDED = {name: {"learners", "selection", "queue_capacity"} | (POPULATION_KEYS if name.startswith("dqn") else set())
          for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}
+#: Knights options added since the pins (their defaults leave a run as it was): the torch
+#: engine's dtype, the league, significance-based replacement, adaptive pairing.
+ADDED["knights"] = {"dtype", "league", "league_fraction", "league_sampling", "tournament_pairing",
+                    "replicate_when", "replicate_confidence", "state/league_score"}
 
 
 def _same(got: object, expected: object) -> bool:
