@@ -552,3 +552,31 @@ def test_inspect_verifies_the_checksum_and_names_links_plainly(run_copy, tmp_pat
     assert main(["inspect", str(linked)]) == 2
     err = _error_line(capsys)
     assert "ExternalLink at /extra;" in err and "//" not in err
+
+
+def _drop_config(*names):
+    def mutate(f):
+        config = json.loads(f["config"].attrs["config_json"].decode())
+        for name in names:
+            config.pop(name)
+        f["config"].attrs["config_json"] = np.bytes_(json.dumps(config).encode())
+    return mutate
+
+
+def test_a_missing_setting_is_refused_not_defaulted(run_copy, capsys):
+    """An 8-agent run whose config lost ``agents`` must not resume as 256 agents."""
+    _craft(run_copy, _drop_config("agents"))
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128"]) == 2
+    assert "no agents" in _error_line(capsys)
+    assert main(["evaluate", str(run_copy)]) == 2
+    assert "no agents" in _error_line(capsys)
+
+
+def test_files_from_before_the_mark_still_default_settings_added_later(run_copy, capsys):
+    def older(f):  # as written before config_complete existed, and before --explorer-fraction did
+        del f.attrs["config_complete"]
+        _drop_config("explorer_fraction")(f)
+
+    _craft(run_copy, older)
+    assert main(["evaluate", str(run_copy), "--json"]) == 0
+    capsys.readouterr()

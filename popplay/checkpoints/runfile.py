@@ -272,7 +272,8 @@ class RunCheck(Protocol):
     settings by the command line's rules, its counters and bookkeeping. Each method
     raises ``ValueError`` (or ``TypeError``) with a one-line reason."""
 
-    def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any]) -> None: ...
+    def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any], *,
+                 complete: bool = False) -> None: ...
 
     def contents(self, run: "RunFile") -> None: ...
 
@@ -315,7 +316,7 @@ def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
             last = {name: float(curves[name][-1]) for name in curves
                     if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
             progress = {name: _plain(state.attrs[name]) for name in state.attrs}
-            _check_settings(check, path, attrs.get("domain"), config, progress)
+            _check_settings(check, path, attrs.get("domain"), config, progress, attrs)
             if "agent_steps" in curves and curves["agent_steps"].shape[0]:
                 progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
             population = {key: config[key] for key in ("trials", "agents", "arms", "games_per_agent") if key in config}
@@ -411,9 +412,9 @@ def content_digest(f: Any) -> str:
 
 
 def _check_settings(check: RunCheck, path: Path, domain: Any, config: dict[str, Any],
-                    counters: dict[str, Any]) -> None:
+                    counters: dict[str, Any], attrs: dict[str, Any]) -> None:
     try:
-        check.settings(domain, config, counters)
+        check.settings(domain, config, counters, complete=bool(attrs.get("config_complete", False)))
     except (TypeError, ValueError) as error:
         raise RunFileError(f"{path}: damaged run file ({error})") from None
 
@@ -425,7 +426,8 @@ def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> R
     # is known to fit in memory and to be stored as popplay stores it.
     _check_tree(f, path)
     config = _config(f, path)
-    _check_settings(check, path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs})
+    _check_settings(check, path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs},
+                    attrs)
     if attrs.get(DIGEST) != content_digest(f):
         raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
     state_group = f["state"]

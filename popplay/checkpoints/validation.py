@@ -50,9 +50,13 @@ def check_value(name: str, value: Any, kind: type) -> None:
         raise ValueError(f"{name} must be {expected} (got {value!r})")
 
 
-def params_from_config(domain: str, config: Any, *, run_options: bool = True, check_memory: bool = True) -> Any:
+def params_from_config(domain: str, config: Any, *, run_options: bool = True, check_memory: bool = True,
+                       complete: bool = False) -> Any:
     """A domain's parameters from a run file's config, checked like the CLI's options;
-    with ``run_options``, also the backend, device and time budget a resume reuses."""
+    with ``run_options``, also the backend, device and time budget a resume reuses.
+    ``complete``: the file says its config holds every setting (files written since
+    that mark exists), so a missing one is damage, refused, not a default; in older
+    files a missing setting is one added later and takes its default."""
     if not registry.known(domain):
         raise ValueError(f"unknown domain {domain!r}")
     if not isinstance(config, dict):
@@ -61,6 +65,8 @@ def params_from_config(domain: str, config: Any, *, run_options: bool = True, ch
     values = {}
     for field in dataclasses.fields(params_type):
         if field.name not in config:
+            if complete:
+                raise ValueError(f"no {field.name} in the config, which the file says holds every setting")
             continue  # written before the field existed: its default
         default = field.default if field.default is not dataclasses.MISSING else None
         value = config[field.name]
@@ -188,9 +194,10 @@ def check_before_training(domain: str, params: Any, options: Any, *, resume: boo
 class _RegisteredRules:
     """:class:`popplay.checkpoints.runfile.RunCheck` by the registered domains' rules."""
 
-    def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any]) -> None:
+    def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any], *,
+                 complete: bool = False) -> None:
         if registry.known(domain):
-            params_from_config(domain, config, run_options=False)
+            params_from_config(domain, config, run_options=False, complete=complete)
         check_counters(counters)
 
     def contents(self, run: Any) -> None:

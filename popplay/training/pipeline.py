@@ -114,7 +114,10 @@ class RunWriter:
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=results, result_attrs={**metrics, "events_json": self.events},
-            attrs={"learning_seconds": learning_seconds, "phases": len(curve), **self.provenance},
+            # config_complete: the config holds every setting, so a reader refuses a file
+            # that lacks one instead of filling it in with a default
+            attrs={"learning_seconds": learning_seconds, "phases": len(curve), "config_complete": True,
+                   **self.provenance},
             complete=complete,
         )
         try:
