@@ -545,8 +545,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and short rounds (a smoke test)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    parser.add_argument("--json", help="write the report here (default: benchmarks/results/run.json; "
-                                       "with --quick: none)")
+    parser.add_argument("--json", help="write the report here (default: benchmarks/results/run.json for a whole "
+                                       "default run; none with --quick, --only, --markdown or --compile)")
     parser.add_argument("--markdown", help="write the tables as Markdown here")
     parser.add_argument("--budget", type=float, help="seconds of timed work per figure (rounds stop at it)")
     parser.add_argument("--repeats", type=int, help="at most this many timed rounds per figure (the best counts)")
@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["memory"] = bench_bandit.peak_memory()
     report["total_seconds"] = time.perf_counter() - started
     print(render(report, markdown=False), end="")
-    json_path = args.json or (None if args.quick else str(HERE / "results" / "run.json"))
+    json_path = report_path(args, wanted)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(report, indent=2, default=_jsonable))
@@ -613,6 +613,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.markdown).write_text(render(report, markdown=True))
         say(f"wrote {args.markdown}")
     return report
+
+
+def report_path(args: argparse.Namespace, wanted: list[str]) -> str | None:
+    """Where the JSON report goes: ``--json``, else the project's figures
+    (results/run.json), which are only ever a whole default run's: a smoke run, some
+    sections, a Markdown export or the compiled rows write only what was asked."""
+    whole_run = not (args.quick or args.markdown or args.compile or set(wanted) != set(SECTIONS))
+    return args.json or (str(HERE / "results" / "run.json") if whole_run else None)
 
 
 def _jsonable(value: Any) -> Any:

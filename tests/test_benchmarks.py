@@ -111,3 +111,17 @@ def test_gpu_benchmark_without_a_gpu_says_so_in_one_line(capsys):
             if name in ("run", "bandit", "cartpole", "knights", "_common", "popplay_benchmarks_gpu"):
                 del sys.modules[name]
     assert capsys.readouterr().out == "benchmarks/gpu.py: no CUDA GPU on this machine; nothing measured\n"
+
+
+def test_only_a_whole_default_run_writes_the_project_figures(bench_run):
+    import argparse
+
+    def path(**given):
+        args = argparse.Namespace(**{"quick": False, "markdown": None, "compile": False, "json": None, **given})
+        return bench_run.report_path(args, given.pop("wanted", list(bench_run.SECTIONS)))
+
+    assert path().endswith("results/run.json")
+    assert path(markdown="bandit.md") is None and path(quick=True) is None and path(compile=True) is None
+    assert bench_run.report_path(argparse.Namespace(quick=False, markdown=None, compile=False, json=None),
+                                 ["bandit"]) is None
+    assert path(markdown="x.md", json="mine.json") == "mine.json"
