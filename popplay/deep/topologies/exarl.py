@@ -79,7 +79,7 @@ class DDPGParams(WorkflowParams, DeepParams):
                       "simulators.",
         choices=REPLAY_TOPOLOGIES)
     env: str = option("Pendulum-v1", "A gymnasium id with continuous actions (Pendulum-v1, ...).")
-    sync_every: int = option(1, "Episodes per phase (per simulator between exchanges in seed 003's topologies).",
+    sync_every: int = option(1, "Episodes per phase (per simulator between exchanges in Grandio's MPI DQN topologies).",
                              min=1)
     episodes: int = option(0, EPISODES_HELP, min=0, budget=True)
     env_steps: int = option(0, ENV_STEPS_HELP, min=0, budget=True)
