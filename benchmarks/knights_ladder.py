@@ -75,7 +75,7 @@ def run_study(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="popplay-ladder-"))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     jobs = [(name, seed) for seed in args.seeds for name in args.settings]
-    common = ["train", "knights", "--agents", str(args.agents), "--episodes", str(10**9), "--time-budget",
+    common = ["train", "knights", "--agents", str(args.agents), "--episodes", str(args.episodes), "--time-budget",
               str(args.seconds), "--eval-opponents", "ladder", "--eval-every", str(args.eval_every),
               "--eval-games", str(args.eval_games), "--overwrite", "--json"]
     from popplay.games.knights.rules import KnightsParams
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--settings", default="a,b,c,d")
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--episodes", type=int, default=20000,
+                        help="the episode budget (the time budget ends the runs first; it bounds the snapshots kept)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval-games", type=int, default=20)
     parser.add_argument("--final-games", type=int, default=1000)
