@@ -7,8 +7,8 @@ Settings (each `popplay train knights` with `--eval-opponents ladder`, so the cu
 carry the population's ladder Elo at every evaluation):
 
   a  Bell's: self-play within the population, no replication
-  b  a + selective replication with variation (every 5 episodes, a quarter replaced,
-     weight noise 0.01, parameters varied by up to x1.5)
+  b  a + selective replication with variation as docs/results.md measured it (every 20
+     episodes, an eighth replaced, weight noise 0.01)
   c  b + a league of the last 4 snapshots (taken every 50 episodes, drawn by PFSP for
      half the games), significance-based replacement and adaptive pairing
   d  c + stronger agents (32 hidden units instead of 4)
@@ -37,8 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-REPLICATION = ["--replicate-every", "5", "--replicate-fraction", "0.25", "--mutate-weights", "0.01",
-               "--mutate-params", "1.5"]
+REPLICATION = ["--replicate-every", "20", "--replicate-fraction", "0.125", "--mutate-weights", "0.01"]
 LEAGUE = ["--league", "4", "--snapshot-every", "50", "--league-sampling", "pfsp", "--league-fraction", "0.5",
           "--replicate-when", "significant", "--tournament-pairing", "adaptive", "--tournament-games", "4"]
 SETTINGS = {

@@ -152,3 +152,17 @@ def test_adaptive_pairing_spends_its_games_on_undecided_pairs() -> None:
     assert games[1, 2] > games[0, 3]  # the undecided twins got more games than a settled pair
     assert games[1, 2] > 12 and games[0, 1] == 6  # beyond the even share; a settled pair stopped at half
     np.testing.assert_array_equal(adaptive.wins + adaptive.wins.T + adaptive.draws, games)
+
+
+def test_the_step_size_schedule_halves_alpha_every_half_life() -> None:
+    scheduled = dataclasses.replace(PARAMS, league=0, alpha_half_life=4)
+    experiment, _, history = _run(scheduled, 7)
+    state = history[6]  # after 6 episodes: alpha · 2^(-6/4)
+    np.testing.assert_array_equal(experiment.step_sizes(state), state.alpha * 2.0 ** (-6 / 4))
+    # one episode on the schedule is one episode of a constant run whose alpha is the scheduled one
+    on_schedule = experiment.phase(state, time_left=None)
+    constant = KnightsExperiment(dataclasses.replace(scheduled, alpha_half_life=0), Backend("numba", "cpu"),
+                                 dist=Dist())
+    by_hand = constant.phase(state._replace(alpha=state.alpha * 2.0 ** (-6 / 4)), time_left=None)
+    assert np.array_equal(on_schedule.w1, by_hand.w1)
+    assert not np.array_equal(on_schedule.w1, constant.phase(state, time_left=None).w1)

@@ -229,3 +229,24 @@ def test_compile_with_numba_is_refused_in_one_line(cli) -> None:
                           "--agent-steps", "8", "--share-every", "4"])
     assert code == 2 and out == ""
     assert err == "Error: --compile compiles the torch engine; --backend numba is compiled already\n"
+
+
+def test_a_bandit_phase_whose_draw_fell_short_is_learned_again_exactly(monkeypatch) -> None:
+    from popplay.games.bandit import _torch
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.games.bandit.rules import BanditParams
+
+    params = BanditParams(arms=5, agents=3, trials=2, share_every=4, steps_per_agent=8)
+    exact = _final_state(BanditExperiment, params)
+    original = _torch._reward_noise
+    calls = []
+
+    def always_short(keys, counters, exact_draw):
+        noise, _ = original(keys, counters, exact_draw)
+        calls.append(exact_draw)
+        return noise * (1.0 if exact_draw else 0.0), torch.tensor(not exact_draw)  # wrong noise, flagged
+
+    monkeypatch.setattr(_torch, "_reward_noise", always_short)
+    redone = _final_state(BanditExperiment, params)
+    assert True in calls and False in calls  # the bounded draw fell short, the exact one redid the phase
+    np.testing.assert_array_equal(redone.q, exact.q)

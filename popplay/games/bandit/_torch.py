@@ -15,8 +15,8 @@ from popplay.games.bandit.rules import WORDS_PER_STEP, make_rules
 from popplay.xp import th
 
 _rules = make_rules(th)
-NOISE_BLOCK_DRAWS = 2**22
 _rng = _rules.rng
+NOISE_BLOCK_DRAWS = 2**22  # reward draws made at once, at most (32 MiB)
 
 
 class TorchBanditEngine:
@@ -47,7 +47,7 @@ class TorchBanditEngine:
         self._step = th.compiled(self._learning_step, compile)
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
-        # at every step. A block holds at most 2**22 draws (32 MiB).
+        # at every step.
         self.noise_block = max(1, NOISE_BLOCK_DRAWS // (trials * agents))
         self.bias = None
         if use_bias:

@@ -141,7 +141,7 @@ class KnightsExperiment:
             played = engine.run_batch(bank, lam, batch, params=p,
                                     base=state.episode * self.words_per_game, backend=self.backend)
         self.backend.synchronize()
-        change = state.alpha[:, None] * played.delta[:p.agents]  # league members never learn
+        change = self.step_sizes(state)[:, None] * played.delta[:p.agents]  # league members never learn
         flat = game.pack(state.networks) + change
         nets = game.unpack(flat, p.inputs, p.hidden)
         sign = np.where(self.home_side == 0, 1, -1)
@@ -165,6 +165,13 @@ class KnightsExperiment:
             new = new._replace(snapshots=state.snapshots + (new.snapshot(),),
                                league_score=np.append(new.league_score, 0.5))
         return new
+
+    def step_sizes(self, state: KnightsState) -> np.ndarray:
+        """Every agent's TD(λ) step size this episode: its α, on the schedule."""
+        half_life = self.params.alpha_half_life
+        if not half_life:
+            return state.alpha
+        return state.alpha * 2.0 ** (-state.episode / half_life)
 
     # -- the league of past generations -------------------------------------------
 

@@ -131,6 +131,8 @@ class KnightsParams:
                                    "memory traffic on a GPU; the weights stay float64). The numba engine computes "
                                    "in float64 only.", choices=DTYPES)
     alpha: float = option(0.05, "TD(λ) step size per game copy (copies' changes are summed).")
+    alpha_half_life: int = option(0, "A learning-rate schedule: every agent's step size halves every this many "
+                                     "episodes, alpha · 2^(−episode/half-life) (0: constant).", min=0)
     lam: float = option(0.7, "Eligibility-trace decay λ.", min=0.0, max=1.0)
     epsilon: float = option(0.05, "Exploration: chance of a random move while learning.", min=0.0, max=1.0)
     init_scale: float = option(0.1, "Initial weights uniform on ±this.", min=0.0)
@@ -187,6 +189,7 @@ class KnightsParams:
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
             (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
+            (self.alpha_half_life >= 0, "alpha_half_life", "must be non-negative (0: constant step size)"),
             (0.0 <= self.lam <= 1.0, "lam", "must lie in [0, 1]"),
             (0.0 <= self.epsilon <= 1.0, "epsilon", "must lie in [0, 1]"),
             (math.isfinite(self.init_scale) and self.init_scale >= 0.0, "init_scale", "must be non-negative"),
