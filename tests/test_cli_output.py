@@ -215,3 +215,13 @@ print(stream.getvalue().splitlines()[0])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "compiling kernels (first run only)…"
+
+
+def test_status_lines_go_to_stderr_with_json_too_and_quiet_silences_them(tmp_path, cli):
+    args = ["train", "bandit", "--agents", "2", "--trials", "1", "--agent-steps", "16", "--share-every", "4",
+            "--json", "--out", str(tmp_path / "run.h5")]
+    code, out, err = cli(args)
+    assert code == 0 and out.strip().startswith("{")
+    assert "training bandit" in err  # a long start is never silent, --json or not
+    code, out, err = cli([*args, "--overwrite", "--quiet"])
+    assert code == 0 and out.strip().startswith("{") and err == ""

@@ -42,6 +42,9 @@ CHECKPOINT_HELP = ("Write the complete state into the run file every N units of 
 SeedOption = Annotated[int, typer.Option(help="Seed of every random stream.")]
 BackendOption = Annotated[BackendName, typer.Option(help=BACKEND_HELP)]
 DeviceOption = Annotated[DeviceName, typer.Option(help=DEVICE_HELP)]
+QuietOption = Annotated[bool, typer.Option(
+    "--quiet", help="No status or progress lines on stderr (errors and warnings still); without it they are "
+                    "there with --json too (stdout carries only the results).")]
 CompileOption = Annotated[bool, typer.Option(
     "--compile/--no-compile",
     help="Run the torch engine's steps through torch.compile (fullgraph; the first phase pays the "

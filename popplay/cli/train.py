@@ -34,7 +34,7 @@ from popplay.training.job import JobOptions
 #: How (not what) a resumed run may be told to run; what it learns may change only
 #: in the fields its parameters mark as budget or ``on_resume``.
 RESUME_RUN_OPTIONS = {"resume", "seeds", "time_budget", "checkpoint_every", "backend", "device", "compile",
-                      "json_output",
+                      "json_output", "quiet",
                       "config", "nproc", "timeout", "log_dir"}
 
 
@@ -110,7 +110,7 @@ def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | Non
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
                  resume: Any = None, seeds: int = 1, nproc: int = 1, timeout: float = 60.0,
-                 log_dir: Path | None = None, compile: bool = False) -> None:
+                 log_dir: Path | None = None, compile: bool = False, quiet: bool = False) -> None:
     """Shared tail of every ``train`` command: run the job (:func:`popplay.training.job.run`:
     seeds, ranks, resume), report, exit 130 if stopped."""
     defaulted = out is None and resume is None
@@ -121,10 +121,11 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
                          overwrite=overwrite, checkpoint_every=checkpoint_every, seeds=seeds, nproc=nproc,
                          timeout=timeout, log_dir=log_dir, argv=invocation())
 
-    def reporter(quiet: bool) -> Any:
-        # Progress and status lines go to stderr: stdout carries only the results (the
-        # summary, or the --json object), so `popplay train ... > result.txt` stays clean.
-        return reporter_for(sys.stderr, quiet=(json_output and not sys.stderr.isatty()) or quiet)
+    def reporter(silent: bool) -> Any:
+        # Progress and status lines go to stderr, with --json too: stdout carries only
+        # the results (the summary, or the --json object), so `popplay train ... >
+        # result.txt` stays clean, and a long start is never silent. --quiet silences them.
+        return reporter_for(sys.stderr, quiet=quiet or silent)
 
     spec = registry.get(domain)
     if resume is not None:  # before any rank starts

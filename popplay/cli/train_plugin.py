@@ -24,6 +24,7 @@ from popplay.cli.common import (
     BackendName,
     BackendOption,
     CompileOption,
+    QuietOption,
     CheckpointOption,
     ConfigOption,
     DeviceName,
@@ -59,6 +60,7 @@ _RUN_OPTIONS: list[tuple[str, Any, Any, str | None]] = [
     ("out", OutOption, None, None),
     ("overwrite", OverwriteOption, False, None),
     ("json_output", JsonOption, False, None),
+    ("quiet", QuietOption, False, None),
     ("checkpoint_every", CheckpointOption, None, None),
     ("resume", ResumeOption, None, None),
     ("seeds", SeedsOption, 1, None),
@@ -174,7 +176,7 @@ def build_command(domain: str) -> Callable[..., None]:
                      time_budget=time_budget, out=out,
                      overwrite=run["overwrite"] or resume is not None, json_output=run["json_output"],
                      checkpoint_every=run["checkpoint_every"], resume=resume, seeds=run["seeds"],
-                     log_dir=run["log_dir"], nproc=run["nproc"],
+                     log_dir=run["log_dir"], nproc=run["nproc"], quiet=run["quiet"],
                      timeout=float(run["timeout"] if "timeout" in run else getattr(params, "timeout", 60.0)))
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
@@ -207,7 +209,7 @@ def _hand_to_runner(ctx: typer.Context, spec: Any, params: Any, run: dict[str, A
     out = run["out"] if run["out"] is not None else (stored.path if stored is not None else default_out(spec.name))
     with stop_on_signals() as should_stop:
         result = spec.runner_type()(params, RunRequest(out, stored, bool(run["overwrite"]), bool(run["json_output"]),
-                                                       should_stop))
+                                                       should_stop, quiet=bool(run["quiet"])))
     if run["json_output"]:
         print_json(result.summary)
     else:

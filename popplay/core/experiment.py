@@ -173,6 +173,7 @@ class RunRequest(NamedTuple):
     overwrite: bool
     json_output: bool
     should_stop: Callable[[], bool]  # polled: true once Ctrl-C asked the run to stop and save
+    quiet: bool = False  # no status or progress lines on stderr
 
 
 class RunResult(NamedTuple):

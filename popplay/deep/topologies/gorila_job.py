@@ -75,7 +75,7 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
         except RunFileError as error:
             raise UsageError(str(error)) from None
 
-    progress = 0.0 if request.json_output and not sys.stderr.isatty() else 2.0
+    progress = 0.0 if request.quiet else 2.0  # progress lines on stderr, with --json too
     if torchrun:
         # Rank 0 checks --out (unless this is a restart of the job), prepares the
         # attempt; then this process becomes its rank (exec) and does not return.
