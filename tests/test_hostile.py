@@ -528,6 +528,7 @@ def test_a_time_budget_run_can_be_extended(tmp_path, capsys):
     capsys.readouterr()
     done = _step(path)
     assert main(["train", "bandit", "--resume", str(path), "--agent-steps", str(4 * (done + 8)), "--json"]) == 0
+    capsys.readouterr()  # its status lines (on stderr with --json too)
     assert _step(path) == done + 8
     learned = load_run(path).attrs["learning_seconds"]
     assert main(["train", "bandit", "--resume", str(path), "--time-budget", str(learned / 2)]) == 2

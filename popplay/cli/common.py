@@ -29,7 +29,8 @@ BACKEND_HELP = "numba (fused CPU loops) or torch (batched, CPU or CUDA); auto pi
 DEVICE_HELP = ("Where torch runs; auto picks cuda when a GPU is present for the populations, and the CPU for the "
                "deep agents (their networks are small: cuda only when asked for).")
 OUT_HELP = "Run file to write (HDF5). Default: runs/<domain>-<timestamp>.h5."
-JSON_HELP = "Print one JSON object with the results on the last line of stdout (no live console)."
+JSON_HELP = ("Print one JSON object with the results on the last line of stdout (no live console; status lines "
+             "still on stderr, --quiet silences them).")
 TIME_BUDGET_HELP = "Learn for this many seconds of learning time instead of a fixed step budget."
 
 
