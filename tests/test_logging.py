@@ -75,10 +75,11 @@ def test_export_csv_of_an_existing_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(run), "--csv", "--out", "-"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ",".join(_rows(target)[0])
-    assert main(["export", str(run)]) == 2
+    assert main(["export", str(run), "--out", "-"]) == 0  # CSV is the default: no format to name
+    assert capsys.readouterr().out.splitlines()[0] == ",".join(_rows(target)[0])
     assert main(["export", str(tmp_path / "missing.h5"), "--csv"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("Error: ") for line in err)
+    assert len(err) == 1 and err[0].startswith("Error: ")
 
 
 def test_export_in_a_real_process(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""``popplay export RUN.h5 --csv``: a run file's learning curves as CSV."""
+"""``popplay export RUN.h5 [--csv]``: a run file's learning curves as CSV."""
 from __future__ import annotations
 
 import csv
@@ -23,8 +23,8 @@ from popplay.core.errors import PopplayError, UsageError
 def export(
     run: Annotated[Path, typer.Argument(help="A run file written by `popplay train`.", metavar="RUN.h5",
                                         dir_okay=False)],
-    csv_output: Annotated[bool, typer.Option("--csv", help="Write the curves as CSV (the only format so far).")
-                          ] = False,
+    csv_output: Annotated[bool, typer.Option("--csv", help="Write the curves as CSV (the default: the only format "
+                                                           "so far).")] = False,
     out: Annotated[Optional[Path], typer.Option(
         help="CSV file to write; '-' for standard output. Default: the run's name with .csv.", dir_okay=False,
         metavar="FILE")] = None,
@@ -43,8 +43,6 @@ def export(
         export_member(run, member, out, json_output)
         return
 
-    if not csv_output:
-        raise UsageError("say which format to export: --csv")
     try:
         stored = load_run(run)
     except RunFileError as error:
