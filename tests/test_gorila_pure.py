@@ -146,3 +146,13 @@ def test_outlier_guard_bound_is_mean_plus_k_std_of_the_window():
     assert list(guard.history) == [2.0, 3.0, 4.0, pytest.approx(bound + 1e-9)]  # discarded, still counted
     with pytest.raises(ValueError):
         OutlierGuard(window=5, min_samples=6)
+
+
+def test_the_summary_line_counts_in_words() -> None:
+    from popplay.deep.topologies.gorila import GorilaConfig, summary_text
+
+    summary = {"quality": 9.5, "env": "CartPole-v1", "episodes": 3, "env_steps": 120, "seconds": 1.0,
+               "gradients_applied": 7, "stale_discarded": 0, "outliers_discarded": 0, "staleness_histogram": [7],
+               "out": "g.h5", "restarts": 1}
+    line = summary_text(summary, GorilaConfig(actors=1, learners=1, shards=2))
+    assert "(1 actor, 1 learner, 2 shards and 1 restart)" in line

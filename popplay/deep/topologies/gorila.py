@@ -538,9 +538,12 @@ def summarize(config: GorilaConfig, run_dir: Path, checkpoint: dict[str, np.ndar
 def summary_text(summary: dict[str, Any], config: GorilaConfig) -> str:
     """The console's one-line account of a finished run (``--json`` prints the summary)."""
     quality = "not measured" if summary["quality"] is None else f"{summary['quality']:.1f}"
-    restarts = f" and {summary['restarts']} restart(s)" if summary.get("restarts") else ""
-    return (f"gorila on {summary['env']} ({config.actors} actors, {config.learners} learners, {config.shards} "
-            f"shards{restarts}): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
+    def counted(n: int, noun: str) -> str:
+        return f"{n} {noun}" + ("" if n == 1 else "s")
+
+    restarts = f" and {counted(summary['restarts'], 'restart')}" if summary.get("restarts") else ""
+    return (f"gorila on {summary['env']} ({counted(config.actors, 'actor')}, {counted(config.learners, 'learner')}, "
+            f"{counted(config.shards, 'shard')}{restarts}): quality {quality} (mean of {config.eval_episodes} greedy episodes) after "
             f"{summary['episodes']:,} episodes, {summary['env_steps']:,} env-steps in {summary['seconds']:.1f}s; "
             f"{summary['gradients_applied']:,} gradient slices applied, {summary['stale_discarded']} stale and "
             f"{summary['outliers_discarded']} outlier gradients dropped; staleness histogram "
