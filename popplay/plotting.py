@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from popplay.checkpoints.h5io import atomic_output, check_replaceable, probe_directory
-from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.runfile import RunFileError, display_name
 from popplay.checkpoints.validation import load_run
 from popplay.core import registry
 
@@ -255,7 +255,7 @@ def _run_title(run: Any) -> str:
     if config.get("differentiation") not in (None, "none"):
         shown.append(f"differentiation {config['differentiation']}")
     where = " on ".join(str(config[k]) for k in ("backend", "device") if config.get(k))
-    head = f"{Path(run.path).name}: {run.domain} run" + ("" if run.complete else " (stopped early)")
+    head = f"{display_name(run.path)}: {run.domain} run" + ("" if run.complete else " (stopped early)")
     return f"{head}\n{', '.join(shown)}" + (f" ({where})" if where else "")
 
 

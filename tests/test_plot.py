@@ -175,3 +175,15 @@ def test_report_curves_stop_at_the_axis_and_carry_standard_error_bands():
     assert right == 3.0  # the first point at or past 2.5 is the last one drawn
     assert list(ax.lines[0].get_xdata()) == [1.0, 2.0, 3.0]
     assert len(ax.collections) == 1  # the ±1 s.e. band
+
+
+def test_titles_and_labels_name_the_run_not_the_latest_link(tmp_path):
+    from popplay.checkpoints.runfile import display_name
+    from popplay.tournaments.entrants import _labels
+
+    real = tmp_path / "knights-20261126-101500.h5"
+    real.write_bytes(b"")
+    link = tmp_path / "latest-knights.h5"
+    link.symlink_to(real.name)
+    assert display_name(link) == real.name and display_name(real) == real.name
+    assert _labels([link]) == ["knights-20261126-101500"]

@@ -107,6 +107,13 @@ def library_versions() -> dict[str, str]:
     }
 
 
+def display_name(path: Path | str) -> str:
+    """A run file's own name: through a link such as ``runs/latest-knights.h5``, the
+    name of the file it points to (titles and labels should name the run, not the link)."""
+    path = Path(path)
+    return path.resolve().name if path.is_symlink() else path.name
+
+
 def check_writable(path: Path, *, overwrite: bool = False, resume: bool = False) -> None:
     """Fail early (before any learning) if ``path`` cannot be written: a directory
     that does not exist or refuses files, an existing file that is not a regular file

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from popplay.checkpoints.runfile import RunFileError
+from popplay.checkpoints.runfile import RunFileError, display_name
 from popplay.checkpoints.validation import load_run, params_from_config
 from popplay.core import registry
 from popplay.core.backend import Backend
@@ -84,7 +84,7 @@ def load_population(path: Path) -> tuple[KnightsParams, Any]:
 
 def _labels(paths: Sequence[Path]) -> list[str]:
     """Short names for the run files: their stems, or their paths where stems repeat."""
-    stems = [Path(p).stem for p in paths]
+    stems = [Path(display_name(p)).stem for p in paths]
     return [stem if stems.count(stem) == 1 else str(p) for stem, p in zip(stems, paths)]
 
 
