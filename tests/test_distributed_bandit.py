@@ -137,3 +137,19 @@ def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path, trials
     steps = tmp_path / "steps.h5"
     assert main([*untimed, "--agent-steps", str(summary["agent_steps_per_trial"]), "--out", str(steps)]) == 0
     assert_same_run(steps, out)
+
+
+def test_a_sharded_run_with_the_default_out_says_which_latest_link_it_made(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests._dist_helpers import ROOT, WAIT
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "popplay", *TINY, "--nproc", "2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    link = tmp_path / "runs" / "latest-bandit.h5"
+    assert link.is_symlink() and (tmp_path / "runs" / os.readlink(link)).is_file()
+    assert f"runs/latest-bandit.h5 links to {os.readlink(link)}" in done.stderr

@@ -148,7 +148,9 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
         raise PopplayError(str(error), getattr(error, "exit_code", 1)) from None
     if not done.reports:  # a launcher (rank 0 reported) or a rank that only served
         if done.exit_code == 0 and defaulted and not in_rank():
-            link_latest(domain, base)
+            latest = link_latest(domain, base)
+            if latest is not None:  # rank 0's summary could not name the link the launcher makes
+                print(f"{latest} links to {base.name}", file=sys.stderr)
         raise typer.Exit(done.exit_code or 0)
     outcomes = done.outcomes
     for outcome in outcomes:
