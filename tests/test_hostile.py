@@ -581,3 +581,15 @@ def test_files_from_before_the_mark_still_default_settings_added_later(run_copy,
     _craft(run_copy, older)
     assert main(["evaluate", str(run_copy), "--json"]) == 0
     capsys.readouterr()
+
+
+def test_inspect_shows_a_crafted_attribute_without_running_its_escapes(run_copy, capsys):
+    def hostile(f):
+        f.attrs["host"] = np.bytes_("vm\x1b]0;pwned\x07\x1b[2J[bold]x[/bold]".encode())
+
+    _craft(run_copy, hostile)
+    assert main(["inspect", str(run_copy)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out  # no terminal title change, no cleared screen
+    assert "\\x1b]0;pwned\\x07" in out.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "[bold]x[/bold]" in out.replace("\n", "").replace("│", "").replace(" ", "")  # markup shown, not run

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.validation import summarize
@@ -32,22 +34,26 @@ def inspect(
         print_json(info)
         return
 
-    table = Table(title=f"{run}", show_header=False, title_justify="left")
+    table = Table(title=_safe(str(run)), show_header=False, title_justify="left")
     table.add_column(style="dim")
     table.add_column()
+
+    def row(key: str, value: Any) -> None:
+        table.add_row(_safe(key), _safe(value))
+
     for key in ("domain", "complete", "written", "population", "progress", "learning_seconds", "phases", "checksum"):
-        table.add_row(key, _text(info.get(key)))
+        row(key, _text(info.get(key)))
     for name, value in info.get("last", {}).items():
-        table.add_row(f"last {name}", _text(value))
+        row(f"last {name}", _text(value))
     provenance = info.get("provenance", {})
     if "command_line" in provenance:
-        table.add_row("command", provenance["command_line"])
+        row("command", provenance["command_line"])
     if provenance.get("given"):
-        table.add_row("given", " ".join(f"{k} {v}" for k, v in provenance["given"].items()))
+        row("given", " ".join(f"{k} {v}" for k, v in provenance["given"].items()))
     for earlier in provenance.get("history", []):
-        table.add_row("resumed from", earlier)
-    table.add_row("config", ", ".join(f"{k}={v}" for k, v in sorted(info["config"].items())))
-    table.add_row("versions", ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items())))
+        row("resumed from", earlier)
+    row("config", ", ".join(f"{k}={v}" for k, v in sorted(info["config"].items())))
+    row("versions", ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items())))
     shown = [f"popplay {provenance['popplay_version']}" if "popplay_version" in provenance else "",
              f"commit {provenance['git_commit']}" if "git_commit" in provenance else "",
              f"host {provenance['host']}" if "host" in provenance else "",
@@ -55,8 +61,17 @@ def inspect(
              f"CPU {provenance['cpu']} ({provenance.get('cpu_count')} cores)" if "cpu" in provenance else "",
              f"GPU {provenance['gpu']}" if "gpu" in provenance else ""]
     if any(shown):
-        table.add_row("made by", "; ".join(s for s in shown if s))
+        row("made by", "; ".join(s for s in shown if s))
     Console().print(table)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _safe(text: str) -> Text:
+    """What a file says, shown as written: control characters (a crafted attribute's
+    terminal escapes) spelled out, and no rich markup interpreted."""
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
 
 
 def _text(value: Any) -> str:
