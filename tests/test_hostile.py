@@ -5,6 +5,7 @@ import json
 import os
 import stat
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -593,3 +594,31 @@ def test_inspect_shows_a_crafted_attribute_without_running_its_escapes(run_copy,
     assert "\x1b" not in out and "\x07" not in out  # no terminal title change, no cleared screen
     assert "\\x1b]0;pwned\\x07" in out.replace("\n", "").replace("│", "").replace(" ", "")
     assert "[bold]x[/bold]" in out.replace("\n", "").replace("│", "").replace(" ", "")  # markup shown, not run
+
+
+def test_crafted_share_counters_are_refused_or_cost_nothing(tmp_path, capsys):
+    """shares = 10^12 made evaluate spin at 100 % CPU replaying the bias decay of every share."""
+    run = tmp_path / "cp.h5"
+    assert main(["train", "cartpole", "--agents", "4", "--trials", "2", "--agent-steps", "256", "--share-every", "64",
+                 "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def counters(**values):
+        def mutate(f):
+            for name, value in values.items():
+                f["state"].attrs[name] = np.int64(value)
+        return mutate
+
+    impossible = tmp_path / "impossible.h5"
+    impossible.write_bytes(run.read_bytes())
+    _craft(impossible, counters(shares=10**12))
+    for argv in (["evaluate", str(impossible)], ["inspect", str(impossible)]):
+        assert main(argv) == 2
+        assert "exceeds step" in _error_line(capsys)
+    huge = tmp_path / "huge.h5"
+    huge.write_bytes(run.read_bytes())
+    _craft(huge, counters(shares=10**12, step=10**12))
+    started = time.perf_counter()
+    assert main(["evaluate", str(huge), "--json"]) == 0  # what the file says, measured: no loop over shares
+    assert time.perf_counter() - started < 30  # a guard against the hang, not a speed goal
+    capsys.readouterr()

@@ -149,6 +149,10 @@ def check_counters(counters: dict[str, Any]) -> None:
                 raise ValueError(f"counter {name} is negative ({value})")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"counter {name} is not finite")
+    shares, step = counters.get("shares"), counters.get("step")
+    if isinstance(shares, int) and isinstance(step, int) and shares > step:
+        raise ValueError(f"counter shares ({shares}) exceeds step ({step}): every share ends a phase of at "
+                         "least one step")
 
 
 def _check_curves(curves: dict[str, Any]) -> None:

@@ -511,8 +511,12 @@ class CartPoleExperiment:
         q = np.repeat(shared[:, None, :], p.agents, axis=1)
         max_bias = float(p.bias)
         for _ in range(shares - 1):  # the decay of every earlier share, as phase applies it
-            if max_bias > 0.0 and p.agents > 1:
-                max_bias = max_bias / p.bias_decay
+            if not (max_bias > 0.0 and p.agents > 1):
+                break
+            decayed = max_bias / p.bias_decay
+            if decayed == max_bias:  # a fixed point (0, inf, a decay of 1): the rest change nothing
+                break
+            max_bias = decayed
         if shares > 0 and max_bias > 0.0 and p.agents > 1:
             q, _ = operators.differentiate(q, max_bias, self._bias_keys, (shares - 1) * STATE_ACTIONS,
                                            p.bias_decay, out=q)
