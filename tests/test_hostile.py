@@ -622,3 +622,21 @@ def test_crafted_share_counters_are_refused_or_cost_nothing(tmp_path, capsys):
     assert main(["evaluate", str(huge), "--json"]) == 0  # what the file says, measured: no loop over shares
     assert time.perf_counter() - started < 30  # a guard against the hang, not a speed goal
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("domain", ["dqn", "reinforce", "a2c", "td3"])
+def test_a_network_too_wide_for_the_machine_is_one_line_before_any_allocation(tmp_path, capsys, domain):
+    out = tmp_path / "wide.h5"
+    assert main(["train", domain, "--hidden", "100000,100000", "--episodes", "1", "--out", str(out)]) == 2
+    assert "GB of memory" in _error_line(capsys) and not out.exists()
+
+
+def test_a_crafted_deep_width_is_damage_not_a_40_gb_allocation(tmp_path, capsys):
+    run = tmp_path / "dqn.h5"
+    assert main(["train", "dqn", "--episodes", "2", "--hidden", "8", "--learning-starts", "8", "--eval-episodes", "1",
+                 "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    _craft(run, _set_config(hidden=[100000, 100000]))
+    for argv in (["evaluate", str(run)], ["train", "dqn", "--resume", str(run), "--episodes", "4"]):
+        assert main(argv) == 2
+        assert "GB of memory" in _error_line(capsys)

@@ -58,6 +58,7 @@ from popplay.deep.topologies.base import (
 )
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.families import RankedExperiment
+from popplay.deep.topologies.population_params import agent_memory_bytes
 from popplay.deep.topologies.workflow_params import (  # noqa: F401  (SELECTIONS, WORKFLOWS re-exported)
     REPLAY_TOPOLOGIES,
     SELECTIONS,
@@ -371,10 +372,13 @@ class OnPolicyWorkflowExperiment(_Experiment):
         return greedy_policy(state.agent.policy)
 
 
-for _spec in (DomainSpec(name="a2c", params=A2CParams, experiment=A2CExperiment, kind=DEEP, steps_label="environment steps",
-                        summary="A2C with or without V-trace, in EXARL's workflows."),
-              DomainSpec(name="td3", params=TD3Params, experiment=TD3Experiment, kind=DEEP, steps_label="environment steps",
-                        summary="TD3 in EXARL's workflows."),
-              DomainSpec(name="ddpg", params=DDPGParams, experiment=DDPGExperiment, kind=DEEP, steps_label="environment steps",
-                        summary="DDPG, optionally with prioritised replay, in EXARL's workflows.")):
+for _spec in (DomainSpec(name="a2c", params=A2CParams, experiment=A2CExperiment, kind=DEEP,
+                         steps_label="environment steps", memory=agent_memory_bytes,
+                         summary="A2C with or without V-trace, in EXARL's workflows."),
+              DomainSpec(name="td3", params=TD3Params, experiment=TD3Experiment, kind=DEEP,
+                         steps_label="environment steps", memory=agent_memory_bytes,
+                         summary="TD3 in EXARL's workflows."),
+              DomainSpec(name="ddpg", params=DDPGParams, experiment=DDPGExperiment, kind=DEEP,
+                         steps_label="environment steps", memory=agent_memory_bytes,
+                         summary="DDPG, optionally with prioritised replay, in EXARL's workflows.")):
     register(_spec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from popplay.core.options import option
 from popplay.operators import hyper
@@ -107,7 +108,16 @@ def mlp_parameters(in_dim: int, out_dim: int, hidden: tuple[int, ...]) -> int:
 def population_bytes(agents: int, parameters: int, tables: int, rows: int, row_bytes: int, envs: int) -> int:
     """A population's memory: ``tables`` float32 (P, ``parameters``) matrices (networks,
     Adam's moments, gradients), ``rows`` stored rows of ``row_bytes`` per member (replay
-    or rollout), and ``envs`` environments per member. 0 for one agent (its own estimate)."""
-    if agents <= 1:
-        return 0
-    return agents * (tables * 4 * parameters + rows * row_bytes + envs * ENV_BYTES)
+    or rollout), and ``envs`` environments per member; one agent is a population of one."""
+    return max(1, agents) * (tables * 4 * parameters + rows * row_bytes + envs * ENV_BYTES)
+
+
+def agent_memory_bytes(params: Any, world: int = 1, local: int = 1) -> int:
+    """One deep agent's memory, before anything is allocated, so a crafted or mistyped
+    width (``--hidden 100000,100000``) is refused in one line instead of failing inside
+    torch: its networks as eight float32 tables of an MLP of ``params.hidden`` (actor,
+    critics, their targets, gradients and Adam's moments, generously) and its replay
+    memory (``replay_capacity`` rows of two observations, an action, a reward and a flag)."""
+    parameters = mlp_parameters(OBS_DIM_ESTIMATE, OBS_DIM_ESTIMATE, tuple(getattr(params, "hidden", ())))
+    rows = int(getattr(params, "replay_capacity", 0) or 0)
+    return population_bytes(1, parameters, 8, rows, 4 * (2 * OBS_DIM_ESTIMATE + 3) + 8, 1)

@@ -50,6 +50,7 @@ from popplay.deep.topologies.base import (
 from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 from popplay.deep.topologies.families import family_of
+from popplay.deep.topologies.population_params import agent_memory_bytes
 from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
 from popplay.deep.topologies.workflow_params import (
     WORKFLOWS,
@@ -277,5 +278,6 @@ class ReinforceExperiment(DeepExperiment):
         return greedy_quality(self.params.env, greedy_policy(state.policy), episodes, seed)[1]
 
 
-SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, experiment=ReinforceExperiment, kind=DEEP, steps_label="environment steps",
+SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, experiment=ReinforceExperiment, kind=DEEP,
+                           steps_label="environment steps", memory=agent_memory_bytes,
                            summary="REINFORCE with a synchronous parameter server (as in the 'Distributed Reinforcement Learning: A draft' post)."))
