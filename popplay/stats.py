@@ -4,9 +4,18 @@ Every interval is a two-sided 95 % interval (``Z95``) unless a ``z`` is given.
 """
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def z_value(confidence: float) -> float:
+    """The z of a two-sided normal interval at ``confidence`` (0.95 gives :data:`Z95`)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1) (got {confidence!r})")
+    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
 
 
 def wilson_interval(successes: float | np.ndarray, trials: float | np.ndarray, z: float = Z95

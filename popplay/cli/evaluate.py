@@ -125,11 +125,7 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     from popplay.games.knights.opponents import quality  # defers numba
 
 
-    games += games % 2
-    try:  # the whole batch of games is allocated at once
-        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
-    except MemoryLimitError as error:
-        raise UsageError(str(error)) from None
+    games = _even_games_that_fit(params, games)
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
     best, worst = int(q.score.argmax()), int(q.score.argmin())
     played = q.wins + q.draws + q.losses
@@ -176,11 +172,7 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     from popplay.games.knights.opponents import quality  # defers numba
     from popplay.tournaments.ladder import RUNGS, ladder, ladder_elo  # defers numba
 
-    games += games % 2
-    try:
-        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
-    except MemoryLimitError as error:
-        raise UsageError(str(error)) from None
+    games = _even_games_that_fit(params, games)
     rungs = ladder(params)
     results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in RUNGS}
     elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
@@ -212,3 +204,14 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     console.print(table)
     console.print("rungs: " + ", ".join(f"{r['name']} {r['elo']:.0f} ± {1.96 * r['se']:.0f}"
                                         for r in payload["ladder"]["rungs"]))
+
+
+def _even_games_that_fit(params: Any, games: int) -> int:
+    """``games`` rounded up to even (half moving first), refused in one line when one
+    opponent's batch of games for every agent (allocated at once) cannot fit."""
+    games += games % 2
+    try:
+        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
+    except MemoryLimitError as error:
+        raise UsageError(str(error)) from None
+    return games

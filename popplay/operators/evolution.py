@@ -22,12 +22,11 @@ themselves (an int64 array shaped like the scores).
 """
 from __future__ import annotations
 
-from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from popplay import rng
+from popplay import rng, stats
 
 TAG_VARIATION = 8
 
@@ -96,9 +95,7 @@ def significant(parents: np.ndarray, children: np.ndarray, ratings: np.ndarray, 
     Returns:
         A boolean mask over the pairs (shaped like ``parents``).
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1) (got {confidence!r})")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    z = stats.z_value(confidence)
     ratings = np.asarray(ratings, dtype=np.float64)
     errors = np.asarray(errors, dtype=np.float64)
     parent_low = np.take_along_axis(ratings, parents, axis=-1) - z * np.take_along_axis(errors, parents, axis=-1)

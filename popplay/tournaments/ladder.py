@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from popplay import stats
 from popplay.games.knights.rules import LADDER_RUNGS, OPPONENTS, KnightsParams, init_networks
 from popplay.tournaments.ratings import ELO_SCALE, elo_ratings, elo_standard_errors
 from popplay.tournaments.roundrobin import round_robin
@@ -37,7 +38,6 @@ RUNGS = LADDER_RUNGS
 RUNG_GAMES = 400  # games per pair of rungs
 TAG_LADDER = 50  # the rungs' round robin's random streams
 LADDER_VERSION = 1  # bump when a rung's rule changes: cached ratings are then recomputed
-Z95 = 1.959963984540054
 
 
 class Ladder(NamedTuple):
@@ -154,4 +154,4 @@ def ladder_elo(results: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], ru
     p = 1.0 / (1.0 + np.exp(theta_k[None, :] - theta[:, None]))
     error = ELO_SCALE / np.sqrt((games * p * (1.0 - p)).sum(axis=1))
     elo = ELO_SCALE * theta
-    return LadderElo(elo, elo - Z95 * error, elo + Z95 * error)
+    return LadderElo(elo, *stats.normal_interval(elo, error))

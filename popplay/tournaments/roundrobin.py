@@ -20,11 +20,11 @@ mean 0, or the anchor player at 0).
 """
 from __future__ import annotations
 
-from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from popplay import stats
 from popplay.distributed import collectives
 from popplay.distributed.group import current
 from popplay.games.knights import engine
@@ -126,7 +126,7 @@ def adaptive_round_robin(nets: Networks, players: Any, games: int, *, params: Kn
                                                  seed=seed, tag=tag, base=base, epsilon=epsilon, backend=backend,
                                                  dist=dist)
     spent = first_round * len(a)
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    z = stats.z_value(confidence)
     round_number = 1
     while spent + 2 <= budget:
         result = _tournament(players, a, b, wins, draws, losses, turns)

@@ -90,7 +90,8 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     if options.seeds > 1 and resume is not None:
         raise UsageError("--seeds: resume each seed's run file on its own")
     world = world_size(spec, params, options)
-    spec.backend(options.backend, options.device, compile=options.compile)  # a device the run cannot use: refused before any rank starts
+    # a device the run cannot use: refused before any rank starts
+    spec.backend(options.backend, options.device, compile=options.compile)
     if not symmetric(spec, params) and options.nproc > 1:
         raise UsageError(f"--nproc: a {spec.name} run's ranks come from its layout (--topology or --workflow and "
                          f"its rank counts: {world} here), not --nproc")

@@ -82,6 +82,7 @@ class DQNMembers:
                              "not a schedule")
         self.config = config
         self.obs_dim, self.actions, self.seed, self.device = obs_dim, actions, seed, device
+        self._on_cpu = torch.device(device).type == "cpu"
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p = len(self.members)
         self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
@@ -141,7 +142,7 @@ class DQNMembers:
         random = (r.uniform_lo32(word) * self.actions).to(torch.int64)
         # Skipping the forward pass when every member explores pays on the CPU; on a
         # GPU the question would be a second wait per step (the actions are the first).
-        if torch.device(self.device).type == "cpu" and bool(explore.all()):
+        if self._on_cpu and bool(explore.all()):
             return random.cpu().numpy()
         greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
         return torch.where(explore, random, greedy).cpu().numpy()

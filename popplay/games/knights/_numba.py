@@ -215,6 +215,19 @@ def _tied_pick(scores, n, best, u):
 
 
 @numba.njit(cache=True)
+def _search_stack(squares, k, max_moves):
+    """The alpha-beta search's working arrays, one level per ply (root at 0): boards,
+    piece lists, piece counts, the moves (from, to, capture) of each level, and the
+    loop's state per level (``istate``: side, depth, moves, current move; ``fstate``:
+    alpha, beta, best)."""
+    levels = MAX_SEARCH_DEPTH + 1
+    return (np.empty((levels, squares), dtype=np.int8), np.empty((levels, 2, k), dtype=np.int64),
+            np.empty((levels, 2), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
+            np.empty((levels, max_moves), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
+            np.empty((levels, 4), dtype=np.int64), np.empty((levels, 3)))
+
+
+@numba.njit(cache=True)
 def _copy_level(boards, piece_stack, count_stack, source, target):
     boards[target, :] = boards[source]
     piece_stack[target, :, :] = piece_stack[source]
@@ -222,16 +235,15 @@ def _copy_level(boards, piece_stack, count_stack, source, target):
 
 
 @numba.njit(cache=True)
-def _negamax(boards, piece_stack, count_stack, level0, side0, depth0, alpha0, beta0, jumps, mfs, mts, mcs,
-             istate, fstate):
+def _negamax(stack, level0, side0, depth0, alpha0, beta0, jumps):
     """Alpha-beta value, for ``side0`` to move, of the position at ``level0`` of the
     stacks, ``depth0`` plies deep: material (own − opposing pieces) at the horizon,
     −SEARCH_WIN for a side with no pieces left; a side without a legal move passes
     (a ply). Children are copied one level down, so no move is ever undone.
 
     Written as a loop over an explicit stack (numba's cache mishandles recursive
-    functions): per level, ``istate`` holds (side, depth, moves, current move) and
-    ``fstate`` (alpha, beta, best)."""
+    functions; ``stack``: :func:`_search_stack`)."""
+    boards, piece_stack, count_stack, mfs, mts, mcs, istate, fstate = stack
     level = level0
     istate[level, 0], istate[level, 1] = side0, depth0
     fstate[level, 0], fstate[level, 1] = alpha0, beta0
@@ -283,31 +295,29 @@ def _negamax(boards, piece_stack, count_stack, level0, side0, depth0, alpha0, be
 
 
 @numba.njit(cache=True)
-def _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores, depth, boards, piece_stack,
-                count_stack, mfs, mts, mcs, istate, fstate):
+def _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores, depth, stack):
     """The ``depth``-ply alpha-beta material search's move; equal best scores broken
     by ``u`` in move order."""
-    best = _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, boards, piece_stack,
-                         count_stack, mfs, mts, mcs, istate, fstate)
+    best = _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, stack)
     return _tied_pick(scores, n, best, u)
 
 
 @numba.njit(cache=True)
-def _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, boards, piece_stack,
-                  count_stack, mfs, mts, mcs, istate, fstate):
+def _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth, stack):
     """Scores of the ``n`` root moves (exact for the best ones) and the best score.
     Each root move is searched with its window's floor just under the best so far:
     scores are whole numbers, so a move that ties the best is scored exactly and
     every other one falls below it."""
+    boards, piece_stack, count_stack = stack[0], stack[1], stack[2]
+    boards[0, :] = board
+    piece_stack[0, :, :] = pieces
+    count_stack[0, :] = counts
     best = -np.inf
     for i in range(n):
-        boards[1, :] = board
-        piece_stack[1, :, :] = pieces
-        count_stack[1, :] = counts
+        _copy_level(boards, piece_stack, count_stack, 0, 1)
         _apply(boards[1], piece_stack[1], count_stack[1], side, mf[i], mt[i], mc[i])
         floor = best - 0.5
-        score = -_negamax(boards, piece_stack, count_stack, 1, 1 - side, depth - 1, -np.inf, -floor, jumps,
-                          mfs, mts, mcs, istate, fstate)
+        score = -_negamax(stack, 1, 1 - side, depth - 1, -np.inf, -floor, jumps)
         scores[i] = score
         if score > best:
             best = score
@@ -334,12 +344,8 @@ def depth_search_scores(board, side, jumps, depth):
     flat = board.astype(np.int8)
     n = _moves(flat, pieces, counts, side, jumps, mf, mt, mc)
     scores = np.empty(n)
-    levels = MAX_SEARCH_DEPTH + 1
     _depth_scores(flat, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth,
-                  np.empty((levels, squares), dtype=np.int8), np.empty((levels, 2, k), dtype=np.int64),
-                  np.empty((levels, 2), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
-                  np.empty((levels, max_moves), dtype=np.int64), np.empty((levels, max_moves), dtype=np.int64),
-                  np.empty((levels, 4), dtype=np.int64), np.empty((levels, 3)))
+                  _search_stack(squares, k, max_moves))
     return scores
 
 
@@ -443,14 +449,7 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
         mt = np.empty(max_moves, dtype=np.int64)
         mc = np.empty(max_moves, dtype=np.int64)
         scores = np.empty(max_moves)
-        boards = np.empty((MAX_SEARCH_DEPTH + 1, squares), dtype=np.int8)
-        piece_stack = np.empty((MAX_SEARCH_DEPTH + 1, 2, k), dtype=np.int64)
-        count_stack = np.empty((MAX_SEARCH_DEPTH + 1, 2), dtype=np.int64)
-        mfs = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
-        mts = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
-        mcs = np.empty((MAX_SEARCH_DEPTH + 1, max_moves), dtype=np.int64)
-        istate = np.empty((MAX_SEARCH_DEPTH + 1, 4), dtype=np.int64)
-        fstate = np.empty((MAX_SEARCH_DEPTH + 1, 3))
+        stack = _search_stack(squares, k, max_moves)
         z0 = np.empty(hidden)
         zf = np.empty(hidden)
         hist_v = np.empty((2, max_steps))
@@ -486,8 +485,7 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
                     i = _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores)
                 else:
                     i = _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores,
-                                    kd - KIND_DEPTH_BASE, boards, piece_stack, count_stack, mfs, mts, mcs,
-                                    istate, fstate)
+                                    kd - KIND_DEPTH_BASE, stack)
                 _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
                 if learn[g, side]:
                     _record(w1, b1, w2, b2, net[g, side], pieces, counts, side, squares, z0, steps[side],

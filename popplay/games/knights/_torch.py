@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from popplay.games.knights.rules import KIND_GREEDY, KIND_NET, KIND_SEARCH, make_rules
+from popplay.games.knights.rules import KIND_GREEDY, KIND_NET, TORCH_KINDS, make_rules
 from popplay.xp import th
 
 _rules = make_rules(th)
@@ -55,7 +55,7 @@ class TorchKnightsEngine:
         # Which sides have network players or learners is asked of the host's arrays,
         # never of the device: the ply loop must not wait on the device.
         kind_np, learn_np = np.asarray(kind), np.asarray(learn, dtype=bool)
-        if (kind_np >= KIND_SEARCH).any():
+        if not np.isin(kind_np, TORCH_KINDS).all():
             raise ValueError("the torch engine plays networks, random and greedy only; use the numba engine")
         net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
         learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
@@ -134,7 +134,8 @@ class TorchKnightsEngine:
         own, opp = pieces[:, side], pieces[:, 1 - side]
         targets = self.jumps[own].reshape(n, -1)  # (n, k·J), −1 off board / captured
         origin = own[:, :, None].expand(-1, -1, self.jumps.shape[1]).reshape(n, -1)
-        occupant = board.gather(1, targets.clamp(min=0))
+        t_clamped = targets.clamp(min=0)
+        occupant = board.gather(1, t_clamped)
         legal = (targets >= 0) & (occupant != mover) & active[:, None]
         capture = legal & (occupant == -mover)
         n_legal = legal.sum(dim=1)
@@ -149,7 +150,6 @@ class TorchKnightsEngine:
             q = net_t[:, side]
             z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
             base_row = (q * rows)[:, None]
-            t_clamped = targets.clamp(min=0)
             z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
                  + w1flat[base_row + t_clamped]
                  - capture[..., None] * w1flat[base_row + S + t_clamped])

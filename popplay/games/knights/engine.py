@@ -13,9 +13,9 @@ from popplay.games.knights.rules import (
     BOT_EPSILON,
     KIND_NET,
     KIND_OF_CODE,
-    KIND_SEARCH,
     OPPONENTS,
     TAG_MATCH,
+    TORCH_KINDS,
     GameBatch,
     KnightsParams,
     Networks,
@@ -37,7 +37,7 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     geo = params.geometry
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
-    if summed and backend is not None and backend.name == "torch" and not bool((batch.kind >= KIND_SEARCH).any()):
+    if summed and backend is not None and backend.name == "torch" and np.isin(batch.kind, TORCH_KINDS).all():
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,

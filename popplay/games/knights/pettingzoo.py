@@ -106,7 +106,7 @@ class raw_env(AECEnv):  # noqa: N801  (PettingZoo's name for the unwrapped class
         """1 for every legal action of ``agent`` now (the pass only when nothing else is)."""
         mask = np.zeros(self.pass_action + 1, dtype=np.int8)
         for start, target in game.legal_moves(self.board, self._player[agent], self.params.jumps):
-            mask[start * self.n_jumps + int(np.flatnonzero(self.table[start] == target)[0])] = 1
+            mask[move_action(self.table, (start, target))] = 1
         if not mask.any():
             mask[self.pass_action] = 1
         return mask
@@ -155,6 +155,13 @@ class raw_env(AECEnv):  # noqa: N801  (PettingZoo's name for the unwrapped class
         pass
 
 
+def move_action(table: np.ndarray, move: tuple[int, int]) -> int:
+    """The action of ``move`` (from, to): ``from · jumps + j`` where jump ``j`` of the
+    jump ``table`` takes ``from`` to ``to``."""
+    start, target = move
+    return start * table.shape[1] + int(np.flatnonzero(table[start] == target)[0])
+
+
 def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight") -> Callable[[dict[str, Any]], int]:
     """A popplay agent as a policy for this environment: ``policy(observation) ->
     action``. ``net``: one agent's network, e.g. from ``net, params =
@@ -168,7 +175,6 @@ def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight") -> 
         mask = np.asarray(observation["action_mask"])
         if move is None:
             return len(mask) - 1
-        table = game.geometry(board.shape[0], cols, jumps).table
-        return move[0] * table.shape[1] + int(np.flatnonzero(table[move[0]] == move[1])[0])
+        return move_action(game.geometry(board.shape[0], cols, jumps).table, move)
 
     return policy

@@ -59,6 +59,7 @@ TAG_LEAGUE = 37  # which game slots meet the league, and whom in it, per episode
 # Player kinds inside the engines.
 KIND_NET, KIND_RANDOM, KIND_GREEDY, KIND_SEARCH = 0, 1, 2, 3
 KIND_NOISY = 4  # greedy, but a random move with its player's ε (networks explore with theirs too)
+TORCH_KINDS = (KIND_NET, KIND_RANDOM, KIND_GREEDY)  # the players the torch engine has; numba has them all
 # Player codes accepted by :func:`play_pairs`: >= 0 is a network index, < 0 a bot.
 # Kind KIND_DEPTH_BASE + d: the alpha-beta material search d plies deep (benchmark
 # code -(KIND_DEPTH_BASE + d), name "search<d>"); numba engine only.
