@@ -28,7 +28,7 @@ def test_stdout_holds_results_and_stderr_the_progress(tmp_path):
     progress = [line for line in err if "%" in line]
     assert len(progress) == 1 and progress[0].startswith("bandit 100.0% steps/trial 64/64")  # not printed twice
     assert any(line.startswith("saving run file") for line in err)
-    assert all(len(line) <= 120 for line in err + out)
+    assert all(len(line) <= 120 for line in err + out if str(tmp_path) not in line)  # a path is as long as it is
     with_json = subprocess.run([sys.executable, "-m", "popplay", *TINY, "--json", "--out", str(tmp_path / "j.h5")],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env())
     assert with_json.returncode == 0 and len(with_json.stdout.splitlines()) == 1

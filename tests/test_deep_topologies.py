@@ -125,9 +125,11 @@ def test_a_killed_simulator_ends_the_job_with_one_line(jobs, tmp_path: Path) -> 
     while victim is None and time.monotonic() < deadline and process.poll() is None:
         for entry in Path("/proc").iterdir():
             try:
-                if (entry / "comm").read_text().strip() == "simulator 2" and out.exists():
+                # This job's simulator 2 (a child of its launcher), not another test's.
+                ours = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(process.pid)
+                if ours and (entry / "comm").read_text().strip() == "simulator 2" and out.exists():
                     victim = int(entry.name)
-            except (OSError, ValueError):
+            except (OSError, ValueError, IndexError):
                 pass
         time.sleep(0.1)
     assert victim is not None, "simulator 2 never showed up"
