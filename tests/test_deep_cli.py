@@ -255,3 +255,11 @@ def test_a_seed_beyond_64_bits_is_one_line_before_anything_starts(tmp_path: Path
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--seed must fit in a signed 64-bit integer" in lines[0], lines
     assert not (tmp_path / "s.h5").exists() and not (tmp_path / "s.h5.parts").exists()
+
+
+def test_a_gorila_out_too_long_for_its_working_directory_is_one_line(tmp_path: Path, cli) -> None:
+    out = tmp_path / ("g" * 250 + ".h5")  # a legal name; with ".parts" added it is not
+    code, _, err = cli(["train", "gorila", "--env-steps", "100", "--out", str(out)])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "too long for Gorila's working directory" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

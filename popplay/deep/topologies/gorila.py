@@ -574,6 +574,29 @@ def greedy_returns(config: GorilaConfig, params: np.ndarray, episodes: int, seed
 DOMAIN = "gorila"
 
 
+PARTS_SUFFIX = ".parts"
+
+
+def parts_of(out: Path) -> Path:
+    """The working directory of the Gorila run writing ``out``."""
+    return out.with_name(out.name + PARTS_SUFFIX)
+
+
+def parts_name_problem(out: Path) -> str | None:
+    """Why ``out`` cannot have its working directory beside it (a name the file system
+    takes for the run file but not with ``.parts`` added); None if it can."""
+    directory = out.parent if str(out.parent) else Path(".")
+    try:
+        limit = int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        limit = 255
+    longest = limit - len(PARTS_SUFFIX.encode())
+    if len(out.name.encode()) > longest:
+        return (f"--out {out}: the name is too long for Gorila's working directory beside it "
+                f"({len(out.name.encode())} bytes; at most {longest} here)")
+    return None
+
+
 def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.ndarray] | None = None,
                  should_stop: Callable[[], bool] | None = None, log: IO[str] | None = None,
                  progress_every: float = 0.0, before: Any = None) -> dict[str, Any]:
@@ -585,7 +608,7 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
     writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
 
     out = Path(out)
-    parts = out.with_name(out.name + ".parts")
+    parts = parts_of(out)
     make_parts(parts)
     total = config
     if before is not None:

@@ -24,6 +24,7 @@ from popplay.deep.topologies.gorila import (
     GorilaConfig,
     GorilaJobLost,
     check_stored,
+    parts_name_problem,
     played_before,
     remaining,
     spaces,
@@ -68,6 +69,9 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
     _check_env(config.env)
 
     def check_out(path: Path) -> None:
+        too_long = parts_name_problem(path)
+        if too_long is not None:
+            raise UsageError(too_long)
         if path.exists() and not request.overwrite and request.resume is None:
             raise UsageError(f"--out {path}: file exists (pass --overwrite to replace it)")
         try:

@@ -120,10 +120,6 @@ def all_arrived(store: Any, world: int, timeout: float) -> bool:
     return True
 
 
-def parts_of(out: Path) -> Path:
-    return out.with_name(out.name + ".parts")
-
-
 def start(config: G.GorilaConfig, out: Path, *, json_output: bool, progress_every: float,
           resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None]) -> NoReturn:
     """This torchrun worker's part: connect, let rank 0 prepare the attempt, become the
@@ -194,7 +190,7 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
     continuing = k > 0 and base.check([PREPARED])
     if continuing:
         out = Path(base.get(PREPARED).decode())
-    parts = parts_of(out)
+    parts = G.parts_of(out)
     earlier = sorted((d for d in parts.glob("attempt-*") if d.is_dir() and d.name.split("-", 1)[1].isdigit()
                       and int(d.name.split("-", 1)[1]) < k), key=lambda d: int(d.name.split("-", 1)[1]))
     first = _read_json(earlier[0] / "config.json") if continuing and earlier else None
@@ -278,7 +274,7 @@ class Rank0:
                               launch="torchrun")
         summary["world_size"] = int(os.environ.get("WORLD_SIZE", "0") or 0)
         G.write_gorila_run(self.out, self.stored, self.run_dir, summary, self.earlier, checkpoint)
-        shutil.rmtree(parts_of(self.out), ignore_errors=True)
+        shutil.rmtree(G.parts_of(self.out), ignore_errors=True)
         summary["out"] = str(self.out)
         summary.pop("run_dir", None)
         summary.pop("started_at", None)
