@@ -40,6 +40,48 @@ def test_time_budget_progress_and_eta():
     assert "1.5s /  6.0s" in _text(render(p))
 
 
+def test_eta_counts_the_wall_time_measurements_cost_per_learning_second():
+    # Issue 30 #15: an ETA of learning time alone said 6.8 s at 69.8 s of a 84.9 s run.
+    assert _progress(wall_per_learning=3.0).eta_seconds == 13.5
+    assert _progress(time_budget=6.0, budget_agent_steps=None, wall_per_learning=2.0).eta_seconds == 9.0
+    assert _progress(wall_per_learning=0.5).eta_seconds == 4.5  # never below the learning time left
+
+
+def test_the_run_loop_reports_wall_time_per_learning_second():
+    import time
+
+    from popplay.training.loop import run
+
+    seen = []
+
+    class Reporter:
+        def update(self, progress):
+            seen.append(progress)
+
+    class Slow:
+        domain = "toy"
+        params = None
+
+        def warmup(self): pass
+        def initial_state(self): return 0
+        def finished(self, state, *, time_mode): return state >= 3
+        def agent_steps(self, state): return state
+        def total_agent_steps(self, state): return state
+        def budget_agent_steps(self): return 3
+        def progress(self, state): return state
+
+        def phase(self, state, *, time_left):
+            time.sleep(0.01)
+            return state + 1
+
+        def measure(self, state):
+            time.sleep(0.05)  # measurements cost wall time, not learning time
+            return {"quality": float(state)}
+
+    run(Slow(), reporter=Reporter())
+    assert seen and seen[-1].wall_per_learning > 3.0
+
+
 def test_formatting_helpers():
     assert format_rate(1.25e9) == "1.2G" and format_rate(999) == "999"
     assert format_seconds(75) == "1:15" and format_seconds(3725) == "1:02:05" and format_seconds(None) == "--:--"

@@ -119,6 +119,9 @@ class Progress:
     budget_units: int | None = None
     #: What a step is, as rates and totals are labelled (env-steps for deep agents).
     step_name: str = "agent-steps"
+    #: Wall-clock seconds per learning second so far in this process (measurements,
+    #: checkpoints and logs cost time too), which turns learning time left into an ETA.
+    wall_per_learning: float = 1.0
 
     @property
     def fraction(self) -> float:
@@ -132,14 +135,17 @@ class Progress:
 
     @property
     def eta_seconds(self) -> float | None:
-        """Learning time still to go (measurement time not included)."""
+        """Wall-clock time still to go: the learning time left, stretched by what
+        measuring and saving have cost per learning second so far."""
         if self.done:
             return 0.0
         if self.time_budget:
-            return max(0.0, self.time_budget - self.learning_seconds)
-        if self.fraction <= 0.0:
+            learning_left = max(0.0, self.time_budget - self.learning_seconds)
+        elif self.fraction <= 0.0:
             return None
-        return self.learning_seconds * (1.0 - self.fraction) / self.fraction
+        else:
+            learning_left = self.learning_seconds * (1.0 - self.fraction) / self.fraction
+        return learning_left * max(1.0, self.wall_per_learning)
 
 
 class RankSync(Protocol):

@@ -123,9 +123,12 @@ def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporte
     unit = getattr(experiment, "progress_unit", PER_TRIAL)
     # Knights' budget is in episodes; its agent-step total is only a projection.
     budget_units = getattr(experiment, "budget_progress", experiment.budget_agent_steps)
+    session_started, learned_before, compiled_before = time.perf_counter(), learning_seconds, compiling.seconds
 
     def progress(done: bool) -> Progress:
         steps = experiment.total_agent_steps(state)
+        learned = learning_seconds - learned_before
+        wall = time.perf_counter() - session_started - (compiling.seconds - compiled_before)
         return Progress(
             domain=experiment.domain, phase=len(curve), agent_steps=experiment.agent_steps(state),
             budget_agent_steps=None if time_mode or unit != PER_TRIAL else experiment.budget_agent_steps(),
@@ -135,6 +138,7 @@ def _run(experiment: Experiment, *, time_budget: float | None, reporter: Reporte
             total_agent_steps=steps, unit=unit, done_units=experiment.progress(state),
             budget_units=None if time_mode else budget_units(),
             step_name=getattr(experiment, "step_name", "agent-steps"),
+            wall_per_learning=wall / learned if learned > 0 else 1.0,
         )
 
     while True:
