@@ -225,6 +225,17 @@ def test_inspect_shows_a_run_without_loading_arrays(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "missing.h5")]) == 2
 
 
+def test_inspect_says_a_time_budget_ended_the_run_not_its_configured_steps(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the table's rows unwrapped
+    path = tmp_path / "t.h5"
+    assert main(BANDIT + ["--time-budget", "0.2", "--out", str(path), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "0.2 s of learning (time budget)" in shown
+    assert "not the configured steps_per_agent=" in shown  # a 0.2 s run ends far from 16,384 steps
+
+
 def test_divergence_is_handled_before_the_phase_is_measured():
     from popplay.games.bandit.experiment import BanditExperiment
     from popplay.core.backend import Backend

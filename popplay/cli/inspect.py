@@ -15,6 +15,7 @@ from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.validation import summarize
 from popplay.cli.app import app
 from popplay.cli.common import print_json
+from popplay.core import registry
 from popplay.core.errors import UsageError
 
 
@@ -43,6 +44,9 @@ def inspect(
 
     for key in ("domain", "complete", "written", "population", "progress", "learning_seconds", "phases", "checksum"):
         row(key, _text(info.get(key)))
+    budget = _budget(info)
+    if budget:
+        row("budget", budget)
     for name, value in info.get("last", {}).items():
         row(f"last {name}", _text(value))
     provenance = info.get("provenance", {})
@@ -63,6 +67,21 @@ def inspect(
     if any(shown):
         row("made by", "; ".join(s for s in shown if s))
     Console().print(table)
+
+
+def _budget(info: dict[str, Any]) -> str:
+    """What ended the run, said where the config alone would mislead: a time-budget run
+    keeps its configured step budget, which it may have passed or not reached."""
+    config, progress = info.get("config", {}), info.get("progress", {})
+    seconds = config.get("time_budget")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+        return ""
+    said = f"{seconds:g} s of learning (time budget)"
+    spec = registry.get(info["domain"]) if registry.known(str(info.get("domain"))) else None
+    counter, field = spec.budget_counter if spec is not None and spec.budget_counter else ("", "")
+    if field in config and counter in progress and progress[counter] != config[field]:
+        said += f"; {counter} reached {_text(progress[counter])}, not the configured {field}={_text(config[field])}"
+    return said
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
