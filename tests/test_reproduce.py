@@ -215,6 +215,48 @@ def test_a_new_domain_registers_its_figures_and_the_driver_runs_them(tmp_path, c
     _assert_png(tmp_path / "toy1.png", min_colours=3)
 
 
+def test_an_interrupted_reproduce_keeps_finished_figures_and_computes_the_rest(tmp_path, capsys, monkeypatch):
+    """Issue 30 #12: figures are written as they finish; run again, the same settings
+    keep them (nothing recomputed), the missing ones are computed; --fresh or other
+    settings recompute."""
+    monkeypatch.setattr(registry, "_FIGURES", dict(registry.figures()))
+    computed = []
+
+    def toy(name):
+        def compute(ctx):
+            computed.append(name)
+            if name == "toy2" and len(computed) == 2:
+                raise KeyboardInterrupt  # Ctrl-C while the second figure computes
+            steps = np.arange(1, 4)
+            return FigureData(name, "toy", ctx.scale, name, attrs={"seed": ctx.seed},
+                              groups={"c": Group({"agent_steps": steps, "quality": steps * ctx.seed}, {"label": "c"})})
+
+        def draw(data, fig):
+            fig.add_subplot(1, 1, 1).plot(data.groups["c"].arrays["quality"])
+
+        return registry.Figure(name, "toy", name, name, compute, draw,
+                               lambda data: {"last": float(data.groups["c"].arrays["quality"][-1])})
+
+    registry.register(toy("toy1"))
+    registry.register(toy("toy2"))
+    argv = ["reproduce", "toy", "--scale", "tiny", "--out", str(tmp_path), "--seed", "2"]
+    with pytest.raises(KeyboardInterrupt):
+        from popplay.reproduce.driver import ReproduceConfig, reproduce
+
+        reproduce(ReproduceConfig("toy", "tiny", tmp_path, seed=2))
+    assert (tmp_path / "toy1.h5").is_file() and (tmp_path / "toy1.png").is_file()
+    assert not (tmp_path / "toy2.h5").exists()
+    code, stdout, stderr = _run(capsys, argv + ["--json"])
+    assert code == 0 and computed == ["toy1", "toy2", "toy2"]  # toy1 kept, toy2 computed
+    entries = json.loads(stdout.strip().splitlines()[-1])["figures"]
+    assert [(e["figure"], e["kept"], e["last"]) for e in entries] == [("toy1", True, 6.0), ("toy2", False, 6.0)]
+    assert f"toy1: kept {tmp_path / 'toy1.h5'}" in stderr  # with --json, notes go to stderr
+    assert _run(capsys, argv)[0] == 0 and computed == ["toy1", "toy2", "toy2"]  # both kept
+    assert _run(capsys, argv[:-1] + ["3"])[0] == 0 and computed[3:] == ["toy1", "toy2"]  # another seed
+    assert read_figure(tmp_path / "toy1.h5").groups["c"].arrays["quality"].tolist() == [3, 6, 9]
+    assert _run(capsys, argv[:-1] + ["3", "--fresh"])[0] == 0 and computed[5:] == ["toy1", "toy2"]
+
+
 def test_console_script_in_a_real_process(tmp_path):
     script = Path(sys.executable).with_name("popplay")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "popplay"]

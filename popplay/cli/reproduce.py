@@ -36,13 +36,18 @@ def reproduce(
         metavar="FIGURE")],
     scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,
     out: Annotated[Path, typer.Option(
-        help="Directory for <figure>.h5 (data) and <figure>.png; created if missing, files in it replaced.",
+        help="Directory for <figure>.h5 (data) and <figure>.png; created if missing. Each figure is written as it "
+             "finishes.",
         file_okay=False)] = Path("figures"),
     seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
     backend: Annotated[BackendName, typer.Option(
         help=BACKEND_HELP + " The single agent's timing always runs on the CPU (numba), as in the report.")
     ] = BackendName.auto,
     device: Annotated[DeviceName, typer.Option(help=DEVICE_HELP)] = DeviceName.auto,
+    fresh: Annotated[bool, typer.Option(
+        help="Recompute every figure. Without it, a figure whose data file in --out was computed with the same "
+             "scale, seed, backend and device is kept (an interrupted reproduce goes on where it stopped).")
+    ] = False,
     json_output: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object (files written, headline numbers) on the last line of stdout.")
     ] = False,
@@ -56,7 +61,7 @@ def reproduce(
     """
 
     config = ReproduceConfig(target=figure, scale=scale.value, out=out, seed=seed, backend=backend.value,
-                             device=device.value)
+                             device=device.value, fresh=fresh)
     stream = sys.stderr if json_output else sys.stdout
 
     def note(message: str) -> None:
@@ -68,7 +73,7 @@ def reproduce(
         raise UsageError(str(error)) from None
     for item in outcome.figures:
         shown = f" and {item.png_path}" if item.png_path is not None else ""
-        print(f"{item.figure}: wrote {item.data_path}{shown}", file=stream, flush=True)
+        print(f"{item.figure}: {'kept' if item.kept else 'wrote'} {item.data_path}{shown}", file=stream, flush=True)
     if json_output:
         print_json(outcome.to_dict())
     else:

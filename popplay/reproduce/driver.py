@@ -1,6 +1,7 @@
 """The shared driver: compute the chosen figures, write their data, draw their PNGs."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,12 @@ class ReproduceConfig:
     seed: int = 0
     backend: str = "auto"
     device: str = "auto"
+    fresh: bool = False  # recompute figures already in ``out``
+
+
+#: The figure file attribute naming what the figure was computed with, so that a
+#: reproduce interrupted and run again keeps exactly the figures it had finished.
+SETTINGS_ATTR = "reproduce_settings"
 
 
 @dataclass
@@ -50,6 +57,7 @@ class FigureOutcome:
     png_path: Path | None  # None when matplotlib is missing
     summary: dict[str, Any]
     seconds: float  # wall time spent computing (shared experiments count once)
+    kept: bool = False  # computed by an earlier reproduce with the same settings
 
 
 @dataclass
@@ -65,7 +73,7 @@ class ReproduceOutcome:
         return {
             "scale": self.scale, "seconds": self.seconds, "backend": self.backend, "device": self.device,
             "figures": [{"figure": f.figure, "data": str(f.data_path),
-                         "png": None if f.png_path is None else str(f.png_path), "seconds": f.seconds,
+                         "png": None if f.png_path is None else str(f.png_path), "seconds": f.seconds, "kept": f.kept,
                          **f.summary} for f in self.figures],
         }
 
@@ -104,32 +112,60 @@ def reproduce(config: ReproduceConfig, note: Callable[[str], None] = lambda mess
     if plot_error:
         note(f"Warning: {plot_error}; computing and writing the data anyway")
     session = Session(config.scale, config.seed, backend, note)
+    settings = json.dumps({"scale": config.scale, "seed": config.seed, "backend": backend.name,
+                           "device": backend.device}, sort_keys=True)
+    kept = {} if config.fresh else _finished_earlier(chosen, out, settings)
     started = time.perf_counter()
     outcomes: list[FigureOutcome] = []
     for figure in chosen:
-        if figure.prepare is not None:
+        if figure.prepare is not None and figure.name not in kept:
             figure.prepare(session)
     for figure in chosen:
-        note(f"{figure.name}: {figure.description}")
         began = time.perf_counter()
-        data = figure.compute(session)
         data_path = out / f"{figure.name}.h5"
-        png_path = None
+        png_path = out / f"{figure.name}.png"
         try:  # a full disk or something other than a file under the name: one line
-            write_figure(data_path, data)
-            if not plot_error:
-                png_path = out / f"{figure.name}.png"
-                plotting.draw_figure(figure, data, png_path)
+            if figure.name in kept:
+                data = kept[figure.name]
+                note(f"{figure.name}: kept {data_path}, computed earlier with these settings (--fresh recomputes)")
+                if not plot_error and not png_path.exists():
+                    plotting.draw_figure(figure, data, png_path)
+            else:
+                note(f"{figure.name}: {figure.description}")
+                data = figure.compute(session)
+                data.attrs[SETTINGS_ATTR] = settings
+                write_figure(data_path, data)  # as each finishes: an interrupted reproduce keeps it
+                if not plot_error:
+                    plotting.draw_figure(figure, data, png_path)
         except (FigureFileError, OSError) as error:
             raise UsageError(str(error)) from None
+        if plot_error:
+            png_path = None
         outcomes.append(FigureOutcome(figure.name, data_path, png_path, figure.summary(data),
-                                      time.perf_counter() - began))
+                                      time.perf_counter() - began, kept=figure.name in kept))
     result = ReproduceOutcome(outcomes, config.scale, time.perf_counter() - started, backend.name, backend.device)
     if plot_error:
         files = " ".join(str(o.data_path) for o in outcomes)
         result.plot_error = (f"{plot_error}, so no PNG was drawn; the data is in {files}: "
                              f"install it and run `popplay plot FILE.h5` to draw each figure")
     return result
+
+
+def _finished_earlier(chosen: list[Figure], out: Path, settings: str) -> dict[str, Any]:
+    """The chosen figures whose data file in ``out`` was written by a reproduce with the
+    same settings (an unreadable or foreign file is computed again and replaced)."""
+    kept = {}
+    for figure in chosen:
+        path = out / f"{figure.name}.h5"
+        if not path.is_file():
+            continue
+        try:
+            data = read_figure(path)
+        except FigureFileError:
+            continue
+        if data.figure == figure.name and data.attrs.get(SETTINGS_ATTR) == settings:
+            kept[figure.name] = data
+    return kept
 
 
 def redraw_file(path: Path, png: Path) -> plotting.PlotResult:
