@@ -138,3 +138,31 @@ def test_a_rank_s_own_usage_error_is_not_reported_as_a_lost_rank(jobs, tmp_path)
     errors = [line for line in err.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "another popplay process is writing this run file" in errors[0], errors
     assert "was lost" not in errors[0]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_stopped_during_start_up_ends_the_job_within_the_timeout_naming_it(jobs, tmp_path: Path,
+                                                                                  victim: int) -> None:
+    """Issue 31 #7: rank 0 stopped (SIGSTOP) as the ranks start hung the job for good (its
+    peer waited on the store where c10d's timeout does not reach), and a stopped rank 1
+    was reported as rank 0."""
+    from popplay.distributed.launch import LOST_EXIT
+
+    out = tmp_path / "stopped.h5"
+    process = jobs.start(["train", "bandit", "--agents", "8", "--trials", "8", "--agent-steps", "100000000",
+                          "--nproc", "2", "--timeout", "5", "--out", str(out)])
+    deadline = time.monotonic() + WAIT
+    pid = None
+    while pid is None:
+        assert time.monotonic() < deadline, "the ranks never started"
+        try:
+            pid = _rank_pid(process.pid, f"popplay rank {victim}/2")
+        except AssertionError:
+            time.sleep(0.01)
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    code, _, err = jobs.finish(process, WAIT)
+    assert time.monotonic() - stopped < 5 + 10  # --timeout, and the launcher's bounded clean-up
+    assert code == LOST_EXIT
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: rank {victim} of 2 was lost (stopped by a signal"), err

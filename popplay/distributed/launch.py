@@ -211,9 +211,24 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
     hung = False
     stop_deadline: float | None = None
     killed: set[int] = set()  # ranks this launcher stopped: their signal deaths are ours, not losses
+    # A rank stopped by a signal (SIGSTOP) answers nothing, and its peers may be waiting
+    # where c10d's timeout does not reach (a store connection during start-up): the
+    # launcher bounds that itself, by --timeout, and names the stopped rank.
+    stopped_since: dict[int, float] = {}
     while True:
         codes = [r.process.poll() for r in ranks]
         if all(code is not None for code in codes):
+            break
+        now = time.monotonic()
+        for r, code in zip(ranks, codes):
+            if code is None and _is_stopped(r.process.pid):
+                stopped_since.setdefault(r.rank, now)
+            else:
+                stopped_since.pop(r.rank, None)
+        frozen = [r for r in ranks if r.rank in stopped_since and now - stopped_since[r.rank] > timeout]
+        if frozen:
+            killed = _stop_survivors(ranks, 0.0)
+            cause, hung = frozen[0], True
             break
         failed = [r for r, code in zip(ranks, codes) if code is not None and code != 0]
         if interrupted() and not any(code is not None and code < 0 for code in codes):
@@ -234,9 +249,10 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
             cause = _root_cause([r for r in ranks if r.process.returncode not in (0, None)
                                  and r.rank not in stopped]) or first
             if cause.process.returncode == PEER_LOST_EXIT and stopped:
-                # Its peers saw it go silent and gave up; it never exited: a hung rank.
+                # Its peers saw it go silent and gave up; it never exited: a hung rank
+                # (a rank seen stopped by a signal first: that is why it was silent).
                 silent = [r for r in ranks if r.rank in stopped]
-                cause = min(silent, key=lambda r: r.rank)
+                cause = min(silent, key=lambda r: (r.rank not in stopped_since, r.rank))
                 hung = True
             break
         time.sleep(0.05)
@@ -251,7 +267,8 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
     code = cause.process.returncode
     if hung:
         suffix = f"; {describe_lost()}" if describe_lost is not None else ""
-        out.write(f"Error: rank {cause.rank} of {nproc} was lost (stopped answering; no reply within "
+        why = "stopped by a signal (SIGSTOP?)" if cause.rank in stopped_since else "stopped answering"
+        out.write(f"Error: rank {cause.rank} of {nproc} was lost ({why}; no reply within "
                   f"{timeout:g}s); stopped the job{suffix}\n")
         out.flush()
         return LOST_EXIT
@@ -275,6 +292,16 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
               f"stopped the job{suffix}\n")
     out.flush()
     return LOST_EXIT
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (state ``T`` in ``/proc``; False
+    where there is no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"T"
+    except (OSError, IndexError):
+        return False
 
 
 def _root_cause(failed: list[_Rank]) -> _Rank | None:
