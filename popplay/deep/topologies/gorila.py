@@ -69,6 +69,7 @@ from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, loopback
 
 ROLE_PREFIX = "popplay gorila"
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
+FORMED_KEY = "formed"  # each rank counts itself in once its process group has formed
 
 
 @dataclass(frozen=True)
@@ -324,11 +325,6 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps({**config.to_dict(), **spaces(config.env)}, indent=1))
-    world = config.world_size
-    listener = loopback_listener(world + 1)  # local jobs listen on loopback only
-    store = c10d.TCPStore("127.0.0.1", int(listener.getsockname()[1]), world + 1, is_master=True,
-                          wait_for_workers=False, timeout=datetime.timedelta(seconds=config.timeout),
-                          master_listen_fd=listener.fileno())
     procs: list[_Proc] = []
     lost: list[str] = []
     start = time.monotonic()
@@ -339,11 +335,16 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     shard_lost: str | None = None
     kill_at: float | None = None
     try:
-        for rank in range(world):
-            role = role_of(rank, config)
-            process = spawn_rank(rank, world, store.port, 1, "popplay.deep.topologies.gorila_ranks",
-                                 f"{ROLE_PREFIX} {role}", [str(config_path)], stderr=None)
-            procs.append(_Proc(rank, role, process))
+        for attempt in range(1, FORMATION_TRIES + 1):
+            store, listener, procs = _start_ranks(config, config_path)
+            problem = _formation_problem(store, procs, config, should_stop)
+            if problem is None:
+                break
+            _end(procs)
+            if attempt == FORMATION_TRIES or (should_stop is not None and should_stop()):
+                raise GorilaJobLost(f"the ranks could not form their group ({problem}; tried {attempt} times)")
+            out.write(f"gorila: {problem} while the ranks were forming their group; starting them again\n")
+            out.flush()
         if on_start is not None:
             on_start({p.rank: p.process.pid for p in procs})
         while True:
@@ -406,12 +407,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 on_tick()
             time.sleep(0.05)
     finally:
-        for p in procs:
-            if p.process.poll() is None:
-                p.process.kill()
-            p.process.wait()
-            if p.exit_code is None:
-                p.exit_code = p.process.returncode
+        _end(procs)
     seconds = time.monotonic() - start
     try:
         checkpoint = assemble_checkpoint(run_dir, config)
@@ -427,6 +423,61 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                             summarize(config, run_dir, checkpoint, seconds, lost, stopped=True,
                                       started_at=started_at, evaluate=False))
     return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
+
+
+#: How often a job whose ranks lose one of them while forming their group (before any
+#: step is played) is started again before it gives up.
+FORMATION_TRIES = 3
+#: The longest the ranks may take to form their group: as long as --timeout, but never
+#: less than this, since six ranks importing torch on a loaded two-core machine take
+#: tens of seconds (a rank that dies meanwhile is seen at once, whatever this is).
+FORMATION_SECONDS = 60.0
+
+
+def _start_ranks(config: GorilaConfig, config_path: Path) -> tuple[Any, Any, list[_Proc]]:
+    """A fresh store (on loopback; with the socket it serves on, which must stay open as
+    long as the store) and every rank of the job, started."""
+    world = config.world_size
+    listener = loopback_listener(world + 1)  # local jobs listen on loopback only
+    store = c10d.TCPStore("127.0.0.1", int(listener.getsockname()[1]), world + 1, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=config.timeout),
+                          master_listen_fd=listener.fileno())
+    procs = []
+    for rank in range(world):
+        role = role_of(rank, config)
+        process = spawn_rank(rank, world, store.port, 1, "popplay.deep.topologies.gorila_ranks",
+                             f"{ROLE_PREFIX} {role}", [str(config_path)], stderr=None)
+        procs.append(_Proc(rank, role, process))
+    return store, listener, procs
+
+
+def _formation_problem(store: Any, procs: list[_Proc], config: GorilaConfig,
+                       should_stop: Callable[[], bool] | None) -> str | None:
+    """Wait until every rank has joined the group (None), or say why it will not: a
+    rank that exited meanwhile (gloo's rendezvous would wait its long transport timeout
+    for it), a stop request, or no group within the bound."""
+    deadline = time.monotonic() + max(config.timeout, FORMATION_SECONDS)
+    while int(store.add(FORMED_KEY, 0)) < len(procs):
+        for p in procs:
+            code = p.process.poll()
+            if code is not None:
+                return f"{p.role} was lost ({_describe(code)})"
+        if should_stop is not None and should_stop():
+            return "stopped on request"
+        if time.monotonic() > deadline:
+            return f"not every rank joined within {max(config.timeout, FORMATION_SECONDS):g}s"
+        time.sleep(0.05)
+    return None
+
+
+def _end(procs: list[_Proc]) -> None:
+    """Kill whichever ranks still run and collect every exit code."""
+    for p in procs:
+        if p.process.poll() is None:
+            p.process.kill()
+        p.process.wait()
+        if p.exit_code is None:
+            p.exit_code = p.process.returncode
 
 
 def _try_load(path: Path) -> dict[str, np.ndarray] | None:

@@ -655,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun its agent ends every rank when one is lost.
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
+    store.add(G.FORMED_KEY, 1)  # the local launcher starts the job again if a rank is lost before all are here
     ctx = Context(config, config_path.parent, rank, store, spaces, torchrun)
     if torchrun is not None and rank == 0:
         ctx.rank0 = T.Rank0(config, config_path.parent, torchrun, store)
