@@ -57,7 +57,9 @@ import numpy as np
 import torch
 import torch.distributed as c10d
 
-from popplay.checkpoints.runfile import RunFileError, write_run
+from popplay.checkpoints.h5io import NoSpace
+from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
+from popplay.core.errors import EXIT_NO_SPACE
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
@@ -235,11 +237,15 @@ def actor_budget(a: int, config: GorilaConfig) -> tuple[int, int]:
 def save_npz(path: Path, **arrays: Any) -> None:
     """Write arrays atomically (a killed writer leaves the previous file whole)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: give back what the partial file took
+        raise
 
 
 def save_text(path: Path, text: str) -> None:
@@ -295,14 +301,18 @@ class _Proc:
 class GorilaJobLost(RuntimeError):
     """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
 
-    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, summary: dict[str, Any] | None = None,
+                 checkpoint: dict[str, np.ndarray] | None = None) -> None:
         super().__init__(message)
         self.summary = summary or {}
+        self.checkpoint = checkpoint  # the shards' last checkpoint, assembled
 
 
 def _describe(code: int) -> str:
     if code == PEER_LOST_EXIT:
         return "stopped: a peer it needs was lost"
+    if code == EXIT_NO_SPACE:
+        return "no space left on device for its files"
     return describe_status(code)
 
 
@@ -366,7 +376,9 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 if code != 0:
                     store.set(f"lost/{p.rank}", str(code))
                     lost.append(f"{p.role} ({_describe(code)})")
-                    if p.role.kind == "shard" and shard_lost is None:
+                    if (p.role.kind == "shard" or code == EXIT_NO_SPACE) and shard_lost is None:
+                        # A full disk ends the job as a lost shard does: the others
+                        # would only fill what is left, and their files stop moving.
                         shard_lost = f"{p.role} was lost ({_describe(code)})"
                         store.set("stop", "shard lost")
                     elif shard_lost is None:
@@ -416,12 +428,15 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                                          if p.role.kind == "shard" and p.exit_code)
         raise GorilaJobLost(f"{reason or 'a shard wrote no checkpoint'}; stopped the job after {seconds:.1f} s "
                             "before any checkpoint was written") from None
-    save_npz(run_dir / "checkpoint.npz", **checkpoint)
+    try:
+        save_npz(run_dir / "checkpoint.npz", **checkpoint)
+    except OSError as error:  # a full disk: the run file is written from the checkpoint in memory
+        shard_lost = shard_lost or f"the job's checkpoint could not be saved ({error.strerror or error})"
     if shard_lost is not None:
         raise GorilaJobLost(f"{shard_lost}; stopped the job after {seconds:.1f} s; the last checkpoint "
                             f"(server version {int(checkpoint['version'])}) is {run_dir / 'checkpoint.npz'}",
                             summarize(config, run_dir, checkpoint, seconds, lost, stopped=True,
-                                      started_at=started_at, evaluate=False))
+                                      started_at=started_at, evaluate=False), checkpoint)
     return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
 
 
@@ -660,13 +675,17 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
 
     out = Path(out)
     parts = parts_of(out)
-    make_parts(parts)
     total = config
     if before is not None:
         config, _ = remaining(config, *played_before(before))
-    if resume_state is not None:
-        save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
-        config = _replace(config, resume=str(parts / "resume.npz"))
+    try:
+        make_parts(parts)
+        if resume_state is not None:
+            save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
+            config = _replace(config, resume=str(parts / "resume.npz"))
+    except OSError as error:  # a full disk before anything ran
+        shutil.rmtree(parts, ignore_errors=True)
+        raise GorilaJobLost(f"cannot write the working files in {parts} ({error.strerror or error})") from None
     started_at = time.time()
 
     def write_partial(checkpoint: dict[str, np.ndarray]) -> None:
@@ -675,6 +694,21 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         write_gorila_run(out, total, parts, _continued(summary, before), checkpoint=checkpoint, before=before)
 
     follow = OutFollower(out, parts, config, write_partial, log if log is not None else sys.stderr, first_after=1.0)
+
+    def write_final(summary: dict[str, Any], reason: str, checkpoint: dict[str, np.ndarray] | None = None) -> None:
+        """The run file from the job's last checkpoint; on a full disk the file keeps
+        what it last held (written atomically) and the job ends with one line."""
+        try:
+            write_gorila_run(out, total, parts, summary, checkpoint=checkpoint, before=before)
+        except (NoSpace, NoSpaceError):
+            shutil.rmtree(parts, ignore_errors=True)  # its newest files cannot be kept: give the space back
+            if follow.in_file is not None:
+                held = f"still holds the checkpoint of server version {follow.in_file}"
+            else:
+                held = "still holds the run as it was before this job" if out.exists() else "was not written"
+            raise GorilaJobLost(f"{reason}no space left on device: the run file {out} {held}") from None
+        shutil.rmtree(parts, ignore_errors=True)
+
     try:
         summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
                              progress_every=progress_every, on_tick=follow.poll)
@@ -682,14 +716,13 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         if not error.summary:  # nothing to keep
             shutil.rmtree(parts, ignore_errors=True)
             raise
-        write_gorila_run(out, total, parts, _continued(error.summary, before), before=before)
-        shutil.rmtree(parts, ignore_errors=True)
+        reason = str(error).split("; the last checkpoint")[0]
+        write_final(_continued(error.summary, before), f"{reason}; ", error.checkpoint)
         version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
-        raise GorilaJobLost(f"{str(error).split('; the last checkpoint')[0]}; the run file {out} holds the last "
-                            f"checkpoint (server version {version})", error.summary) from None
+        raise GorilaJobLost(f"{reason}; the run file {out} holds the last checkpoint (server version {version})",
+                            error.summary) from None
     summary = _continued(summary, before)
-    write_gorila_run(out, total, parts, summary, before=before)
-    shutil.rmtree(parts, ignore_errors=True)
+    write_final(summary, "")
     summary["out"] = str(out)
     summary.pop("run_dir", None)
     return summary
@@ -741,6 +774,7 @@ class OutFollower:
         self.next_write = time.monotonic() + first_after
         self.written = -1
         self.failed = False
+        self.in_file: int | None = None  # the server version OUT holds (None: none written by this job)
 
     def poll(self, version: int | None = None) -> None:
         """Called between waits (cheap unless a write is due); ``version``: the newest
@@ -758,6 +792,7 @@ class OutFollower:
             return
         try:
             self.write(checkpoint)
+            self.in_file = newest
         except Exception as error:  # e.g. a full disk: say so once; the shards' files stand
             if not self.failed:
                 self.log.write(f"gorila: could not update {self.out} ({type(error).__name__}: {error}); the "

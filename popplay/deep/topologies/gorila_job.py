@@ -97,7 +97,8 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
     except LockBusy as error:
         raise UsageError(str(error)) from None
     except GorilaJobLost as error:
-        raise PopplayError(f"{error}: resume with --resume {request.out}", EXIT_LOST) from None
+        advice = f": resume with --resume {request.out}" if request.out.exists() else ""
+        raise PopplayError(f"{error}{advice}", EXIT_LOST) from None
     summary.pop("started_at", None)
     notes = [f"Lost during the run: {line}" for line in summary["lost"]]
     code = 0

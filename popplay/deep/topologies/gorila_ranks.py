@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from popplay.core.errors import EXIT_NO_SPACE
 from popplay.core.hooks import hook
 from popplay.deep import envs
 from popplay.deep.agents import networks
@@ -120,6 +121,17 @@ class Context:
 
 # --- shard ------------------------------------------------------------------------------
 
+def _save(ctx: Context, path: Path, **arrays: Any) -> None:
+    """Save this rank's file; if the disk is full, say so in one line and leave at once
+    (from whichever thread saves), so that the launcher ends the job within its grace
+    time instead of the others waiting on a rank whose files stopped moving."""
+    try:
+        G.save_npz(path, **arrays)
+    except OSError as error:
+        print(f"gorila {ctx.role}: cannot save {path.name} ({error.strerror or error})", file=sys.stderr, flush=True)
+        os._exit(EXIT_NO_SPACE)
+
+
 def run_shard(ctx: Context) -> int:
     config, s = ctx.config, ctx.role.index
     start, stop = ctx.bounds[s]
@@ -142,7 +154,7 @@ def run_shard(ctx: Context) -> int:
     path = ctx.run_dir / f"shard-{s}.npz"
 
     def save() -> None:
-        G.save_npz(path, params=shard.params.numpy(), accumulator=shard.accumulator.numpy(),
+        _save(ctx, path, params=shard.params.numpy(), accumulator=shard.accumulator.numpy(),
                    version=np.int64(shard.version), start=np.int64(start), stop=np.int64(stop),
                    staleness_histogram=guard.histogram, accepted=np.int64(guard.accepted),
                    discarded=np.int64(guard.discarded), pulls=np.int64(counts["pulls"]))
@@ -403,7 +415,7 @@ def run_learner(ctx: Context) -> int:
     path = ctx.run_dir / f"learner-{l}.npz"
 
     def save() -> None:
-        G.save_npz(path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
+        _save(ctx, path, updates=np.int64(updates), sent=np.int64(sent), received=np.int64(received),
                    outliers=np.int64(outliers.discarded), losses=np.asarray(losses, dtype=np.float32),
                    remote_rows=np.int64(store_wide.remote_rows if store_wide else 0))
 
@@ -517,7 +529,7 @@ def run_actor(ctx: Context) -> int:
     path = ctx.run_dir / f"actor-{a}.npz"
 
     def save() -> None:
-        G.save_npz(path, env_steps=np.int64(state["steps"]), returns=np.asarray(returns, dtype=np.float64),
+        _save(ctx, path, env_steps=np.int64(state["steps"]), returns=np.asarray(returns, dtype=np.float64),
                    lengths=np.asarray(lengths, dtype=np.int64), ended_at=np.asarray(ended_at, dtype=np.float64),
                    server_version=np.int64(state["server"]))
 
