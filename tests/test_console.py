@@ -14,6 +14,26 @@ def _progress(**kw):
     return Progress(**base)
 
 
+class _Toy:
+    """The least an experiment is for the run loop: ``phases`` phases of one step each."""
+
+    domain = "toy"
+    params = None
+
+    def __init__(self, phases: int) -> None:
+        self.phases = phases
+
+    def warmup(self): pass
+    def initial_state(self): return 0
+    def finished(self, state, *, time_mode): return state >= self.phases
+    def phase(self, state, *, time_left): return state + 1
+    def measure(self, state): return {"quality": float(state)}
+    def agent_steps(self, state): return state
+    def total_agent_steps(self, state): return state
+    def budget_agent_steps(self): return self.phases
+    def progress(self, state): return state
+
+
 def _text(renderable) -> str:
     console = Console(file=io.StringIO(), width=100, record=True, color_system=None)
     console.print(renderable)
@@ -58,18 +78,7 @@ def test_the_run_loop_reports_wall_time_per_learning_second():
         def update(self, progress):
             seen.append(progress)
 
-    class Slow:
-        domain = "toy"
-        params = None
-
-        def warmup(self): pass
-        def initial_state(self): return 0
-        def finished(self, state, *, time_mode): return state >= 3
-        def agent_steps(self, state): return state
-        def total_agent_steps(self, state): return state
-        def budget_agent_steps(self): return 3
-        def progress(self, state): return state
-
+    class Slow(_Toy):
         def phase(self, state, *, time_left):
             time.sleep(0.01)
             return state + 1
@@ -78,7 +87,7 @@ def test_the_run_loop_reports_wall_time_per_learning_second():
             time.sleep(0.05)  # measurements cost wall time, not learning time
             return {"quality": float(state)}
 
-    run(Slow(), reporter=Reporter())
+    run(Slow(3), reporter=Reporter())
     assert seen and seen[-1].wall_per_learning > 3.0
 
 
@@ -152,23 +161,12 @@ def test_compilation_inside_a_phase_is_not_learning_time():
             total += i * i % 7
         return total
 
-    class Toy:
-        domain = "toy"
-        params = None
-
-        def warmup(self): pass
-        def initial_state(self): return 0
-        def finished(self, state, *, time_mode): return state >= 2
+    class Toy(_Toy):
         def phase(self, state, *, time_left): return state + 1 + 0 * bump(3)
-        def measure(self, state): return {"quality": float(state)}
-        def agent_steps(self, state): return state
-        def total_agent_steps(self, state): return state
-        def budget_agent_steps(self): return 2
-        def progress(self, state): return state
 
     stream = io.StringIO()
     started = time.perf_counter()
-    result = run(Toy(), reporter=PlainReporter(stream, interval=0))
+    result = run(Toy(2), reporter=PlainReporter(stream, interval=0))
     wall = time.perf_counter() - started
     assert "compiling kernels (first run only)" in stream.getvalue().splitlines()[0]
     # The phases themselves take microseconds; the compilation (tens of milliseconds, less
