@@ -86,7 +86,7 @@ def test_collectives_ps_roles_and_ctrl_c(tmp_path: Path) -> None:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "ranks never became ready"
         time.sleep(0.05)
-    listing = subprocess.run(["ps", "-o", "args=", "--ppid", str(process.pid)], capture_output=True,
+    listing = subprocess.run(["ps", "-ww", "-o", "args=", "--ppid", str(process.pid)], capture_output=True,
                              text=True, timeout=30).stdout
     assert "popplay rank 0/2" in listing and "popplay rank 1/2" in listing, listing
     process.send_signal(signal.SIGINT)

@@ -72,7 +72,7 @@ def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(job
         assert process.poll() is None, process.communicate(timeout=30)
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    listing = os.popen(f"ps -o pid=,args= --ppid {process.pid}").read()
+    listing = os.popen(f"ps -ww -o pid=,args= --ppid {process.pid}").read()
     rank1 = next(int(line.split()[0]) for line in listing.splitlines() if "popplay rank 1/2" in line)
     os.kill(rank1, signal.SIGKILL)
     killed = time.monotonic()

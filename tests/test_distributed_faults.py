@@ -37,7 +37,7 @@ def _wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
 
 
 def _rank_pid(launcher: int, role: str) -> int:
-    listing = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(launcher)], capture_output=True, text=True,
+    listing = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(launcher)], capture_output=True, text=True,
                              timeout=30).stdout
     for line in listing.splitlines():
         pid, args = line.strip().split(" ", 1)

@@ -10,7 +10,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_LOST = 3  # a multi-process job lost a rank
 EXIT_PEER_LOST = 75  # a rank stopped because a peer vanished or stopped answering
-EXIT_NO_SPACE = 74  # a rank could not save its files: the disk is full (EX_IOERR)
+EXIT_CANNOT_SAVE = 74  # a rank could not save its files, most often on a full disk (EX_IOERR)
 EXIT_INTERRUPTED = 130
 
 

@@ -59,7 +59,7 @@ import torch.distributed as c10d
 
 from popplay.checkpoints.h5io import NoSpace
 from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
-from popplay.core.errors import EXIT_NO_SPACE
+from popplay.core.errors import EXIT_CANNOT_SAVE, EXIT_INTERRUPTED, EXIT_LOST
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
@@ -302,17 +302,18 @@ class GorilaJobLost(RuntimeError):
     """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
 
     def __init__(self, message: str, summary: dict[str, Any] | None = None,
-                 checkpoint: dict[str, np.ndarray] | None = None) -> None:
+                 checkpoint: dict[str, np.ndarray] | None = None, exit_code: int = EXIT_LOST) -> None:
         super().__init__(message)
         self.summary = summary or {}
         self.checkpoint = checkpoint  # the shards' last checkpoint, assembled
+        self.exit_code = exit_code
 
 
 def _describe(code: int) -> str:
     if code == PEER_LOST_EXIT:
         return "stopped: a peer it needs was lost"
-    if code == EXIT_NO_SPACE:
-        return "no space left on device for its files"
+    if code == EXIT_CANNOT_SAVE:
+        return "could not save its files"
     return describe_status(code)
 
 
@@ -351,8 +352,11 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
             if problem is None:
                 break
             _end(procs)
-            if attempt == FORMATION_TRIES or (should_stop is not None and should_stop()):
-                raise GorilaJobLost(f"the ranks could not form their group ({problem}; tried {attempt} times)")
+            if should_stop is not None and should_stop():
+                raise GorilaJobLost("stopped on request while the ranks were forming their group; nothing was played",
+                                    exit_code=EXIT_INTERRUPTED)
+            if attempt == FORMATION_TRIES:
+                raise GorilaJobLost(f"the ranks could not form their group ({problem}; {attempt} tries)")
             out.write(f"gorila: {problem} while the ranks were forming their group; starting them again\n")
             out.flush()
         if on_start is not None:
@@ -376,9 +380,9 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 if code != 0:
                     store.set(f"lost/{p.rank}", str(code))
                     lost.append(f"{p.role} ({_describe(code)})")
-                    if (p.role.kind == "shard" or code == EXIT_NO_SPACE) and shard_lost is None:
-                        # A full disk ends the job as a lost shard does: the others
-                        # would only fill what is left, and their files stop moving.
+                    if (p.role.kind == "shard" or code == EXIT_CANNOT_SAVE) and shard_lost is None:
+                        # A rank that cannot save (a full disk) ends the job as a lost
+                        # shard does: the others' files would stop moving too.
                         shard_lost = f"{p.role} was lost ({_describe(code)})"
                         store.set("stop", "shard lost")
                     elif shard_lost is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from popplay.checkpoints.lock import LockBusy, RunLock
 from popplay.checkpoints.runfile import RunFileError, check_writable
-from popplay.core.errors import EXIT_INTERRUPTED, EXIT_LOST, PopplayError, UsageError
+from popplay.core.errors import EXIT_INTERRUPTED, PopplayError, UsageError
 from popplay.core.experiment import RunRequest, RunResult
 from popplay.deep.topologies import gorila_torchrun
 from popplay.deep.topologies.gorila import (
@@ -98,7 +98,7 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
         raise UsageError(str(error)) from None
     except GorilaJobLost as error:
         advice = f": resume with --resume {request.out}" if request.out.exists() else ""
-        raise PopplayError(f"{error}{advice}", EXIT_LOST) from None
+        raise PopplayError(f"{error}{advice}", error.exit_code) from None
     summary.pop("started_at", None)
     notes = [f"Lost during the run: {line}" for line in summary["lost"]]
     code = 0

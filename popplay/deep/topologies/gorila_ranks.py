@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from popplay.core.errors import EXIT_NO_SPACE
+from popplay.core.errors import EXIT_CANNOT_SAVE
 from popplay.core.hooks import hook
 from popplay.deep import envs
 from popplay.deep.agents import networks
@@ -122,14 +122,14 @@ class Context:
 # --- shard ------------------------------------------------------------------------------
 
 def _save(ctx: Context, path: Path, **arrays: Any) -> None:
-    """Save this rank's file; if the disk is full, say so in one line and leave at once
+    """Save this rank's file; if it cannot (a full disk), say so in one line and leave at once
     (from whichever thread saves), so that the launcher ends the job within its grace
     time instead of the others waiting on a rank whose files stopped moving."""
     try:
         G.save_npz(path, **arrays)
     except OSError as error:
         print(f"gorila {ctx.role}: cannot save {path.name} ({error.strerror or error})", file=sys.stderr, flush=True)
-        os._exit(EXIT_NO_SPACE)
+        os._exit(EXIT_CANNOT_SAVE)
 
 
 def run_shard(ctx: Context) -> int:
