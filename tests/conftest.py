@@ -97,3 +97,37 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, 
         return code, captured.out, captured.err
 
     return run
+
+
+class SmallDisk:
+    """A tmpfs of a few blocks mounted at ``path``; :meth:`fill` takes every free block."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fill(self) -> None:
+        fd = os.open(self.path / "filler", os.O_WRONLY | os.O_CREAT)  # unbuffered: nothing left to flush
+        try:
+            while True:
+                os.write(fd, b"\0" * 1024)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SmallDisk]:
+    """A real small file system (its size from a ``disk_size`` marker, 256k by
+    default); the test is skipped where mounting is not allowed."""
+    marker = request.node.get_closest_marker("disk_size")
+    size = marker.args[0] if marker is not None else "256k"
+    path = tmp_path / "fs"
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root?)")
+    try:
+        yield SmallDisk(path)
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)

@@ -231,44 +231,33 @@ def test_an_actor_lost_while_the_group_forms_restarts_the_start_and_the_run_goes
     assert run.complete and int(run.state_counters["env_steps"]) >= 300
 
 
-def test_a_full_disk_ends_the_job_in_one_line_and_the_run_file_resumes(tmp_path, jobs, cli):
+@pytest.mark.disk_size("4m")
+def test_a_full_disk_ends_the_job_in_one_line_and_the_run_file_resumes(small_disk, jobs, cli):
     """Issue 31 #6: on a full disk a shard's save thread died with a traceback and the
     job hung past --timeout; now the rank that cannot save leaves, the job ends within
     the grace time, and the run file keeps its last checkpoint."""
-    fs = tmp_path / "fs"
-    fs.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (not root?)")
-    try:
-        out = fs / "g.h5"
-        process = jobs.start(["train", "gorila", "--actors", "2", "--env-steps", "10000000", *TINY, "--out", str(out)])
-        deadline = time.monotonic() + 90
-        while not out.exists():
-            assert process.poll() is None and time.monotonic() < deadline, "no run file while the job ran"
-            time.sleep(0.1)
-        with open(fs / "filler", "wb") as filler:  # every block taken
-            try:
-                while True:
-                    filler.write(b"\0" * 65536)
-                    filler.flush()
-            except OSError:
-                pass
-        filled = time.monotonic()
-        code, _, err = jobs.finish(process, 60)
-        assert time.monotonic() - filled < 15 + 10  # --timeout, and the launcher's grace
-        errors = [line for line in err.splitlines() if line.startswith("Error:")]
-        assert code == 3 and len(errors) == 1 and "no space left on device" in errors[0], err
-        assert "Traceback" not in err
-        assert not (fs / "g.h5.parts").exists()
-        kept = load_run(out, expected_domain="gorila")
-        assert not kept.complete
-        (fs / "filler").unlink()
-        budget = int(kept.state_counters["env_steps"]) + 300
-        code, _, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", str(budget), "--quiet"])
-        assert code == 0, err
-        assert load_run(out, expected_domain="gorila").complete
-    finally:
-        subprocess.run(["umount", str(fs)], capture_output=True)
+    fs = small_disk.path
+    out = fs / "g.h5"
+    process = jobs.start(["train", "gorila", "--actors", "2", "--env-steps", "10000000", *TINY, "--out", str(out)])
+    deadline = time.monotonic() + 90
+    while not out.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no run file while the job ran"
+        time.sleep(0.1)
+    small_disk.fill()
+    filled = time.monotonic()
+    code, _, err = jobs.finish(process, 60)
+    assert time.monotonic() - filled < 15 + 10  # --timeout, and the launcher's grace
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert code == 3 and len(errors) == 1 and "no space left on device" in errors[0], err
+    assert "Traceback" not in err
+    assert not (fs / "g.h5.parts").exists()
+    kept = load_run(out, expected_domain="gorila")
+    assert not kept.complete
+    (fs / "filler").unlink()
+    budget = int(kept.state_counters["env_steps"]) + 300
+    code, _, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", str(budget), "--quiet"])
+    assert code == 0, err
+    assert load_run(out, expected_domain="gorila").complete
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,9 @@ def resolve_output(path: Path) -> Path:
     return path
 
 
-def _name_max(directory: Path) -> int:
+def name_max(directory: Path) -> int:
+    """The longest file name (bytes) the file system of ``directory`` takes (255 when
+    it does not say)."""
     try:
         return int(os.pathconf(directory, "PC_NAME_MAX"))
     except (OSError, ValueError):
@@ -71,7 +73,7 @@ def sibling_name(path: Path, suffix: str, reserve: int = 0) -> str:
     a shortened name plus a hash of the full one, so that the two stay distinct."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    limit = _name_max(directory) - reserve
+    limit = name_max(directory) - reserve
     name = f".{path.name}{suffix}"
     if len(name.encode()) <= limit:
         return name

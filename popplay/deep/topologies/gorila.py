@@ -57,7 +57,7 @@ import numpy as np
 import torch
 import torch.distributed as c10d
 
-from popplay.checkpoints.h5io import NoSpace
+from popplay.checkpoints.h5io import NoSpace, name_max
 from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
 from popplay.core.errors import EXIT_CANNOT_SAVE, EXIT_INTERRUPTED, EXIT_LOST
 from popplay.core.options import option, parse_widths
@@ -655,12 +655,7 @@ def parts_of(out: Path) -> Path:
 def parts_name_problem(out: Path) -> str | None:
     """Why ``out`` cannot have its working directory beside it (a name the file system
     takes for the run file but not with ``.parts`` added); None if it can."""
-    directory = out.parent if str(out.parent) else Path(".")
-    try:
-        limit = int(os.pathconf(directory, "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        limit = 255
-    longest = limit - len(PARTS_SUFFIX.encode())
+    longest = name_max(out.parent if str(out.parent) else Path(".")) - len(PARTS_SUFFIX.encode())
     if len(out.name.encode()) > longest:
         return (f"--out {out}: the name is too long for Gorila's working directory beside it "
                 f"({len(out.name.encode())} bytes; at most {longest} here)")
