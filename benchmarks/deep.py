@@ -1,9 +1,9 @@
 """Deep agents: Double DQN quality and throughput beside stable-baselines3, and the
-seed 003 topologies' wall time against ``sequential``.
+Grandio's topologies' wall time against ``sequential``.
 
     python benchmarks/deep.py --env-steps 100000 --seeds 3          # popplay DQN, quality per seed
     python benchmarks/deep.py --env-steps 20000 --sb3                # and SB3's DQN, same settings
-    python benchmarks/deep.py --topologies --episodes 100            # seed 003 Tables 1-2 style
+    python benchmarks/deep.py --topologies --episodes 100            # Grandio's Tables 1-2 style
     python benchmarks/deep.py --preset tuned --sb3                   # the tuned CartPole settings, both
     python benchmarks/deep.py --env LunarLander-v3 --env-steps 500000 --preset lunar   # LunarLander settings
     python benchmarks/deep.py --update-timing                        # ms per update: ours vs autograd's
@@ -27,7 +27,7 @@ update per 4 environment steps), target refresh (every 250 updates = 1000 steps)
 ε schedule (1 -> 0.05 over 5000 updates = 20000 steps) and gradient clipping for both.
 Differences that remain: SB3's DQN is vanilla DQN (its target takes the target
 network's own max; popplay's is Double DQN), and SB3 trains every 4 steps as they come
-while popplay's sequential topology trains after each episode (seed 003 Algorithm 1).
+while popplay's sequential topology trains after each episode (Grandio's Algorithm 1).
 ``quality`` is the mean return of 100 greedy episodes at the end, played by the same
 evaluation code (:func:`popplay.deep.envs.rollout.evaluate`) for both. One torch thread per
 process for both (the networks are tiny). Results: JSON on stdout.

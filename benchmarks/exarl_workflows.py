@@ -3,13 +3,13 @@
     python benchmarks/exarl_workflows.py [--episodes 300] [--seeds 0,1] [--actors 4]
         [--learners 2] [--parts selection,inference] [--json FILE]
 
-1. Window selection (seed 004, Fig. 14): ``--workflow multi-learner`` with range-based
+1. Window selection (the EXARL paper, Fig. 14): ``--workflow multi-learner`` with range-based
    selection (each learner pops its own block of actors' queues) against random
    selection (any active actor's newest trajectory, read without removing it), same
    seeds and budgets. Columns: greedy quality (10 episodes), mean return of the last
    100 episodes played, trajectories read and produced (reads beyond the produced
    ones are duplicates), learner updates, wall seconds of learning.
-2. Inference placement (seed 004, Figs. 9-10, 17): ``central-inference`` (actors send
+2. Inference placement (the EXARL paper, Figs. 9-10, 17): ``central-inference`` (actors send
    observations, one rank infers for all and learns) against actor-side inference
    (``master-learner`` with one learner: actors hold a copy of the policy, send
    whole trajectories and get the weights back). Columns: point-to-point bytes moved

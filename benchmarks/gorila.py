@@ -1,4 +1,4 @@
-"""Gorila (seed 002) against our single-process Double DQN at equal environment steps.
+"""Gorila (Nair et al. 2015) against our single-process Double DQN at equal environment steps.
 
     PYTHONPATH=. python benchmarks/gorila.py --env CartPole-v1 --env-steps 30000 \
         --layouts 2x1x1,1x1x1 --dqn --fault --json results/gorila.json --plot results/gorila.png

@@ -141,6 +141,25 @@ def test_ctrl_c_finishes_the_phase_saves_and_exits_130(tmp_path):
     assert not stored.complete and stored.state_counters["step"] > 0
 
 
+def test_ctrl_c_during_a_deep_run_s_final_save_exits_130_with_the_file_complete(tmp_path):
+    # 400 greedy evaluation episodes keep the final save busy for about a second: the
+    # Ctrl-C lands inside it, not after the process has said everything.
+    path = tmp_path / "dqn.h5"
+    proc = _popplay("train", "dqn", "--episodes", "8", "--hidden", "16", "--eval-episodes", "400",
+                    "--out", str(path))
+    deadline = time.monotonic() + 120
+    line = proc.stderr.readline()
+    while line and "saving run file" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    assert "saving run file" in line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Interrupted during the last phase, which finished" in err and "Traceback" not in err
+    assert "quality" in out  # the summary still comes
+    assert load_run(path).complete
+
+
 def test_kill_9_during_checkpoints_leaves_a_resumable_file(tmp_path):
     path = tmp_path / "killed.h5"
     args = [*BANDIT, "--agent-steps", "100000000", "--checkpoint-every", "8", "--out", str(path), "--json"]

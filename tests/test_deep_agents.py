@@ -145,7 +145,7 @@ def test_batched_episode_gradient_equals_the_step_by_step_loss() -> None:
     actions = rng.integers(2, size=7)
     rewards = np.ones(7, dtype=np.float32)
     grad, loss = reinforce.episode_gradient(policy, obs, actions, rewards, gamma=0.99)
-    # Seed 001's way: one log-prob per step, loss = sum of -log_prob * R.
+    # The parameter-server draft's way: one log-prob per step, loss = sum of -log_prob * R.
     policy.zero_grad()
     weights = reinforce.normalised_returns(reinforce.discounted_returns(rewards.tolist(), 0.99))
     terms = []

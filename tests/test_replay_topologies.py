@@ -1,4 +1,4 @@
-"""Any replay agent (DQN, TD3, DDPG) in any replay topology: seed 003's simulators and
+"""Any replay agent (DQN, TD3, DDPG) in any replay topology: Grandio's simulators and
 EXARL's workflows meet the agents only through :class:`popplay.deep.agents.protocol.ReplayAgent`;
 REINFORCE joins A2C and PPO in EXARL's workflows as an on-policy agent."""
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _train(jobs, agent: str, args: list[str], options: tuple[str, ...] = (*TINY,
 
 @pytest.mark.procs
 def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: Path) -> None:
-    """TD3 and DDPG in seed 003's topologies, DQN and REINFORCE in EXARL's workflows: every
+    """TD3 and DDPG in Grandio's topologies, DQN and REINFORCE in EXARL's workflows: every
     transition played arrives exactly once (equal counts and checksums), data-parallel
     DQN learners stay identical, and the run files evaluate."""
     pendulum = ["--env", "Pendulum-v1", "--learning-starts", "200"]
@@ -177,4 +177,4 @@ def test_each_agent_in_the_other_family_through_real_ranks(jobs, cli, tmp_path: 
     assert central["topology_produced_checksum"] == central["topology_reads_checksum"]
 
     assert cli(["evaluate", str(tmp_path / "dqn-multi-learner.h5"), "--episodes", "1", "--json"])[0] == 0
-    # (A resume through seed 003's topologies is the family's, tested with DQN in test_deep_topologies.)
+    # (A resume through Grandio's topologies is the family's, tested with DQN in test_deep_topologies.)

@@ -1,4 +1,4 @@
-"""`popplay reproduce reinforce_workers`: seed 001's running reward for several worker
+"""`popplay reproduce reinforce_workers`: the parameter-server draft's running reward for several worker
 counts (tiny scale), and that each curve is what `popplay train reinforce` learns."""
 import contextlib
 import io

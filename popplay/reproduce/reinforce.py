@@ -1,4 +1,4 @@
-"""Seed 001's figure: REINFORCE's running reward against episodes for 1, 5, 10 and 15
+"""The parameter-server draft's figure: REINFORCE's running reward against episodes for 1, 5, 10 and 15
 workers of a synchronous parameter server, several seeds each.
 
 The seed trains CartPole with one server and N workers; every update each worker
@@ -72,7 +72,7 @@ def compute_workers(ctx: Context) -> FigureData:
         "REINFORCE with a synchronous parameter server: running reward against workers",
         attrs={"env": ENV, "workers": list(scale.workers), "seeds": scale.seeds, "updates": scale.updates,
                "first_seed": ctx.seed, "hidden": list(defaults.hidden), "lr": defaults.lr, "gamma": defaults.gamma,
-               "running_reward": "R <- 0.05 reward + 0.95 R per worker (seed 001), mean over workers",
+               "running_reward": "R <- 0.05 reward + 0.95 R per worker (the parameter-server draft), mean over workers",
                "seed_claim": "more workers learn better; high variance between runs"})
     update = np.arange(1, scale.updates + 1, dtype=np.int64)
     for workers in scale.workers:
@@ -120,7 +120,7 @@ def draw_workers(data: FigureData, fig: Any) -> None:
         ax.set_ylabel("running reward")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Seed 001: REINFORCE on {a['env']}, synchronous parameter server, {a['updates']} updates "
+    fig.suptitle(f"Parameter-server draft: REINFORCE on {a['env']}, synchronous parameter server, {a['updates']} updates "
                  f"(scale {data.scale}, seeds {a['first_seed']}..{int(a['first_seed']) + int(a['seeds']) - 1})",
                  fontsize=10)
 
@@ -141,7 +141,7 @@ def _round(value: Any, digits: int = 2) -> float:
 
 
 REINFORCE_WORKERS = register(Figure(
-    "reinforce_workers", "reinforce", "Seed 001: REINFORCE running reward for 1, 5, 10 and 15 workers",
+    "reinforce_workers", "reinforce", "Parameter-server draft: REINFORCE running reward for 1, 5, 10 and 15 workers",
     "running reward against update for a synchronous parameter server with 1, 5, 10 and 15 workers on "
     "CartPole-v1, several seeds each (mean, spread and every seed).",
     compute_workers, draw_workers, summary_workers))

@@ -1,6 +1,6 @@
 """AdaGrad over a flattened parameter vector, split into contiguous shards.
 
-Gorila's parameter server (seed 002, after DistBelief) holds the Q-network's
+Gorila's parameter server (Nair et al. 2015, after DistBelief) holds the Q-network's
 parameters as one flat vector cut into ``S`` disjoint, contiguous slices; each shard
 applies the gradients that reach it with AdaGrad, independently of the others:
 

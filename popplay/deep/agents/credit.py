@@ -1,5 +1,5 @@
 """The update credit every replay learner keeps: ``update_ratio`` gradient updates
-owed per transition received once replay holds ``learning_starts`` (seed 003 §III-C),
+owed per transition received once replay holds ``learning_starts`` (Grandio §III-C),
 paid by :meth:`UpdateCredit.train`."""
 from __future__ import annotations
 

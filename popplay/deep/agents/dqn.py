@@ -1,4 +1,4 @@
-"""Double DQN (van Hasselt et al. 2016) as seed 003 uses it.
+"""Double DQN (van Hasselt et al. 2016) as Grandio's MPI DQN uses it.
 
 The target of a transition (s, a, r, s', done) is equation (1) of the seed,
 
@@ -9,7 +9,7 @@ online network minimises the Huber loss between Q_online(s, a) and y over unifor
 replay minibatches (Adam, gradients clipped to a norm); the target network is a copy
 of the online one refreshed every ``target_every`` updates. Exploration is ε-greedy
 with ε falling linearly with *learner updates* from ``epsilon_start`` to
-``epsilon_end`` over ``epsilon_updates`` (seed 003 §III-D: tying ε to training, not to
+``epsilon_end`` over ``epsilon_updates`` (Grandio §III-D: tying ε to training, not to
 simulation, keeps fast early simulators from ending exploration before anything is
 learned; every topology uses the same rule).
 """

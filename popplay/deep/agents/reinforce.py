@@ -1,10 +1,10 @@
-"""REINFORCE (Williams 1992) as seed 001 runs it.
+"""REINFORCE (Williams 1992) as the parameter-server draft runs it.
 
 A small policy network gives a softmax over actions; a worker plays one episode,
 computes the discounted returns G_t = Σ_k γ^k r_{t+k}, normalises them within the
 episode, (G - mean) / (std + 0.001), and backpropagates the loss −Σ_t log π(a_t|s_t) G_t
 (summed, not averaged). The parameter server sums the workers' gradients and steps
-Adam. The running reward follows seed 001: R ← 0.05·reward + 0.95·R.
+Adam. The running reward follows the parameter-server draft: R ← 0.05·reward + 0.95·R.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class Reinforce:
     """REINFORCE as an on-policy agent (:class:`popplay.deep.agents.protocol.OnPolicyAgent`):
     what EXARL's workflows need to run it. Each trajectory a learner receives is one
     whole episode (the return needs its end); every step follows the mean of the episode
-    gradients the learners hold that round (seed 001's server sums one per worker: the
+    gradients the learners hold that round (the parameter-server draft's server sums one per worker: the
     mean keeps the step the same however many learners share the work)."""
 
     config: ReinforceConfig

@@ -1,6 +1,6 @@
 """Playing whole episodes on a vector environment (numpy in, numpy out).
 
-Seed 003's simulators and seed 001's workers think in episodes, so a simulator here
+Grandio's simulators and the parameter-server draft's workers think in episodes, so a simulator here
 plays one episode on each copy of its vector environment, each copy reset with its
 own seed (so that an episode depends only on the run's seed and its index, which is
 what makes ``--resume`` exact). A copy that finishes early waits (its further steps

@@ -1,13 +1,13 @@
-"""Double DQN over simulators and a learner (seed 003).
+"""Double DQN over simulators and a learner (Grandio's MPI DQN).
 
 ``sequential`` is Algorithm 1: play an episode, store it, train, repeat; with
 ``train_every`` K it trains every K environment steps instead, mid-episode too (the
 schedule of stable-baselines3's ``train_freq``). The other
-topologies run the learner on rank 0 and simulators on the other ranks: seed 003's
+topologies run the learner on rank 0 and simulators on the other ranks: Grandio's
 (``pipelined``, ``collective``, ``async``: :mod:`popplay.deep.topologies.dqn_ranks`) and
 EXARL's workflows (``multi-learner``, ``master-learner``, ``central-inference``:
 :mod:`popplay.deep.topologies.exarl_ranks`), any replay agent in any of them. In every topology the
-learner owes ``update_ratio`` gradient updates per transition it receives (seed 003
+learner owes ``update_ratio`` gradient updates per transition it receives (Grandio
 §III-C: it trains as much as the simulators produced), ε falls with learner updates,
 and one phase of the experiment is ``sync_every`` episodes per simulator.
 """
@@ -183,7 +183,7 @@ class DQNExperiment(RankedExperiment):
         return ran if ran is not None else self._sequential_round(state)
 
     def _sequential_round(self, state: DQNState) -> DQNState:
-        """Seed 003 Algorithm 1, ``sync_every`` times: an episode, then training; with
+        """Grandio's Algorithm 1, ``sync_every`` times: an episode, then training; with
         ``train_every`` K, training whenever the run's env-step count reaches a
         multiple of K, mid-episode too (the actor acts on the trained network at once)."""
 

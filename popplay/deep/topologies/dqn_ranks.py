@@ -1,4 +1,4 @@
-"""Seed 003's multi-process topologies: the learner on rank 0, simulators on ranks 1..N,
+"""Grandio's multi-process topologies: the learner on rank 0, simulators on ranks 1..N,
 for any replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`: DQN, TD3, DDPG).
 
 ``pipelined`` (two ranks, seed §III-B): every ``sync_every`` episodes the simulator
@@ -428,7 +428,7 @@ def _async_simulator(sim: _Simulator) -> None:
 
 
 class Simulators:
-    """Seed 003's topologies as :mod:`popplay.deep.topologies.families` lists them."""
+    """Grandio's topologies as :mod:`popplay.deep.topologies.families` lists them."""
 
     names = ("pipelined", "collective", "async")
     rank0 = Learner

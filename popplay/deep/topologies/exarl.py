@@ -1,7 +1,7 @@
 """EXARL's agents (issue 16) in one process: ``train td3``, ``train ddpg``, ``train a2c``.
 
 The ``sequential`` workflow lives here: one actor and the learner take turns in
-one process, like seed 003's Algorithm 1 (:mod:`popplay.deep.topologies.dqn`). A2C's
+one process, like Grandio's Algorithm 1 (:mod:`popplay.deep.topologies.dqn`). A2C's
 multi-process workflows (``multi-learner``, ``master-learner``, ``central-inference``,
 for all three agents) are :mod:`popplay.deep.topologies.exarl_ranks`; rank 0's side runs
 through the experiments here (:meth:`_Experiment._topology_phase`).
@@ -75,7 +75,7 @@ class DDPGParams(WorkflowParams, DeepParams):
     workflow: str = option(
         "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
                       "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
-                      "batches out; central-inference: one rank holds the model and acts for every actor. Seed 003's "
+                      "batches out; central-inference: one rank holds the model and acts for every actor. Grandio's "
                       "topologies (see train dqn --help): pipelined (one actor), collective, async, with --actors "
                       "simulators.",
         choices=REPLAY_TOPOLOGIES)
@@ -116,7 +116,7 @@ class DDPGParams(WorkflowParams, DeepParams):
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
 
-    # Seed 003's topologies read the layout under their own names.
+    # Grandio's topologies read the layout under their own names.
     @property
     def simulators(self) -> int:
         return self.actors

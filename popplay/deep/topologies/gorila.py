@@ -1,4 +1,4 @@
-"""Gorila (seed 002, Nair et al. 2015): actors, learners and a sharded parameter server
+"""Gorila (Nair et al. 2015): actors, learners and a sharded parameter server
 as separate processes, asynchronous, over c10d/gloo point-to-point messages.
 
 Layout of a job of ``S + L + A`` ranks (bundled mode with local replay: actor ``a``

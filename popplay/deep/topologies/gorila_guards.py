@@ -1,4 +1,4 @@
-"""Gorila's two safeguards (seed 002, "Stability"), as plain state machines.
+"""Gorila's two safeguards (Nair et al. 2015, "Stability"), as plain state machines.
 
 - :class:`StalenessGuard` (on each parameter-server shard): a gradient computed from
   parameters ``server_version - gradient_version`` updates old, where versions count

@@ -1,4 +1,4 @@
-"""REINFORCE with a synchronous parameter server (seed 001).
+"""REINFORCE with a synchronous parameter server (the parameter-server draft).
 
 Every update the server (rank 0) broadcasts the policy's parameters; each worker
 (ranks 1..N) plays one episode in its own environment with them, computes the
@@ -10,7 +10,7 @@ same episodes, the same sum; what the reproduction uses on a small machine and w
 
 Worker w's episode u is reset with ``episode_seed(seed, w + 1, u)`` and samples its
 actions from its own generator, so a run depends only on the seed and the number of
-workers, not on which process plays which worker. The running reward is seed 001's,
+workers, not on which process plays which worker. The running reward is the parameter-server draft's,
 R ← 0.05·reward + 0.95·R, kept per worker; ``running_reward`` is their mean.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ReinforceParams(ExarlLayout, DeepParams):
     hidden: tuple[int, ...] = option((128,), "Hidden layer widths of the policy, comma separated.")
     lr: float = option(1e-2, "Adam learning rate at the server.")
     gamma: float = option(0.99, GAMMA_HELP, min=0.0, max=1.0)
-    max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # seed 001's max_iters
+    max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # the parameter-server draft's max_iters
     eval_episodes: int = option(100, EVAL_HELP, min=0)
     timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
     learners: int = learners_option()

@@ -1,4 +1,4 @@
-"""Seed 001's parameter server over ranks: broadcast, one episode per worker, gather, sum."""
+"""The parameter-server draft's parameter server over ranks: broadcast, one episode per worker, gather, sum."""
 from __future__ import annotations
 
 from typing import Any

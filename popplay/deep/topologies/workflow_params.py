@@ -10,7 +10,7 @@ from popplay.core.options import option
 from popplay.deep.agents.config import check_at_least_one
 
 WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference")
-#: Where a replay agent (DQN, TD3, DDPG) runs: one process, seed 003's simulators and
+#: Where a replay agent (DQN, TD3, DDPG) runs: one process, Grandio's simulators and
 #: learner, or EXARL's workflows (:mod:`popplay.deep.topologies.families`).
 REPLAY_TOPOLOGIES = ("sequential", "pipelined", "collective", "async", *WORKFLOWS[1:])
 SELECTIONS = ("range", "random")
