@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from popplay.checkpoints.lock import LockBusy, RunLock, lock_path
 from tests._dist_helpers import WAIT
 from tests.test_gorila_cli import TINY, _gorila_ranks, _roles_running
 
@@ -38,12 +39,25 @@ def test_torchrun_runs_gorila_with_roles_from_ranks(jobs, tmp_path: Path) -> Non
     process = _torchrun(jobs, 4, "--actors", "1", "--learners", "1", "--shards", "2", "--env-steps", "300",
                         "--seed", "3", *TINY, "--out", str(out), "--json")
     roles: set[str] = set()
+    refused = None  # whether a second writer of OUT was refused while the ranks ran
     deadline = time.monotonic() + WAIT
     while process.poll() is None and time.monotonic() < deadline:
         roles |= _roles_running(str(out) + ".parts")
+        if refused is None and "shard 0" in roles:
+            try:
+                RunLock(out).acquire().release()
+                refused = False
+            except LockBusy:
+                refused = True
+            if process.poll() is not None:
+                refused = None  # the job had ended: the check proves nothing
         time.sleep(0.1)
     code, stdout, stderr = jobs.finish(process, WAIT)
     assert code == 0, stderr
+    # One writer per run file under torchrun too: shard 0 (rank 0 after its exec) holds
+    # OUT's lock while the job runs, and gives it back at the end.
+    assert refused is True
+    assert not lock_path(out).exists()
     # torchrun's workers became the ranks of the local layout: shards first, then learners, actors.
     assert roles == {"shard 0", "shard 1", "learner 0", "actor 0"}
     summary = json.loads(stdout.strip().splitlines()[-1])  # rank 0 alone prints
@@ -119,3 +133,27 @@ def test_a_restart_plays_what_is_left_of_the_budget() -> None:
     assert remaining(both, 300, 50)[1]  # whichever budget ends first
     left, done = remaining(both, 300, 20)
     assert (left.env_steps, left.episodes, done) == (700, 30, False)
+
+
+def test_a_resume_under_torchrun_continues_the_run_s_history(jobs, tmp_path: Path) -> None:
+    """The budget is the run's total and the curves go on from the stored ones, under
+    torchrun as in the local launch; the run file plots and exports."""
+    from popplay.checkpoints.validation import load_run
+    from popplay.cli.main import main
+
+    out = tmp_path / "g.h5"
+    layout = ["--actors", "1", "--learners", "1", "--shards", "1"]
+    assert main(["train", "gorila", *layout, "--env-steps", "300", "--seed", "2", *TINY, "--out", str(out),
+                 "--json", "--quiet"]) == 0
+    first = load_run(out, expected_domain="gorila").curves["agent_steps"]
+    process = _torchrun(jobs, 3, "--resume", str(out), "--env-steps", "600", "--json")
+    code, stdout, stderr = jobs.finish(process, WAIT)
+    assert code == 0, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert 600 <= summary["env_steps"] < 600 + 500 and summary["complete"]
+    stored = load_run(out, expected_domain="gorila")
+    steps = stored.curves["agent_steps"]
+    assert list(steps[:len(first)]) == list(first) and steps[-1] == summary["env_steps"] > first[-1]
+    assert not lock_path(out).exists()
+    assert main(["export", str(out), "--out", str(tmp_path / "g.csv")]) == 0
+    assert main(["plot", str(out), "--out", str(tmp_path / "g.png")]) == 0

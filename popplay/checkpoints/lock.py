@@ -11,12 +11,15 @@ between processes but the file system's own locks.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from popplay.checkpoints.h5io import resolve_output, sibling_name
 
+#: Run-file locks a process hands to the program it ``exec``s into: JSON {path: fd}.
+INHERITED_ENV = "POPPLAY_INHERITED_LOCKS"
 _HELD: dict[str, int] = {}  # resolved run-file path -> holders in this process
 # Called between opening the lock file and locking it: tests widen that window here
 # to drive the race with a concurrent release deterministically.
@@ -95,8 +98,41 @@ class RunLock:
         else:
             _HELD.pop(self._key, None)
 
+    def keep_across_exec(self) -> None:
+        """Let the program this process ``exec``s into hold the lock on: the lock file
+        stays open through the exec, named in :data:`INHERITED_ENV` for
+        :func:`adopt_inherited` there."""
+        if self._fd is None:
+            raise ValueError("keep_across_exec: the lock is not held")
+        os.set_inheritable(self._fd, True)
+        held = json.loads(os.environ.get(INHERITED_ENV) or "{}")
+        held[str(self.path)] = self._fd
+        os.environ[INHERITED_ENV] = json.dumps(held)
+
     def __enter__(self) -> "RunLock":
         return self if self._fd is not None else self.acquire()  # taken earlier: held through the block
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def adopt_inherited() -> list[RunLock]:
+    """The locks the program before an ``exec`` handed over
+    (:meth:`RunLock.keep_across_exec`), held by this process from now on; the variable
+    naming them is cleared, so no child of this process believes it holds them."""
+    try:
+        held = json.loads(os.environ.pop(INHERITED_ENV, None) or "{}")
+    except ValueError:
+        return []
+    locks = []
+    for path, fd in held.items():
+        try:
+            os.fstat(int(fd))
+        except (OSError, ValueError, TypeError):
+            continue  # not open here: nothing to adopt
+        lock = RunLock(path)
+        lock._fd = int(fd)
+        os.set_inheritable(lock._fd, False)
+        _HELD[lock._key] = _HELD.get(lock._key, 0) + 1
+        locks.append(lock)
+    return locks

@@ -690,7 +690,7 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
     def write_partial(checkpoint: dict[str, np.ndarray]) -> None:
         summary = summarize(config, parts, checkpoint, time.time() - started_at, [], True, started_at=started_at,
                             evaluate=False)
-        write_gorila_run(out, total, parts, _continued(summary, before), checkpoint=checkpoint, before=before)
+        write_gorila_run(out, total, parts, continued(summary, before), checkpoint=checkpoint, before=before)
 
     follow = OutFollower(out, parts, config, write_partial, log if log is not None else sys.stderr, first_after=1.0)
 
@@ -716,11 +716,11 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
             shutil.rmtree(parts, ignore_errors=True)
             raise
         reason = str(error).split("; the last checkpoint")[0]
-        write_final(_continued(error.summary, before), f"{reason}; ", error.checkpoint)
+        write_final(continued(error.summary, before), f"{reason}; ", error.checkpoint)
         version = int(error.summary["server_versions"] and max(error.summary["server_versions"]))
         raise GorilaJobLost(f"{reason}; the run file {out} holds the last checkpoint (server version {version})",
                             error.summary) from None
-    summary = _continued(summary, before)
+    summary = continued(summary, before)
     write_final(summary, "")
     summary["out"] = str(out)
     summary.pop("run_dir", None)
@@ -814,7 +814,36 @@ def played_before(before: Any) -> tuple[int, int]:
     return int(before.state_counters["env_steps"]), int(before.state_counters["episodes"])
 
 
-def _continued(summary: dict[str, Any], before: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StoredBefore:
+    """What a continuation needs of the stored run it continues (``before`` of
+    :func:`train_gorila` and :func:`write_gorila_run`), carried in a file across a
+    torchrun worker's ``exec``: its counters, curves and learning seconds."""
+
+    state_counters: dict[str, int]
+    curves: dict[str, np.ndarray]
+    attrs: dict[str, float]
+
+    def save(self, path: Path) -> None:
+        save_npz(path, **{f"curve/{k}": v for k, v in self.curves.items()},
+                 env_steps=self.state_counters["env_steps"], episodes=self.state_counters["episodes"],
+                 learning_seconds=float(self.attrs.get("learning_seconds", 0.0)))
+
+    @classmethod
+    def of(cls, stored: Any) -> "StoredBefore":
+        steps, episodes = played_before(stored)
+        return cls({"env_steps": steps, "episodes": episodes}, dict(stored.curves),
+                   {"learning_seconds": float(stored.attrs.get("learning_seconds", 0.0))})
+
+    @classmethod
+    def load(cls, path: Path) -> "StoredBefore":
+        data = load_npz(path)
+        return cls({"env_steps": int(data["env_steps"]), "episodes": int(data["episodes"])},
+                   {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith("curve/")},
+                   {"learning_seconds": float(data["learning_seconds"])})
+
+
+def continued(summary: dict[str, Any], before: Any) -> dict[str, Any]:
     """A continuation's summary counted over the whole run (rates stay this part's)."""
     if before is None:
         return summary

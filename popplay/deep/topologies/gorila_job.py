@@ -84,7 +84,8 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
         # Rank 0 checks --out (unless this is a restart of the job), prepares the
         # attempt; then this process becomes its rank (exec) and does not return.
         gorila_torchrun.start(config, request.out, json_output=request.json_output, progress_every=progress,
-                              resume_state=resume_state, check_out=check_out)
+                              resume_state=resume_state, check_out=check_out,
+                              held=getattr(request.resume, "lock", None), before=request.resume)
     check_out(request.out)
     should_stop = request.should_stop
     # One writer per run file, as every other run: a resume holds the lock since its

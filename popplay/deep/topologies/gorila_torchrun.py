@@ -52,7 +52,9 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 import torch.distributed as dist
 
-from popplay.core.errors import PopplayError, error_line
+from popplay.checkpoints.h5io import resolve_output
+from popplay.checkpoints.lock import LockBusy, RunLock, adopt_inherited
+from popplay.core.errors import PopplayError, UsageError, error_line
 from popplay.deep.topologies import gorila as G
 from popplay.distributed.launch import in_rank, launched_here
 
@@ -60,6 +62,8 @@ from popplay.distributed.launch import in_rank, launched_here
 #: rank 0 prepared its first attempt: a restart continues that job, with that ``--out``
 #: (a default ``--out`` holds a time stamp that a restarted rank 0 would pick anew).
 PREPARED = "popplay/gorila/prepared"
+#: In an attempt's directory: the stored run that ``--resume`` continues (G.StoredBefore).
+BEFORE_FILE = "before.npz"
 #: Stream offset per attempt: a restarted actor must not replay the same episodes.
 ATTEMPT_STRIDE = 1 << 20
 
@@ -121,18 +125,21 @@ def all_arrived(store: Any, world: int, timeout: float) -> bool:
 
 
 def start(config: G.GorilaConfig, out: Path, *, json_output: bool, progress_every: float,
-          resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None]) -> NoReturn:
+          resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None],
+          held: RunLock | None = None, before: Any = None) -> NoReturn:
     """This torchrun worker's part: connect, let rank 0 prepare the attempt, become the
     rank (``exec``). ``check_out(out)`` raises the CLI's error for an unusable ``--out``;
-    rank 0 calls it unless this attempt continues the job's earlier ones."""
+    rank 0 calls it unless this attempt continues the job's earlier ones. ``held``: the
+    lock rank 0's command took before reading ``--resume``; ``before``: the stored run
+    that ``--resume`` continues (its budget is the run's total, its curves go on)."""
     base = agent_store(config.timeout)
     k = attempt()
     store = attempt_store(base, k)
     me = rank()
     if me == 0:
         try:
-            run_dir = prepare(config, out, base, k, json_output=json_output, progress_every=progress_every,
-                              resume_state=resume_state, check_out=check_out)
+            run_dir, locks = prepare(config, out, base, k, json_output=json_output, progress_every=progress_every,
+                                     resume_state=resume_state, check_out=check_out, held=held, before=before)
         except BaseException as error:
             if isinstance(error, PopplayError):
                 # The line first: once another worker exits, torchrun's agent stops this
@@ -143,6 +150,10 @@ def start(config: G.GorilaConfig, out: Path, *, json_output: bool, progress_ever
                 os._exit(error.exit_code)
             store.set("ready", "error")
             raise
+        # Rank 0 becomes shard 0, which writes OUT: the exec-ed program holds the locks
+        # on until it wrote the run file (Rank0.conclude), so no second writer can start.
+        for lock in locks:
+            lock.keep_across_exec()
         store.set("ready", str(run_dir))
     else:
         try:
@@ -160,6 +171,11 @@ def start(config: G.GorilaConfig, out: Path, *, json_output: bool, progress_ever
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "popplay.deep.topologies.gorila_ranks", f"{G.ROLE_PREFIX} {role}",
                               str(run_dir / "config.json")])
+
+
+def _stored_before(run_dir: Path) -> G.StoredBefore | None:
+    """The stored run a job's attempt continues (``--resume``), or None."""
+    return G.StoredBefore.load(run_dir / BEFORE_FILE) if (run_dir / BEFORE_FILE).exists() else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -185,11 +201,32 @@ def _last_state(earlier: list[Path], config: G.GorilaConfig) -> dict[str, np.nda
 
 
 def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output: bool, progress_every: float,
-            resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None]) -> Path:
-    """Rank 0: the directory of attempt ``k`` with its ``config.json`` (and ``resume.npz``)."""
+            resume_state: dict[str, np.ndarray] | None, check_out: Callable[[Path], None],
+            held: RunLock | None = None, before: Any = None) -> tuple[Path, list[RunLock]]:
+    """Rank 0: the directory of attempt ``k`` with its ``config.json`` (and ``resume.npz``),
+    and the run-file locks it holds (``OUT``'s, taken before anything of it is touched,
+    and ``held``)."""
     continuing = k > 0 and base.check([PREPARED])
     if continuing:
         out = Path(base.get(PREPARED).decode())
+    locks = [held] if held is not None else []
+    if held is None or resolve_output(held.path).absolute() != resolve_output(out).absolute():
+        try:
+            locks.append(RunLock(out).acquire())
+        except LockBusy as error:
+            raise UsageError(str(error)) from None
+    try:
+        return _prepare(config, out, base, k, continuing, json_output=json_output, progress_every=progress_every,
+                        resume_state=resume_state, check_out=check_out, before=before), locks
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+
+
+def _prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, continuing: bool, *, json_output: bool,
+             progress_every: float, resume_state: dict[str, np.ndarray] | None,
+             check_out: Callable[[Path], None], before: Any) -> Path:
     parts = G.parts_of(out)
     earlier = sorted((d for d in parts.glob("attempt-*") if d.is_dir() and d.name.split("-", 1)[1].isdigit()
                       and int(d.name.split("-", 1)[1]) < k), key=lambda d: int(d.name.split("-", 1)[1]))
@@ -200,15 +237,24 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
         check_out(out)
         G.make_parts(parts)
         started_at = time.time()
+        carried = G.StoredBefore.of(before) if before is not None else None
         state, attempt_config, done = resume_state, config, False
     else:
         started_at = float(first["torchrun"]["started_at"])
         state = _last_state(earlier, config) or resume_state
-        attempt_config, done = G.remaining(config, *G.played(earlier, config))
+        carried = _stored_before(earlier[0])
+    if carried is not None or continuing:
+        # The budget is the whole run's: what the stored run and earlier attempts played counts.
+        steps, episodes = G.played(earlier, config)
+        if carried is not None:
+            steps, episodes = steps + carried.state_counters["env_steps"], episodes + carried.state_counters["episodes"]
+        attempt_config, done = G.remaining(config, steps, episodes)
     run_dir = parts / f"attempt-{k}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
+    if carried is not None:
+        carried.save(run_dir / BEFORE_FILE)
     if state is not None:
         G.save_npz(run_dir / "resume.npz", **{name: state[name] for name in ("params", "accumulator", "version")})
         attempt_config = dataclasses.replace(attempt_config, resume=str(run_dir / "resume.npz"))
@@ -220,7 +266,7 @@ def prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, *, json_output
     if continuing and state is not None:
         # OUT holds what this attempt starts from, before it can be lost in turn (every
         # shard of it starts at the checkpoint's version).
-        write_partial(config, out, run_dir, earlier, started_at, checkpoint={
+        write_partial(config, out, run_dir, earlier, started_at, before=carried, checkpoint={
             "params": state["params"], "accumulator": state["accumulator"], "version": np.int64(state["version"]),
             "shard_versions": np.full(config.shards, int(state["version"]), dtype=np.int64)})
     base.set(PREPARED, str(out))
@@ -245,9 +291,12 @@ class Rank0:
         self.next_progress = time.monotonic() + self.progress_every
         # A lost rank ends the attempt under torchrun; OUT is what is left if no restart follows.
         self.follow = G.OutFollower(self.out, run_dir, self.stored, self._write_partial, sys.stderr)
+        self.locks = adopt_inherited()  # OUT's lock, taken before the exec (start)
+        self.before = _stored_before(run_dir)
 
     def _write_partial(self, checkpoint: dict[str, np.ndarray]) -> None:
-        write_partial(self.stored, self.out, self.run_dir, self.earlier, self.started_at, checkpoint)
+        write_partial(self.stored, self.out, self.run_dir, self.earlier, self.started_at, checkpoint,
+                      before=self.before)
 
     def poll(self, own_version: int) -> None:
         """Called between the shard's waits (cheap unless something is due)."""
@@ -259,6 +308,13 @@ class Rank0:
 
     def conclude(self) -> int:
         """After every shard's last save: the run file and the summary; the exit code."""
+        try:
+            return self._conclude()
+        finally:
+            for lock in self.locks:
+                lock.release()
+
+    def _conclude(self) -> int:
         deadline = time.monotonic() + self.config.timeout
         while int(self.store.add("finished/shards", 0)) < self.config.shards:
             if time.monotonic() > deadline:
@@ -269,11 +325,11 @@ class Rank0:
         stopped = bool(self.store.check(["stop"]))
         checkpoint = G.assemble_checkpoint(self.run_dir, self.stored)
         seconds = time.time() - self.started_at
-        summary = G.summarize(self.stored, self.run_dir, checkpoint, seconds, [], stopped,
-                              started_at=self.started_at, evaluate=not stopped, earlier=self.earlier,
-                              launch="torchrun")
+        summary = G.continued(G.summarize(self.stored, self.run_dir, checkpoint, seconds, [], stopped,
+                                          started_at=self.started_at, evaluate=not stopped, earlier=self.earlier,
+                                          launch="torchrun"), self.before)
         summary["world_size"] = int(os.environ.get("WORLD_SIZE", "0") or 0)
-        G.write_gorila_run(self.out, self.stored, self.run_dir, summary, self.earlier, checkpoint)
+        G.write_gorila_run(self.out, self.stored, self.run_dir, summary, self.earlier, checkpoint, before=self.before)
         shutil.rmtree(G.parts_of(self.out), ignore_errors=True)
         summary["out"] = str(self.out)
         summary.pop("run_dir", None)
@@ -290,13 +346,14 @@ class Rank0:
 
 
 def write_partial(config: G.GorilaConfig, out: Path, run_dir: Path, earlier: list[Path], started_at: float,
-                  checkpoint: dict[str, np.ndarray]) -> None:
-    """``OUT`` as an incomplete run file with ``checkpoint`` (no evaluation)."""
+                  checkpoint: dict[str, np.ndarray], before: G.StoredBefore | None = None) -> None:
+    """``OUT`` as an incomplete run file with ``checkpoint`` (no evaluation); ``before``:
+    the stored run this job continues."""
     summary = G.summarize(config, run_dir, checkpoint, time.time() - started_at, [], True, started_at=started_at,
                           evaluate=False, earlier=earlier, launch="torchrun") \
         if all((run_dir / f"shard-{s}.npz").exists() for s in range(config.shards)) \
         else _bare_summary(config, run_dir, earlier, started_at)
-    G.write_gorila_run(out, config, run_dir, summary, earlier, checkpoint)
+    G.write_gorila_run(out, config, run_dir, G.continued(summary, before), earlier, checkpoint, before=before)
 
 
 def _bare_summary(config: G.GorilaConfig, run_dir: Path, earlier: list[Path], started_at: float) -> dict[str, Any]:
