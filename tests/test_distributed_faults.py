@@ -140,6 +140,23 @@ def test_a_rank_s_own_usage_error_is_not_reported_as_a_lost_rank(jobs, tmp_path)
     assert "was lost" not in errors[0]
 
 
+def test_under_torchrun_a_refused_command_line_is_said_once(jobs, tmp_path: Path) -> None:
+    """Every torchrun worker runs the whole command line: rank 0 says its warnings and
+    its refusal once for the job (they used to come once per worker)."""
+    out = tmp_path / "taken.h5"
+    out.write_bytes(b"someone else's file")
+    args = ["train", "bandit", "--arms", "5", "--agents", "4", "--trials", "4", "--agent-steps", "8",
+            "--share-every", "16", "--out", str(out)]
+    code, _, err = jobs.finish(jobs.start(["--standalone", "--nproc-per-node", "2", "-m", "popplay", *args],
+                                          module="torch.distributed.run"), WAIT)
+    assert code != 0
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    warnings = [line for line in err.splitlines() if line.startswith("Warning:")]
+    assert len(errors) == 1 and "file exists" in errors[0], err
+    assert len(warnings) == 1 and "--share-every 16" in warnings[0], err
+    assert out.read_bytes() == b"someone else's file"
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_rank_stopped_during_start_up_ends_the_job_within_the_timeout_naming_it(jobs, tmp_path: Path,
                                                                                   victim: int) -> None:

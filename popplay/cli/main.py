@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from importlib import import_module
 
 import typer
@@ -23,6 +24,7 @@ from popplay.cli import (  # noqa: F401  (registration)
 )
 from popplay.cli.app import app, set_invocation
 from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line
+from popplay.distributed.launch import torchrun_rank
 
 
 def _short_helps() -> None:
@@ -100,14 +102,14 @@ def _main(argv: list[str] | None) -> int:
             if message.strip():  # plain (non-rich) help comes back as the message
                 print(message)
             return EXIT_USAGE
-        print_error(error.format_message())
+        _say_for_the_job(error.format_message())
         return EXIT_USAGE
     except KeyboardInterrupt:
         print_error("interrupted")
         return EXIT_INTERRUPTED
     except PopplayError as error:
         if str(error):  # none: another process of the job says what happened
-            print_error(str(error))
+            _say_for_the_job(str(error))
         return error.exit_code
     except _EXIT as error:
         return int(getattr(error, "exit_code", 0) or 0)
@@ -122,6 +124,21 @@ def _main(argv: list[str] | None) -> int:
             raise
         print_error(f"internal error: {type(error).__name__}: {error} (set POPPLAY_DEBUG=1 for a traceback)")
         return 1
+
+
+#: How long a torchrun worker other than rank 0 holds back a failure's line: rank 0,
+#: which finds the same problem in the same command line, says it, and its exit makes
+#: torchrun end this worker first. A worker still here after that says it itself.
+QUIET_RANK_SECONDS = 10.0
+
+
+def _say_for_the_job(message: str) -> None:
+    """One line for the whole job: under torchrun, rank 0 speaks for every worker."""
+    if torchrun_rank() not in (None, 0):
+        sys.stdout.flush()
+        time.sleep(QUIET_RANK_SECONDS)
+        message = f"rank {os.environ.get('RANK')}: {message}"
+    print_error(message)
 
 
 def print_error(message: str) -> None:

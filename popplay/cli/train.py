@@ -26,7 +26,7 @@ from popplay.core.errors import PopplayError, UsageError
 from popplay.core.experiment import PER_TRIAL
 from popplay.core.limits import check_run_fits
 from popplay.distributed.group import env_world
-from popplay.distributed.launch import in_rank
+from popplay.distributed.launch import in_rank, speaks_for_job
 from popplay.training import job
 from popplay.training.job import JobOptions
 
@@ -206,8 +206,9 @@ def link_latest(domain: str, path: Path) -> Path | None:
 
 
 def warn(message: str) -> None:
-    """One ``Warning: …`` line on stderr, before training starts."""
-    print(f"Warning: {message}", file=sys.stderr, flush=True)
+    """One ``Warning: …`` line on stderr, before training starts (once per job)."""
+    if speaks_for_job():
+        print(f"Warning: {message}", file=sys.stderr, flush=True)
 
 
 def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int | None = None,
@@ -229,25 +230,10 @@ def check_schedule(params: Any, *, time_budget: float | None, agent_steps: int |
              f"{params.steps_per_agent * agents:,} agent-steps per trial ({params.steps_per_agent:,} per agent)")
     if time_budget is not None:
         return
-    per_agent = getattr(params, "steps_per_agent", None)
-    share_every = getattr(params, "share_every", None)
-    if per_agent is not None and share_every is not None and share_every > per_agent:
-        warn(f"--share-every {share_every:,} is more than the {per_agent:,} steps each agent takes: the agents "
-             "learn alone and share only once, at the end")
     own = getattr(params, "schedule_warnings", None)
-    if own is not None:  # a domain whose operators run on another clock says what it will skip
+    if own is not None:  # each domain knows which of its operators the budget reaches
         for line in own():
             warn(line)
-        return
-    replicate_every = getattr(params, "replicate_every", 0)
-    if replicate_every:
-        if hasattr(params, "episodes"):
-            phases, unit = params.episodes, "episodes"
-        else:
-            phases, unit = -(-per_agent // share_every), "shares"
-        if replicate_every > phases:
-            warn(f"--replicate-every {replicate_every:,} is more than the run's {phases:,} {unit}: "
-                 "no replication will happen")
 
 
 SUMMARY_WIDTH = 100

@@ -43,6 +43,21 @@ def in_rank() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it (not our launcher), else None."""
+    if in_rank() and not launched_here():
+        return int(os.environ.get("RANK", "0") or 0)
+    return None
+
+
+def speaks_for_job() -> bool:
+    """Whether this process says what every process of its job would say (warnings
+    about the command line): a process of its own, our launcher (not its ranks, whose
+    command line it checked), or torchrun's rank 0 (each torchrun worker runs the
+    whole command line)."""
+    return not in_rank() or torchrun_rank() == 0
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on now (bound and released; rank 0 binds it next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from pathlib import Path
 
 from popplay.checkpoints.lock import LockBusy, RunLock
@@ -34,19 +33,9 @@ from popplay.deep.topologies.gorila import (
 
 
 def run(config: GorilaConfig, request: RunRequest) -> RunResult:
-    """Run (or, under torchrun, become one rank of) a Gorila job."""
-    torchrun = gorila_torchrun.under_torchrun()
-    try:
-        return _run(config, request, torchrun)
-    except PopplayError as error:
-        if torchrun and gorila_torchrun.rank() != 0:
-            # Every worker finds the same problem; rank 0 alone says it (one line). Its
-            # line must come first: once any worker exits, torchrun stops the others,
-            # and a quiet rank that exits at once can stop rank 0 before it prints (CI
-            # saw no line). Rank 0 exits within a second or two; torchrun then ends this one.
-            time.sleep(10)
-            raise PopplayError("", error.exit_code) from None
-        raise
+    """Run (or, under torchrun, become one rank of) a Gorila job. Under torchrun every
+    worker finds the same problems; rank 0 alone says them (``popplay.cli.main``)."""
+    return _run(config, request, gorila_torchrun.under_torchrun())
 
 
 def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult:

@@ -56,7 +56,7 @@ from popplay.checkpoints.h5io import resolve_output
 from popplay.checkpoints.lock import LockBusy, RunLock, adopt_inherited
 from popplay.core.errors import PopplayError, UsageError, error_line
 from popplay.deep.topologies import gorila as G
-from popplay.distributed.launch import in_rank, launched_here
+from popplay.distributed.launch import torchrun_rank
 
 #: Key (in the agent's store, no prefix) naming the run file of this torchrun job once
 #: rank 0 prepared its first attempt: a restart continues that job, with that ``--out``
@@ -71,11 +71,11 @@ ATTEMPT_STRIDE = 1 << 20
 def under_torchrun() -> bool:
     """True in a worker started by torchrun (torchrun's variables, not our launcher's)."""
 
-    return in_rank() and not launched_here()
+    return torchrun_rank() is not None
 
 
 def rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
+    return torchrun_rank() or 0
 
 
 def attempt() -> int:
