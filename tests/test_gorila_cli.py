@@ -231,6 +231,29 @@ def test_an_actor_lost_while_the_group_forms_restarts_the_start_and_the_run_goes
     assert run.complete and int(run.state_counters["env_steps"]) >= 300
 
 
+def test_an_actor_stopped_by_a_signal_is_lost_after_the_timeout_and_the_run_goes_on(tmp_path, jobs):
+    """A rank stopped by SIGSTOP answers nothing: the launcher counts it lost after
+    --timeout (as the --nproc launcher does) and Gorila's promise holds (a lost actor
+    does not stop the run)."""
+    out = tmp_path / "s.h5"
+    tiny = [*TINY[:TINY.index("--timeout")], "--timeout", "5"]
+    process = jobs.start(["train", "gorila", "--actors", "2", "--env-steps", "4000", *tiny, "--out", str(out)])
+    deadline = time.monotonic() + 90
+    victim = None
+    while victim is None or not out.exists():  # OUT appears once the shards saved: the actors are playing
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate(timeout=30)
+        victim = _gorila_ranks(str(out) + ".parts").get("actor 1")
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGSTOP)
+    code, _, err = jobs.finish(process, 120)
+    assert code == 0, err
+    assert "gorila: actor 1 lost (stopped by a signal (SIGSTOP?) for over 5s); the run goes on" in err, err
+    run = load_run(out, expected_domain="gorila")
+    # Gorila's rule for lost ranks: a result (exit 0), not a complete run (actor 1's share is unplayed).
+    assert not run.complete and "actor 1 (stopped by a signal" in run.result_attrs["lost"]
+    assert int(run.state_counters["env_steps"]) >= 2000  # actor 0 played its whole share
+
+
 @pytest.mark.disk_size("4m")
 def test_a_full_disk_ends_the_job_in_one_line_and_the_run_file_resumes(small_disk, jobs, cli):
     """Issue 31 #6: on a full disk a shard's save thread died with a traceback and the

@@ -226,21 +226,13 @@ def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callab
     hung = False
     stop_deadline: float | None = None
     killed: set[int] = set()  # ranks this launcher stopped: their signal deaths are ours, not losses
-    # A rank stopped by a signal (SIGSTOP) answers nothing, and its peers may be waiting
-    # where c10d's timeout does not reach (a store connection during start-up): the
-    # launcher bounds that itself, by --timeout, and names the stopped rank.
-    stopped_since: dict[int, float] = {}
+    stopped_since = StoppedRanks()
     while True:
         codes = [r.process.poll() for r in ranks]
         if all(code is not None for code in codes):
             break
-        now = time.monotonic()
-        for r, code in zip(ranks, codes):
-            if code is None and _is_stopped(r.process.pid):
-                stopped_since.setdefault(r.rank, now)
-            else:
-                stopped_since.pop(r.rank, None)
-        frozen = [r for r in ranks if r.rank in stopped_since and now - stopped_since[r.rank] > timeout]
+        stopped_since.update({r.rank: r.process.pid for r, code in zip(ranks, codes) if code is None})
+        frozen = [r for r in ranks if r.rank in stopped_since.longer_than(timeout)]
         if frozen:
             killed = _stop_survivors(ranks, 0.0)
             cause, hung = frozen[0], True
@@ -317,6 +309,36 @@ def _is_stopped(pid: int) -> bool:
             return handle.read().rsplit(b")", 1)[1].split()[0] == b"T"
     except (OSError, IndexError):
         return False
+
+
+class StoppedRanks:
+    """The ranks a signal has stopped (SIGSTOP), and since when. Such a rank answers
+    nothing, and its peers may wait where c10d's timeouts do not reach (a store
+    connection during start-up): every launcher bounds that itself, by ``--timeout``,
+    and names the stopped rank."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+
+    def update(self, running: dict[int, int]) -> None:
+        """Look again at the ranks still running (rank -> pid)."""
+        now = time.monotonic()
+        for rank in list(self._since):
+            if rank not in running:
+                del self._since[rank]
+        for rank, pid in running.items():
+            if _is_stopped(pid):
+                self._since.setdefault(rank, now)
+            else:
+                self._since.pop(rank, None)
+
+    def longer_than(self, seconds: float) -> list[int]:
+        """The ranks stopped for more than ``seconds``."""
+        now = time.monotonic()
+        return [rank for rank, since in self._since.items() if now - since > seconds]
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._since
 
 
 def _root_cause(failed: list[_Rank]) -> _Rank | None:

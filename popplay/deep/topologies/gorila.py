@@ -67,7 +67,13 @@ from popplay.deep.agents import networks
 from popplay.deep.agents.config import check_network
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
-from popplay.distributed.launch import PEER_LOST_EXIT, describe_status, loopback_listener, spawn_rank
+from popplay.distributed.launch import (
+    PEER_LOST_EXIT,
+    StoppedRanks,
+    describe_status,
+    loopback_listener,
+    spawn_rank,
+)
 
 ROLE_PREFIX = "popplay gorila"
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
@@ -296,6 +302,7 @@ class _Proc:
     role: Role
     process: subprocess.Popen
     exit_code: int | None = None
+    why: str | None = None  # how it was lost, where its exit code does not say (the launcher killed it)
 
 
 class GorilaJobLost(RuntimeError):
@@ -345,6 +352,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     stop_kill_at: float | None = None
     shard_lost: str | None = None
     kill_at: float | None = None
+    stopped = StoppedRanks()
     try:
         for attempt in range(1, FORMATION_TRIES + 1):
             store, listener, procs = _start_ranks(config, config_path)
@@ -379,17 +387,25 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                         store.add(f"finished/actors-of-{l}", 1)
                 if code != 0:
                     store.set(f"lost/{p.rank}", str(code))
-                    lost.append(f"{p.role} ({_describe(code)})")
+                    why = p.why or _describe(code)
+                    lost.append(f"{p.role} ({why})")
                     if (p.role.kind == "shard" or code == EXIT_CANNOT_SAVE) and shard_lost is None:
                         # A rank that cannot save (a full disk) ends the job as a lost
                         # shard does: the others' files would stop moving too.
-                        shard_lost = f"{p.role} was lost ({_describe(code)})"
+                        shard_lost = f"{p.role} was lost ({why})"
                         store.set("stop", "shard lost")
                     elif shard_lost is None:
-                        out.write(f"gorila: {p.role} lost ({_describe(code)}); the run goes on\n")
+                        out.write(f"gorila: {p.role} lost ({why}); the run goes on\n")
                         out.flush()
             if running == 0:
                 break
+            # A rank stopped by a signal holds its peers' messages: lost, as if it had died.
+            stopped.update({p.rank: p.process.pid for p in procs if p.exit_code is None})
+            for rank in stopped.longer_than(config.timeout):
+                frozen = procs[rank]
+                if frozen.why is None:
+                    frozen.why = f"stopped by a signal (SIGSTOP?) for over {config.timeout:g}s"
+                    frozen.process.kill()
             if stop_sent and shard_lost is None:
                 # Every rank finishes what it holds on "stop"; one that is still here
                 # long after (an actor whose last send hangs, up to --timeout) is killed,
@@ -476,11 +492,15 @@ def _formation_problem(store: Any, procs: list[_Proc], config: GorilaConfig,
     rank that exited meanwhile (gloo's rendezvous would wait its long transport timeout
     for it), a stop request, or no group within the bound."""
     deadline = time.monotonic() + max(config.timeout, FORMATION_SECONDS)
+    stopped = StoppedRanks()
     while int(store.add(FORMED_KEY, 0)) < len(procs):
         for p in procs:
             code = p.process.poll()
             if code is not None:
                 return f"{p.role} was lost ({_describe(code)})"
+        stopped.update({p.rank: p.process.pid for p in procs})
+        for rank in stopped.longer_than(config.timeout):
+            return f"{procs[rank].role} was stopped by a signal (SIGSTOP?) for over {config.timeout:g}s"
         if should_stop is not None and should_stop():
             return "stopped on request"
         if time.monotonic() > deadline:
