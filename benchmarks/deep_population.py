@@ -1,7 +1,7 @@
 """Deep populations (``train dqn --agents P``): throughput and what the operators buy (not a test).
 
     python benchmarks/deep_population.py throughput [--members 64] [--steps 3000] [--hidden 128,128]
-    python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1]
+    python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1] [--variants "A;B"]
 
 ``throughput``, side by side in one run on this machine, DQN on CartPole-v1 with one
 network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
@@ -17,7 +17,9 @@ network and schedule for all (``--hidden``, batch 64, replay 50k, learning start
 ``quality``: 16 members with sampled hyper-parameters (lr log-uniform in [1e-4, 3e-3],
 γ in {0.98, 0.99, 0.995}, target period in {100, 250, 500}), the same 16 samples
 trained independently (the population with its operators off is exactly that: member
-``k`` is member ``k`` alone), PBT, and experience-weighted sharing, each ``--steps``
+``k`` is member ``k`` alone), PBT (truncation at every step; and its t-test form, which
+copies only a clearly better parent and starts once ε has fallen), and experience-weighted
+sharing, each ``--steps``
 env-steps per member, per seed. Reported: the best member's greedy mean return over
 100 episodes at the end, and the total env-steps at which the best member's training
 mean (last 10 episodes, ε-greedy) first reached 475.
@@ -108,8 +110,13 @@ def quality(args: argparse.Namespace) -> dict:
     variants = {
         "independent (random search)": [],
         "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
+        # PBT's t-test exploit, from the end of ε's fall (5,000 updates at 0.25 per env-step) on.
+        "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
+                                       "--replicate-when", "significant", "--replicate-after", "20000"],
         "sharing": ["--share-every", "5000"],
     }
+    if args.variants:
+        variants = {name: variants[name] for name in args.variants}
     rows: dict[str, list[dict]] = {name: [] for name in variants}
     for seed in args.seeds:
         for name, extra in variants.items():
@@ -133,6 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hidden", default="128,128")
     parser.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--variants", type=lambda s: s.split(";"), default=None,
+                        help="quality: only these variants, separated by ';'")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.steps is None:

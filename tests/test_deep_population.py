@@ -144,6 +144,54 @@ def test_pbt_copies_weights_optimiser_and_hypers_from_the_best_and_records_them(
     assert np.array_equal(state.recent[0], state.recent[1], equal_nan=True)  # ranked as its parent until it plays
 
 
+def test_window_means_and_errors_follow_the_sample_formula() -> None:
+    from popplay.operators.evolution import window_means
+
+    recent = np.array([[1.0, 2.0, 3.0, np.nan], [5.0, np.nan, np.nan, np.nan], [np.nan] * 4])
+    means, errors = window_means(recent)
+    assert means[0] == 2.0 and errors[0] == np.sqrt(((1 + 0 + 1) / 2) / 3)  # s / sqrt(n), s with n - 1
+    assert means[1] == 5.0 and errors[1] == np.inf  # one return: no spread to judge by
+    assert np.isnan(means[2]) and errors[2] == np.inf
+
+
+def test_significant_pbt_copies_only_a_parent_clearly_better_and_always_a_diverged_child() -> None:
+    params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant")
+    experiment = DQNPopulation(params, None)
+    state = run_phases(experiment, 1)
+    # Members 0 and 1 the worst; member 3's returns are far above member 0's, member
+    # 2's overlap member 1's: only 3 -> 0 is carried out.
+    state.recent = np.array([[10.0, 11.0, 12.0, 10.0], [20.0, 60.0, 25.0, 70.0],
+                             [30.0, 90.0, 20.0, 80.0], [100.0, 101.0, 99.0, 100.0]])
+    online = state.learner.online.matrix.clone()
+    parents, children = experiment.replicate(state)
+    assert parents.tolist() == [3] and children.tolist() == [0]
+    assert torch.equal(state.learner.online.matrix[1], online[1])  # kept: not shown worse than member 2
+    # A member whose parameters went non-finite is replaced whatever its window says.
+    state.recent = np.array([[100.0, 101.0, 99.0, 100.0], [20.0, 60.0, 25.0, 70.0],
+                             [30.0, 90.0, 20.0, 80.0], [100.0, 101.0, 99.0, 100.0]])
+    state.learner.online.matrix[2, 0] = float("nan")
+    assert experiment.check_finite(state, phase=2) == []
+    parents, children = experiment.replicate(state)
+    assert 2 in children.tolist() and torch.isfinite(state.learner.online.matrix).all()
+    # The same windows under "always": both pairs are carried out.
+    always = DQNPopulation(dataclasses.replace(params, replicate_when="always"), None)
+    state = run_phases(always, 1)
+    state.recent = np.array([[10.0, 11.0, 12.0, 10.0], [20.0, 60.0, 25.0, 70.0],
+                             [30.0, 90.0, 20.0, 80.0], [100.0, 101.0, 99.0, 100.0]])
+    assert sorted(always.replicate(state)[1].tolist()) == [0, 1]
+
+
+def test_no_pbt_step_before_replicate_after() -> None:
+    params = small(agents=2, replicate_fraction=0.5, replicate_every=20, phase_steps=20, replicate_after=60)
+    experiment = DQNPopulation(params, None)
+    state = experiment.initial_state()
+    steps = []
+    for _ in range(4):
+        state = experiment.phase(state, time_left=None)
+        steps.append((int(state.member_env_steps), int(state.replications)))
+    assert steps == [(20, 0), (40, 0), (60, 3), (80, 4)]
+
+
 def test_copy_replay_takes_the_parents_memory_too() -> None:
     experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True), None)
     state = run_phases(experiment, 1)

@@ -26,6 +26,7 @@ HOOKS = {"slow_learner", "slow_simulator", "inject_stale_every", "inject_huge_ev
 #: Parameters a command gained since the recording (their defaults change nothing it did):
 #: DQN and REINFORCE run in EXARL's workflows, whose layout they now record.
 POPULATION_KEYS = {"agents", "hp", "phase_steps", "replicate_every", "replicate_fraction", "window", "resample",
+                   "replicate_when", "replicate_confidence", "replicate_after",
                    "copy_replay", "share_every", "share_group", "differentiation", "bias_decay"}  # --agents P
 ADDED = {name: {"learners", "selection", "queue_capacity"} | (POPULATION_KEYS if name.startswith("dqn") else set())
          for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}

@@ -29,6 +29,8 @@ import numpy as np
 from popplay import rng, stats
 
 TAG_VARIATION = 8
+#: When a selected pair is carried out: at every selection, or only on evidence (:func:`significant`).
+REPLICATE_WHEN = ("always", "significant")
 
 EVENTS = {"initial": 0, "copy": 1, "mutation": 2, "share": 3, "reset": 4, "quarantine": 5}
 EVENT_NAMES = {code: name for name, code in EVENTS.items()}
@@ -101,6 +103,21 @@ def significant(parents: np.ndarray, children: np.ndarray, ratings: np.ndarray, 
     parent_low = np.take_along_axis(ratings, parents, axis=-1) - z * np.take_along_axis(errors, parents, axis=-1)
     child_high = np.take_along_axis(ratings, children, axis=-1) + z * np.take_along_axis(errors, children, axis=-1)
     return parent_low > child_high  # NaN ratings (ineligible agents) compare False: never a parent
+
+
+def window_means(recent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each agent's mean score over its window ``recent`` (..., agents, window; NaN
+    where no score came yet) and that mean's standard error (sample standard deviation
+    / sqrt(n)); NaN mean without any score, infinite error with fewer than two, so such
+    an agent is never judged better or worse than another by :func:`significant`."""
+    recent = np.asarray(recent, dtype=np.float64)
+    seen = ~np.isnan(recent)
+    count = seen.sum(axis=-1)
+    values = np.where(seen, recent, 0.0)
+    mean = np.where(count > 0, values.sum(axis=-1) / np.maximum(count, 1), np.nan)
+    squares = np.where(seen, (recent - mean[..., None]) ** 2, 0.0).sum(axis=-1)
+    error = np.where(count > 1, np.sqrt(squares / np.maximum(count - 1, 1) / np.maximum(count, 1)), np.inf)
+    return mean, error
 
 
 def _lead_index(lead: tuple[int, ...]) -> tuple[np.ndarray, ...]:

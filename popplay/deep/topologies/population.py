@@ -50,7 +50,7 @@ from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays
 from popplay.distributed import collectives
 from popplay.distributed.group import current
 from popplay.operators import hyper
-from popplay.operators.evolution import Lineage, initial_ids, select_replacements
+from popplay.operators.evolution import Lineage, initial_ids, select_replacements, significant, window_means
 from popplay.operators.sharing import differentiate, share_weighted
 
 TAG_SHARE = 12
@@ -221,7 +221,7 @@ class PopulationExperiment(DeepExperiment):
         p = self.params
         if self._crossed(state, p.share_every, state.shares):
             self.share(state)
-        if self._crossed(state, p.replicate_every, state.replications):
+        if self._crossed(state, p.replicate_every, state.replications) and state.member_env_steps >= p.replicate_after:
             self.replicate(state)
 
     def scores(self, state: PopulationState) -> np.ndarray:
@@ -245,8 +245,14 @@ class PopulationExperiment(DeepExperiment):
                               else state.replications + 1)
         learner = state.learner
         scores = self.scores(state) if scores is None else np.asarray(scores, dtype=np.float64)
-        parents, children = select_replacements(scores, p.replicate_fraction, eligible=self._finite_members(state))
+        finite = self._finite_members(state)
+        parents, children = select_replacements(scores, p.replicate_fraction, eligible=finite)
         copies = parents != children
+        if p.replicate_when == "significant":
+            # A diverged member is replaced whatever the evidence; the others only by a
+            # parent whose window mean is above theirs beyond its noise.
+            _, errors = window_means(self._whole(state.recent))
+            copies &= significant(parents, children, scores, errors, p.replicate_confidence) | ~finite[children]
         parents, children = parents[copies], children[copies]
         if children.size == 0:
             return parents, children

@@ -10,6 +10,7 @@ from typing import Any
 
 from popplay.core.options import option
 from popplay.operators import hyper
+from popplay.operators.evolution import REPLICATE_WHEN
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,15 @@ class PopulationLayout:
                                      "become copies of the best, then explore their --hp values (0: never).", min=0)
     replicate_fraction: float = option(0.25, "Fraction of members replaced at each PBT step.", min=0.0, max=0.5)
     window: int = option(10, "Episodes per member whose mean return ranks the members.", min=1)
+    replicate_when: str = option("always", "always: at every PBT step the worst --replicate-fraction become copies "
+                                           "of the best; significant: only where the parent's mean return over its "
+                                           "--window lies above the child's with --replicate-confidence (their "
+                                           "intervals, mean ± z standard errors, do not overlap; PBT's t-test "
+                                           "exploit).", choices=REPLICATE_WHEN)
+    replicate_confidence: float = option(0.95, "With --replicate-when significant: the intervals' confidence, "
+                                               "in (0, 1).")
+    replicate_after: int = option(0, "No PBT step before this many env-steps per member (early returns, under "
+                                     "high exploration, measure luck more than skill).", min=0)
     resample: float = option(0.25, "PBT explore: chance to redraw a value from its --hp spec instead of x0.8 / "
                                    "x1.2 (or a neighbouring choice).", min=0.0, max=1.0)
     copy_replay: bool = option(False, "PBT copies also take their parent's replay memory (default: they keep "
@@ -82,6 +92,12 @@ class PopulationLayout:
                              f"--nproc ranks); give {layout} sequential (got {topology!r})")
         if self.replicate_every and not 0 < self.replicate_fraction <= 0.5:
             raise ValueError(f"replicate_fraction must lie in (0, 0.5] (got {self.replicate_fraction})")
+        if self.replicate_when not in REPLICATE_WHEN:
+            raise ValueError(f"replicate_when must be one of {', '.join(REPLICATE_WHEN)} (got {self.replicate_when!r})")
+        if not 0.0 < self.replicate_confidence < 1.0:
+            raise ValueError(f"replicate_confidence must lie in (0, 1) (got {self.replicate_confidence})")
+        if self.replicate_after < 0:
+            raise ValueError(f"replicate_after must be non-negative (got {self.replicate_after})")
         if self.share_group and (self.share_group < 2 or self.agents % self.share_group):
             raise ValueError(f"share_group must be 0 or a divisor of --agents of at least 2 (got {self.share_group})")
         for name in ("phase_steps", "window"):

@@ -45,7 +45,7 @@ import numpy as np
 from popplay import rng as _rng
 from popplay.core.options import option
 from popplay.games.schedule import replication_warning
-from popplay.operators.evolution import Lineage
+from popplay.operators.evolution import REPLICATE_WHEN, Lineage
 from popplay.xp import npx, py
 
 # Random-stream families of this domain (rng.py's own tags are below 32).
@@ -83,7 +83,6 @@ KNIGHT: tuple[tuple[int, int], ...] = ((-2, -1), (-2, 1), (-1, -2), (-1, 2), (1,
 DEFAULT_MAX_TURNS = 100
 DTYPES = ("float64", "float32")
 LEAGUE_SAMPLING = ("uniform", "pfsp")
-REPLICATE_WHEN = ("always", "significant")
 PAIRINGS = ("uniform", "adaptive")
 SEARCH_WIN = 1000.0  # score of a won (lost: minus) position in the material search
 MAX_SIDE = 26  # rows and columns are named a..z / 1..26 in the terminal
