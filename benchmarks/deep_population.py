@@ -19,8 +19,7 @@ network and schedule for all (``--hidden``, batch 64, replay 50k, learning start
 trained independently (the population with its operators off is exactly that: member
 ``k`` is member ``k`` alone), PBT (truncation at every step; and its t-test form, which
 copies only a clearly better parent and starts once ε has fallen), and experience-weighted
-sharing, each ``--steps``
-env-steps per member, per seed. Reported: the best member's greedy mean return over
+sharing, each ``--steps`` env-steps per member, per seed. Reported: the best member's greedy mean return over
 100 episodes at the end, and the total env-steps at which the best member's training
 mean (last 10 episodes, ε-greedy) first reached 475.
 """

@@ -114,11 +114,106 @@ def spawn_rank(rank: int, world_size: int, port: int, threads: int, module: str,
 
 
 @dataclass
-class _Rank:
+class LocalRank:
+    """One rank a launcher started: its process and what the launcher notes of it."""
+
     rank: int
     process: subprocess.Popen
+    role: Any = None  # the launcher's own description of the rank (Gorila's Role)
     held: list[str] = field(default_factory=list)  # its "Error: ..." lines, shown only if it is the cause
     reader: threading.Thread | None = None
+    exit_code: int | None = None  # once :meth:`LocalRanks.newly_ended` saw it end
+    why: str | None = None  # how it was lost where its exit code does not say (the launcher killed it)
+
+
+class LocalRanks:
+    """A job's ranks as local processes, for every launcher (``--nproc``'s and Gorila's):
+    started with :func:`spawn_rank`, polled, watched for ranks a signal stopped, and
+    ended together (killed and reaped) however the launcher leaves. What a lost rank
+    means is the launcher's policy: ``--nproc`` ends the job, Gorila goes on without a
+    lost actor or learner."""
+
+    def __init__(self) -> None:
+        self.ranks: list[LocalRank] = []
+        self.stopped = StoppedRanks()
+
+    def __enter__(self) -> "LocalRanks":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Any:
+        return iter(self.ranks)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __getitem__(self, rank: int) -> LocalRank:
+        return self.ranks[rank]
+
+    def start(self, rank: int, world_size: int, port: int, threads: int, module: str, role_text: str,
+              args: list[str], *, role: Any = None, forward_to: IO[str] | None = None, pipe_stderr: bool = True,
+              stdout: Any = subprocess.DEVNULL, pass_fds: tuple[int, ...] = (),
+              extra_env: dict[str, str] | None = None) -> LocalRank:
+        """Start rank ``rank`` (:func:`spawn_rank`). With ``pipe_stderr`` its stderr is
+        copied to ``forward_to`` (None: dropped) line by line, its ``Error:`` lines held
+        back for the launcher's verdict; without, the rank writes to this stderr."""
+        process = spawn_rank(rank, world_size, port, threads, module, role_text, args, stdout=stdout,
+                             stderr=subprocess.PIPE if pipe_stderr else None, pass_fds=pass_fds, extra_env=extra_env)
+        entry = LocalRank(rank, process, role)
+        if pipe_stderr:
+            entry.reader = threading.Thread(target=_forward, args=(process.stderr, forward_to, entry.held),
+                                            daemon=True)
+            entry.reader.start()
+        self.ranks.append(entry)
+        return entry
+
+    def newly_ended(self) -> list[LocalRank]:
+        """The ranks seen ended for the first time now (their ``exit_code`` set)."""
+        ended = []
+        for entry in self.ranks:
+            if entry.exit_code is None:
+                code = entry.process.poll()
+                if code is not None:
+                    entry.exit_code = code
+                    ended.append(entry)
+        return ended
+
+    def running(self) -> list[LocalRank]:
+        return [entry for entry in self.ranks if entry.process.poll() is None]
+
+    def frozen(self, seconds: float) -> list[LocalRank]:
+        """The running ranks a signal has stopped for more than ``seconds``."""
+        self.stopped.update({entry.rank: entry.process.pid for entry in self.running()})
+        return [self.ranks[rank] for rank in self.stopped.longer_than(seconds)]
+
+    def kill(self, entries: list[LocalRank] | None = None) -> set[int]:
+        """Kill ``entries`` (default: every rank) that still run; the ranks killed."""
+        killed: set[int] = set()
+        for entry in self.ranks if entries is None else entries:
+            if entry.process.poll() is None:
+                try:
+                    entry.process.kill()
+                    killed.add(entry.rank)
+                except OSError:
+                    pass
+        return killed
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Kill whatever still runs, reap every rank (its exit code noted) and let the
+        stderr readers finish."""
+        self.kill()
+        for entry in self.ranks:
+            try:
+                entry.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            if entry.exit_code is None:
+                entry.exit_code = entry.process.returncode
+        for entry in self.ranks:
+            if entry.reader is not None:
+                entry.reader.join(timeout=5)
 
 
 def _forward(stream: IO[bytes], target: IO[str] | None, held: list[str]) -> None:
@@ -172,17 +267,16 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
     # The store's socket is bound here and handed to rank 0.
     listener = loopback_listener(nproc)
     port = int(listener.getsockname()[1])
-    ranks: list[_Rank] = []
+    ranks = LocalRanks()
     interrupts = {"count": 0}
 
     def on_signal(signum: int, frame: object) -> None:
         interrupts["count"] += 1
-        for r in ranks:
-            if r.process.poll() is None:
-                try:
-                    r.process.send_signal(signal.SIGINT if interrupts["count"] == 1 else signal.SIGKILL)
-                except OSError:
-                    pass
+        for r in ranks.running():
+            try:
+                r.process.send_signal(signal.SIGINT if interrupts["count"] == 1 else signal.SIGKILL)
+            except OSError:
+                pass
 
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -197,42 +291,31 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
             if rank == 0:
                 extra["POPPLAY_STORE_FD"] = str(listener.fileno())
                 passed = (listener.fileno(),)
-            process = spawn_rank(rank, nproc, port, threads, module, role(rank, nproc), argv,
-                                 stdout=None if rank == 0 else subprocess.DEVNULL, pass_fds=passed, extra_env=extra)
+            ranks.start(rank, nproc, port, threads, module, role(rank, nproc), argv,
+                        forward_to=out if rank == 0 else None, stdout=None if rank == 0 else subprocess.DEVNULL,
+                        pass_fds=passed, extra_env=extra)
             if rank == 0:
                 listener.close()  # rank 0 holds it now
-            entry = _Rank(rank, process)
-            entry.reader = threading.Thread(target=_forward, args=(process.stderr, out if rank == 0 else None,
-                                                                   entry.held), daemon=True)
-            entry.reader.start()
-            ranks.append(entry)
         return _watch(ranks, nproc, timeout, describe_lost, out, lambda: interrupts["count"] > 0)
     finally:
         listener.close()
-        for r in ranks:
-            if r.process.poll() is None:
-                r.process.kill()
-            try:
-                r.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        ranks.close()
         for sig, old in previous.items():
             signal.signal(sig, old)
 
 
-def _watch(ranks: list[_Rank], nproc: int, timeout: float, describe_lost: Callable[[], str] | None,
+def _watch(ranks: LocalRanks, nproc: int, timeout: float, describe_lost: Callable[[], str] | None,
            out: IO[str], interrupted: Callable[[], bool]) -> int:
-    cause: _Rank | None = None
+    cause: LocalRank | None = None
     hung = False
     stop_deadline: float | None = None
     killed: set[int] = set()  # ranks this launcher stopped: their signal deaths are ours, not losses
-    stopped_since = StoppedRanks()
+    stopped_since = ranks.stopped
     while True:
         codes = [r.process.poll() for r in ranks]
         if all(code is not None for code in codes):
             break
-        stopped_since.update({r.rank: r.process.pid for r, code in zip(ranks, codes) if code is None})
-        frozen = [r for r in ranks if r.rank in stopped_since.longer_than(timeout)]
+        frozen = ranks.frozen(timeout)
         if frozen:
             killed = _stop_survivors(ranks, 0.0)
             cause, hung = frozen[0], True
@@ -341,13 +424,13 @@ class StoppedRanks:
         return rank in self._since
 
 
-def _root_cause(failed: list[_Rank]) -> _Rank | None:
+def _root_cause(failed: list[LocalRank]) -> LocalRank | None:
     """The rank that failed first-hand: a signal death beats an error, an error beats
     a rank that only saw a peer vanish."""
     if not failed:
         return None
 
-    def badness(r: _Rank) -> int:
+    def badness(r: LocalRank) -> int:
         code = r.process.returncode
         if code is not None and code < 0:
             return 0
@@ -358,21 +441,14 @@ def _root_cause(failed: list[_Rank]) -> _Rank | None:
     return min(failed, key=lambda r: (badness(r), r.rank))
 
 
-def _stop_survivors(ranks: list[_Rank], grace: float) -> set[int]:
+def _stop_survivors(ranks: LocalRanks, grace: float) -> set[int]:
     """Give the others ``grace`` seconds to notice and exit, then kill them; return the
     ranks killed. Only rank 0 writes, atomically, so killing it cannot damage the last
     good checkpoint."""
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(r.process.poll() is None for r in ranks):
+    while time.monotonic() < deadline and ranks.running():
         time.sleep(0.05)
-    killed: set[int] = set()
-    for r in ranks:
-        if r.process.poll() is None:
-            try:
-                r.process.kill()
-                killed.add(r.rank)
-            except OSError:
-                pass
+    killed = ranks.kill()
     for r in ranks:
         try:
             r.process.wait(timeout=10)

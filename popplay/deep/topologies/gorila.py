@@ -24,11 +24,12 @@ die (``waitpid``), and hosting the store here means no rank's death takes the
 rendezvous with it. gloo cannot tell a pending receive that its peer died (the
 receive just waits), so every rank polls the store between messages instead.
 
-Its ranks start as every launcher's do (:func:`popplay.distributed.launch.spawn_rank`:
-torchrun's variables, the role on the command line, its own session); what differs from
-:func:`popplay.distributed.launch.launch_local` is the watching: that one stops the whole
-job when any rank is lost, by design; Gorila must keep going without a lost actor or
-learner and stop only for a lost shard. Under
+Its ranks are started, watched and ended by the one launcher every multi-process job
+uses (:class:`popplay.distributed.launch.LocalRanks`: torchrun's variables, the role on
+the command line, its own session, ranks stopped by a signal, every rank reaped on the
+way out); what differs from :func:`popplay.distributed.launch.launch_local` is the
+policy: that one stops the whole job when any rank is lost, by design; Gorila must keep
+going without a lost actor or learner and stop only for a lost shard. Under
 ``torchrun`` itself the ranks are torchrun's workers (:mod:`gorila_torchrun`): its
 agent hosts the store and ends the attempt when any rank is lost.
 
@@ -46,7 +47,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -67,13 +67,7 @@ from popplay.deep.agents import networks
 from popplay.deep.agents.config import check_network
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
-from popplay.distributed.launch import (
-    PEER_LOST_EXIT,
-    StoppedRanks,
-    describe_status,
-    loopback_listener,
-    spawn_rank,
-)
+from popplay.distributed.launch import PEER_LOST_EXIT, LocalRanks, describe_status, loopback_listener
 
 ROLE_PREFIX = "popplay gorila"
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
@@ -296,15 +290,6 @@ def spaces(env_id: str) -> dict[str, int]:
 
 # --- the launcher --------------------------------------------------------------------
 
-@dataclass
-class _Proc:
-    rank: int
-    role: Role
-    process: subprocess.Popen
-    exit_code: int | None = None
-    why: str | None = None  # how it was lost, where its exit code does not say (the launcher killed it)
-
-
 class GorilaJobLost(RuntimeError):
     """A parameter-server shard was lost; the run stopped (checkpoint kept)."""
 
@@ -343,7 +328,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps({**config.to_dict(), **spaces(config.env)}, indent=1))
-    procs: list[_Proc] = []
+    procs = LocalRanks()
     lost: list[str] = []
     start = time.monotonic()
     started_at = time.time()
@@ -352,14 +337,13 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     stop_kill_at: float | None = None
     shard_lost: str | None = None
     kill_at: float | None = None
-    stopped = StoppedRanks()
     try:
         for attempt in range(1, FORMATION_TRIES + 1):
             store, listener, procs = _start_ranks(config, config_path)
             problem = _formation_problem(store, procs, config, should_stop)
             if problem is None:
                 break
-            _end(procs)
+            procs.close()
             if should_stop is not None and should_stop():
                 raise GorilaJobLost("stopped on request while the ranks were forming their group; nothing was played",
                                     exit_code=EXIT_INTERRUPTED)
@@ -370,15 +354,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
         if on_start is not None:
             on_start({p.rank: p.process.pid for p in procs})
         while True:
-            running = 0
-            for p in procs:
-                if p.exit_code is not None:
-                    continue
-                code = p.process.poll()
-                if code is None:
-                    running += 1
-                    continue
-                p.exit_code = code
+            for p in procs.newly_ended():
+                code = p.exit_code
                 # Finished or lost alike: whoever waits for this client stops waiting.
                 if p.role.kind != "shard":
                     store.add("finished/clients", 1)
@@ -397,12 +374,10 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                     elif shard_lost is None:
                         out.write(f"gorila: {p.role} lost ({why}); the run goes on\n")
                         out.flush()
-            if running == 0:
+            if all(p.exit_code is not None for p in procs):
                 break
             # A rank stopped by a signal holds its peers' messages: lost, as if it had died.
-            stopped.update({p.rank: p.process.pid for p in procs if p.exit_code is None})
-            for rank in stopped.longer_than(config.timeout):
-                frozen = procs[rank]
+            for frozen in procs.frozen(config.timeout):
                 if frozen.why is None:
                     frozen.why = f"stopped by a signal (SIGSTOP?) for over {config.timeout:g}s"
                     frozen.process.kill()
@@ -425,9 +400,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 if kill_at is None:
                     kill_at = time.monotonic() + min(config.timeout, _GRACE_SECONDS)
                 elif time.monotonic() > kill_at:
-                    for p in procs:
-                        if p.process.poll() is None:
-                            p.process.kill()
+                    procs.kill()
             if progress_every > 0 and time.monotonic() >= next_progress:
                 out.write(progress_line(config, run_dir, lost) + "\n")
                 out.flush()
@@ -439,7 +412,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 on_tick()
             time.sleep(0.05)
     finally:
-        _end(procs)
+        procs.close()
     seconds = time.monotonic() - start
     try:
         checkpoint = assemble_checkpoint(run_dir, config)
@@ -469,7 +442,7 @@ FORMATION_TRIES = 3
 FORMATION_SECONDS = 60.0
 
 
-def _start_ranks(config: GorilaConfig, config_path: Path) -> tuple[Any, Any, list[_Proc]]:
+def _start_ranks(config: GorilaConfig, config_path: Path) -> tuple[Any, Any, LocalRanks]:
     """A fresh store (on loopback; with the socket it serves on, which must stay open as
     long as the store) and every rank of the job, started."""
     world = config.world_size
@@ -477,46 +450,33 @@ def _start_ranks(config: GorilaConfig, config_path: Path) -> tuple[Any, Any, lis
     store = c10d.TCPStore("127.0.0.1", int(listener.getsockname()[1]), world + 1, is_master=True,
                           wait_for_workers=False, timeout=datetime.timedelta(seconds=config.timeout),
                           master_listen_fd=listener.fileno())
-    procs = []
+    procs = LocalRanks()
     for rank in range(world):
         role = role_of(rank, config)
-        process = spawn_rank(rank, world, store.port, 1, "popplay.deep.topologies.gorila_ranks",
-                             f"{ROLE_PREFIX} {role}", [str(config_path)], stderr=None)
-        procs.append(_Proc(rank, role, process))
+        procs.start(rank, world, store.port, 1, "popplay.deep.topologies.gorila_ranks", f"{ROLE_PREFIX} {role}",
+                    [str(config_path)], role=role, pipe_stderr=False)  # the ranks' lines go straight to the user
     return store, listener, procs
 
 
-def _formation_problem(store: Any, procs: list[_Proc], config: GorilaConfig,
+def _formation_problem(store: Any, procs: LocalRanks, config: GorilaConfig,
                        should_stop: Callable[[], bool] | None) -> str | None:
     """Wait until every rank has joined the group (None), or say why it will not: a
     rank that exited meanwhile (gloo's rendezvous would wait its long transport timeout
     for it), a stop request, or no group within the bound."""
     deadline = time.monotonic() + max(config.timeout, FORMATION_SECONDS)
-    stopped = StoppedRanks()
     while int(store.add(FORMED_KEY, 0)) < len(procs):
         for p in procs:
             code = p.process.poll()
             if code is not None:
                 return f"{p.role} was lost ({_describe(code)})"
-        stopped.update({p.rank: p.process.pid for p in procs})
-        for rank in stopped.longer_than(config.timeout):
-            return f"{procs[rank].role} was stopped by a signal (SIGSTOP?) for over {config.timeout:g}s"
+        for p in procs.frozen(config.timeout):
+            return f"{p.role} was stopped by a signal (SIGSTOP?) for over {config.timeout:g}s"
         if should_stop is not None and should_stop():
             return "stopped on request"
         if time.monotonic() > deadline:
             return f"not every rank joined within {max(config.timeout, FORMATION_SECONDS):g}s"
         time.sleep(0.05)
     return None
-
-
-def _end(procs: list[_Proc]) -> None:
-    """Kill whichever ranks still run and collect every exit code."""
-    for p in procs:
-        if p.process.poll() is None:
-            p.process.kill()
-        p.process.wait()
-        if p.exit_code is None:
-            p.exit_code = p.process.returncode
 
 
 def _try_load(path: Path) -> dict[str, np.ndarray] | None:
