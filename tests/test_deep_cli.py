@@ -263,3 +263,25 @@ def test_a_gorila_out_too_long_for_its_working_directory_is_one_line(tmp_path: P
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "too long for Gorila's working directory" in lines[0], lines
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_deep_command_line_is_checked_and_refused_before_torch_loads(tmp_path: Path) -> None:
+    """Issue 30: an unknown environment took 3-9 s to refuse, most of it importing torch.
+    The parameter modules are light; `--help` and the refusal come before the agents load."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, io, sys\n"
+        "from popplay.cli.main import main\n"
+        "for domain, budget in [('dqn', '--episodes'), ('reinforce', '--episodes'), ('a2c', '--episodes'),\n"
+        "                       ('td3', '--episodes'), ('ddpg', '--episodes'), ('ppo', '--env-steps'),\n"
+        "                       ('gorila', '--env-steps')]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        helped = main(['train', domain, '--help'])\n"
+        "    refused = main(['train', domain, '--env', 'Nope-v0', budget, '100'])\n"
+        "    print(domain, helped, refused, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = done.stdout.split("\n")
+    assert [line.split()[1:] for line in lines if line] == [["0", "2", "False"]] * 7, done.stdout + done.stderr
+    assert done.stderr.count("Error: --env Nope-v0: not a gymnasium environment") == 7, done.stderr

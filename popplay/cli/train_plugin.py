@@ -163,6 +163,9 @@ def build_command(domain: str) -> Callable[..., None]:
             time_budget, out, resume = run["time_budget"], run["out"], None
             schedule_time = time_budget
         try:
+            check_environment = getattr(params, "check_environment", None)
+            if check_environment is not None:  # cheap, before validation imports the agents (torch)
+                check_environment()
             params.validate()
         except ValueError as error:
             raise UsageError(user_message(params_type, str(error))) from None

@@ -24,13 +24,13 @@ PLUGINS: dict[str, str] = {
     "bandit": "popplay.games.bandit",
     "cartpole": "popplay.games.cartpole",
     "knights": "popplay.games.knights",
-    "dqn": "popplay.deep.topologies.dqn",
-    "reinforce": "popplay.deep.topologies.reinforce",
-    "a2c": "popplay.deep.topologies.exarl",
-    "td3": "popplay.deep.topologies.exarl",
-    "ddpg": "popplay.deep.topologies.exarl",
+    "dqn": "popplay.deep.topologies.dqn_params",
+    "reinforce": "popplay.deep.topologies.reinforce_params",
+    "a2c": "popplay.deep.topologies.exarl_params",
+    "td3": "popplay.deep.topologies.exarl_params",
+    "ddpg": "popplay.deep.topologies.exarl_params",
     "ppo": "popplay.deep.agents.ppo_params",
-    "gorila": "popplay.deep.topologies.gorila",
+    "gorila": "popplay.deep.topologies.gorila_params",
 }
 ENTRY_POINT_GROUP = "popplay.plugins"
 

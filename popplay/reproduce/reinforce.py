@@ -120,8 +120,8 @@ def draw_workers(data: FigureData, fig: Any) -> None:
         ax.set_ylabel("running reward")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Parameter-server draft: REINFORCE on {a['env']}, synchronous parameter server, {a['updates']} updates "
-                 f"(scale {data.scale}, seeds {a['first_seed']}..{int(a['first_seed']) + int(a['seeds']) - 1})",
+    fig.suptitle(f"Parameter-server draft: REINFORCE on {a['env']}, synchronous parameter server, "
+                 f"{a['updates']} updates (scale {data.scale}, seeds {a['first_seed']}..{int(a['first_seed']) + int(a['seeds']) - 1})",
                  fontsize=10)
 
 

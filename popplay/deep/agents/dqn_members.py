@@ -34,22 +34,10 @@ from popplay.deep.agents.stacked import (
     member_seed,
     stored_hypers,
 )
-from popplay.operators.hyper import Bounds
+from popplay.deep.topologies.dqn_params import HYPER_BOUNDS
 from popplay.xp import th
 
 _EXPLORE, _SAMPLE = 0, 1
-
-#: The hyper-parameters a DQN population may set per member (``--hp``), and their bounds.
-HYPER_BOUNDS = {
-    "lr": Bounds(0.0, low_open=True),
-    "gamma": Bounds(0.0, 1.0),
-    "epsilon_start": Bounds(0.0, 1.0),
-    "epsilon_end": Bounds(0.0, 1.0),
-    "epsilon_updates": Bounds(1.0, integer=True),
-    "target_every": Bounds(1.0, integer=True),
-    "max_grad_norm": Bounds(0.0, low_open=True),
-}
-
 
 @dataclass
 class ReplayRows:

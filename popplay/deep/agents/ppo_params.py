@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep.agents.config import check_at_least_one, check_network
+from popplay.deep.topologies.deep_params import EnvChecked
 from popplay.deep.topologies.population_params import (
     OBS_DIM_ESTIMATE,
     PopulationLayout,
@@ -43,7 +44,7 @@ def _non_negative(params: Any, *names: str) -> None:
 
 
 @dataclass(frozen=True)
-class PPOParams(PopulationLayout, WorkflowParams):
+class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
     """Train PPO (clipped surrogate, GAE(λ), value loss, entropy bonus, minibatch epochs
     over rollouts of vectorised environments).
 

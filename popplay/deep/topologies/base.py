@@ -1,52 +1,20 @@
-"""The experiment plumbing every deep run repeats: parameters that turn into an
-agent's config and a run file's dict, the runner's budget and progress methods, and
-the episode curves and topology counters of the run file.
+"""The experiment plumbing every deep run repeats: the runner's budget and progress
+methods, and the episode curves and topology counters of the run file (their
+parameters' shared parts are :mod:`popplay.deep.topologies.deep_params`, light).
 
 DQN, REINFORCE and the EXARL agents (``exarl._Experiment``) use these.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from popplay.core.options import parse_widths
 from popplay.deep import envs
-from popplay.deep.agents.config import HiddenConfig, check_at_least_one  # noqa: F401  (re-exported)
-from popplay.deep.topologies.common import budget_reached, estimated_budget_steps, tuple_of_ints
+from popplay.deep.topologies.common import budget_reached, estimated_budget_steps
 from popplay.distributed.group import current
-
-ENV_HELP = "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, popplay/CartPole-v1, ...)."
-EPISODES_HELP = "Budget: episodes summed over all simulators (0: none; with --env-steps, whichever comes first)."
-ENV_STEPS_HELP = "Budget: environment steps summed over all simulators (0: none)."
-EVAL_HELP = "Greedy episodes played at the end for `quality` (0: skip)."
-TIMEOUT_HELP = "Seconds any wait for another rank may take before the job ends with an error."
-GAMMA_HELP = "Discount γ."
-SEED_HELP = "Seed of every random stream."
-
-
-class DeepParams(HiddenConfig):
-    """Mix-in for the frozen parameter dataclasses of deep runs (``hidden`` field)."""
-
-    def __post_init__(self) -> None:
-        hidden = self.hidden  # type: ignore[attr-defined]
-        object.__setattr__(self, "hidden", parse_widths(hidden) if isinstance(hidden, str) else tuple_of_ints(hidden))
-
-
-def config_from(params: Any, config_type: type) -> Any:
-    """``config_type`` built from the fields of ``params`` that it has."""
-    names = {f.name for f in dataclasses.fields(config_type)}
-    return config_type(**{k: v for k, v in dataclasses.asdict(params).items() if k in names})
-
-
-def check_evaluation_and_timeout(eval_episodes: int, timeout: float | None = None) -> None:
-    if eval_episodes < 0:
-        raise ValueError(f"eval_episodes must be non-negative (got {eval_episodes})")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be positive (got {timeout})")
 
 
 class DeepExperiment:

@@ -9,13 +9,6 @@ from popplay.deep import envs
 from popplay.deep.envs.rollout import evaluate
 
 
-def tuple_of_ints(value: Any) -> tuple[int, ...]:
-    """``hidden`` from a dataclass field, a run file's list, or "128,128"."""
-    if isinstance(value, str):
-        return tuple(int(v) for v in value.replace(" ", "").split(",") if v)
-    return tuple(int(v) for v in value)
-
-
 def check_budget(episodes: int, env_steps: int) -> None:
     """Budgets are counts (0: none). That some budget is given, a step count or a
     time, is :func:`popplay.training.pipeline.train`'s check."""

@@ -49,7 +49,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
@@ -60,120 +60,16 @@ import torch.distributed as c10d
 from popplay.checkpoints.h5io import NoSpace, name_max
 from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
 from popplay.core.errors import EXIT_CANNOT_SAVE, EXIT_INTERRUPTED, EXIT_LOST
-from popplay.core.options import option, parse_widths
-from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
-from popplay.deep.agents.config import check_network
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
+from popplay.deep.topologies.gorila_params import SPEC, GorilaConfig  # noqa: F401  (SPEC: registered there)
 from popplay.distributed.launch import PEER_LOST_EXIT, LocalRanks, describe_status, loopback_listener
 
 ROLE_PREFIX = "popplay gorila"
 _GRACE_SECONDS = 5.0  # after a shard is lost, how long the others may take to leave
 FORMED_KEY = "formed"  # each rank counts itself in once its process group has formed
-
-
-@dataclass(frozen=True)
-class GorilaConfig:
-    """Train DQN the Gorila way: actors and learners as processes around a sharded
-    AdaGrad parameter server; stale and outlier gradients are dropped; a lost actor or
-    learner does not stop the run, a lost shard stops it with its checkpoint. Under
-    torchrun (world size = shards + learners + actors) every worker is one rank, and a
-    lost rank ends the attempt (--max-restarts continues from the last checkpoint)."""
-
-    env: str = option("CartPole-v1", "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, "
-                                     "popplay/CartPole-v1, ...).")
-    actors: int = option(2, "Actor processes (own environment, own Q-network copy).", min=1, on_resume=True)
-    learners: int = option(1, "Learner processes (see --replay).", min=1, on_resume=True)
-    shards: int = option(1, "Parameter-server shards (AdaGrad on a slice each).", min=1, on_resume=True)
-    # over all actors (each plays its share, whole episodes); 0: none
-    env_steps: int = option(0, "Budget: environment steps over all actors (0: none).", min=0, budget=True)
-    # over all actors (each plays its share); 0: none; both: whichever first
-    episodes: int = option(0, "Budget: episodes over all actors (0: none).", min=0, budget=True)
-    seed: int = option(0, "Seed of every random stream.")
-    hidden: tuple[int, ...] = option((64, 64), "Hidden layer widths of the Q network, comma separated.")
-    lr: float = option(0.01, "AdaGrad learning rate (on the shards).")
-    adagrad_eps: float = 1e-8
-    initial_accumulator: float = 0.1
-    gamma: float = option(0.99, "Discount γ.", min=0.0, max=1.0)
-    batch_size: int = option(64, "Minibatch of each learner update.", min=1)
-    replay_capacity: int = option(50_000, "Replay capacity of each learner (its part, with global replay).", min=1)
-    learning_starts: int = option(500, "Transitions in replay before learning (global: over all parts).", min=0)
-    update_ratio: float = option(0.25, "Learner updates per transition received.")
-    max_grad_norm: float = 10.0
-    target_every: int = option(200, "G: server updates between target refreshes.", min=1)
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
-    epsilon_updates: int = option(4_000, "Server updates over which ε falls to 0.05.", min=1)
-    actor_sync: int = option(100, "N: actor steps between parameter refreshes.", min=1)
-    learner_sync: int = option(4, "Learner updates between parameter refreshes.", min=1)
-    chunk: int = 50  # transitions per actor → learner message
-    max_staleness: int = option(20, "Drop a gradient computed from parameters more than this many shard updates "
-                                    "old.", min=0)
-    outlier_k: float = option(6.0, "Drop gradients whose norm is over mean + k·std of the last --outlier-window "
-                                   "norms.")
-    outlier_window: int = option(100, "Norms in the outlier guard's window.", min=2)
-    outlier_min_samples: int = 20
-    checkpoint_every: int = 200  # applied gradients between a shard's checkpoints
-    timeout: float = option(30.0, "Seconds any wait for another rank may take before the job ends with an error.",
-                            on_resume=True)
-    eval_episodes: int = option(100, "Greedy episodes played at the end for `quality`.", min=1)
-    resume: str = ""  # a checkpoint.npz to start the parameters from (any layout)
-    # "local": actor a feeds learner a mod L, which samples only that memory; "global":
-    # the same placement, but every learner samples each minibatch from all the parts
-    # (one memory distributed over the learners).
-    replay: str = option(
-        "local", "local: actor a feeds learner a mod L, which samples only that memory (Gorila's bundles); "
-                 "global: one memory distributed over the learners (each holds its actors' part) and every "
-                 "minibatch drawn from all of it.", choices=("local", "global"), name="--replay", on_resume=True)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.hidden, str):  # the command line's widths, e.g. "64,64"
-            object.__setattr__(self, "hidden", parse_widths(self.hidden))
-        else:
-            object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
-        # The outlier guard judges once it has seen this many norms: never more than its window holds.
-        object.__setattr__(self, "outlier_min_samples", min(self.outlier_min_samples, self.outlier_window))
-
-    @property
-    def world_size(self) -> int:
-        return self.shards + self.learners + self.actors
-
-    def validate(self) -> None:
-        for name in ("actors", "learners", "shards", "batch_size", "replay_capacity", "target_every",
-                     "epsilon_updates", "actor_sync", "learner_sync", "chunk", "checkpoint_every",
-                     "eval_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.actors < self.learners:
-            raise ValueError(f"every learner needs an actor: --actors {self.actors} < --learners {self.learners}")
-        if self.env_steps < 0 or self.episodes < 0:
-            raise ValueError("env_steps and episodes must be non-negative")
-        if self.env_steps == 0 and self.episodes == 0:
-            raise ValueError("a budget is needed: --episodes or --env-steps must be positive")
-        if 0 < self.env_steps < self.actors or 0 < self.episodes < self.actors:
-            raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
-        if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
-            raise ValueError("lr, timeout, update_ratio and outlier_k must be positive")
-        if self.replay not in ("local", "global"):
-            raise ValueError(f"replay must be local or global (got {self.replay!r})")
-        if self.max_staleness < 0 or self.learning_starts < 0:
-            raise ValueError("max_staleness and learning_starts must be non-negative")
-        check_network(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GorilaConfig":
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in d.items() if k in known}
-        if "hidden" in values:
-            values["hidden"] = tuple(int(h) for h in values["hidden"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -920,8 +816,3 @@ class GorilaExperiment:
 
     def summary_extras(self, state: GorilaState) -> dict[str, Any]:
         return {"server_version": state.version}
-
-
-SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, experiment=GorilaExperiment, kind=DEEP,
-                           steps_label="environment steps", runner="popplay.deep.topologies.gorila_job:run",
-                           summary="Gorila's actors, learners and sharded parameter server (Nair et al. 2015)."))

@@ -16,109 +16,31 @@ R ← 0.05·reward + 0.95·R, kept per worker; ``running_reward`` is their mean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from popplay.core.options import option
-from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.agents.reinforce import (
-    Reinforce,
-    ReinforceConfig,
     policy_network,
     worker_episode,
     worker_generator,
 )
 from popplay.deep.topologies.base import (
-    ENV_HELP,
-    EVAL_HELP,
-    GAMMA_HELP,
-    SEED_HELP,
-    TIMEOUT_HELP,
     DeepExperiment,
-    DeepParams,
-    check_at_least_one,
-    check_evaluation_and_timeout,
     check_finite_arrays,
     topology_counters,
     topology_extra,
 )
-from popplay.deep.topologies.common import check_budget, greedy_quality, recent_mean
+from popplay.deep.topologies.common import greedy_quality, recent_mean
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 from popplay.deep.topologies.families import family_of
-from popplay.deep.topologies.population_params import agent_memory_bytes
+from popplay.deep.topologies.reinforce_params import REINFORCE_TOPOLOGIES, SPEC, ReinforceParams  # noqa: F401
 from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
-from popplay.deep.topologies.workflow_params import (
-    WORKFLOWS,
-    ExarlLayout,
-    learners_option,
-    queue_capacity_option,
-    ranks_of,
-    selection_option,
-)
 from popplay.distributed.group import current
-
-REINFORCE_TOPOLOGIES = ("server", "local", *WORKFLOWS[1:])
-
-
-@dataclass(frozen=True)
-class ReinforceParams(ExarlLayout, DeepParams):
-    """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
-    episode; the server sums the workers' gradients and steps Adam (as in the 'Distributed Reinforcement Learning: A draft' post)."""
-
-    domain: ClassVar[str] = "reinforce"
-
-    env: str = option("CartPole-v1", ENV_HELP)
-    topology: str = option(
-        "server", "server: rank 0 is the parameter server, ranks 1..N the workers (real processes); local: the "
-                  "same workers one after another in this process (same episodes, same summed gradient); "
-                  "multi-learner, master-learner, central-inference: EXARL's workflows with --workers actors "
-                  "(see train a2c --help); REINFORCE has no correction for their actors' lag, so give them a "
-                  "smaller --lr (1e-3 reached 500 on CartPole-v1 within 2000 episodes; 1e-2 collapses).",
-        choices=REINFORCE_TOPOLOGIES)
-    workers: int = option(1, "Worker ranks; each plays one episode per update (the actors of EXARL's workflows).",
-                          min=1)
-    episodes: int = option(200, "Budget: server updates (every worker plays one episode per update; in EXARL's "
-                                "workflows: episodes over all actors; 0: none).", min=0, budget=True)
-    env_steps: int = option(0, "Budget: environment steps summed over workers (0: none).", min=0, budget=True)
-    seed: int = option(0, SEED_HELP)
-    hidden: tuple[int, ...] = option((128,), "Hidden layer widths of the policy, comma separated.")
-    lr: float = option(1e-2, "Adam learning rate at the server.")
-    gamma: float = option(0.99, GAMMA_HELP, min=0.0, max=1.0)
-    max_steps: int = option(10_000, "Steps per episode at most.", min=1)  # the parameter-server draft's max_iters
-    eval_episodes: int = option(100, EVAL_HELP, min=0)
-    timeout: float = option(60.0, TIMEOUT_HELP, on_resume=True)
-    learners: int = learners_option()
-    selection: str = selection_option()
-    queue_capacity: int = queue_capacity_option()
-
-    def agent_config(self) -> Any:
-        return ReinforceConfig(hidden=self.hidden, lr=self.lr, gamma=self.gamma)
-
-    def new_learner(self, info: Any) -> Reinforce:
-        """REINFORCE as an on-policy agent, for EXARL's workflows."""
-        return Reinforce(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
-
-    @property
-    def actors(self) -> int:  # EXARL's workflows' name for them
-        return self.workers
-
-    def validate(self) -> None:
-        if self.topology not in REINFORCE_TOPOLOGIES:
-            raise ValueError(f"topology must be one of {', '.join(REINFORCE_TOPOLOGIES)} (got {self.topology!r})")
-        self._check_learner_layout()
-        check_at_least_one(workers=self.workers, max_steps=self.max_steps)
-        check_evaluation_and_timeout(self.eval_episodes, self.timeout)
-        check_budget(self.episodes, self.env_steps)
-        self.agent_config().validate()
-
-    @property
-    def ranks(self) -> int:
-        return ranks_of(self.topology, self.workers, self.learners, alone="local")
 
 
 @dataclass
@@ -276,8 +198,3 @@ class ReinforceExperiment(DeepExperiment):
         """Greedy: the most probable action (evaluation only; training samples)."""
 
         return greedy_quality(self.params.env, greedy_policy(state.policy), episodes, seed)[1]
-
-
-SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, experiment=ReinforceExperiment, kind=DEEP,
-                           steps_label="environment steps", memory=agent_memory_bytes,
-                           summary="REINFORCE with a synchronous parameter server (as in the 'Distributed Reinforcement Learning: A draft' post)."))
