@@ -375,3 +375,18 @@ def test_updates_are_owed_from_learning_starts_on_as_for_one_agent() -> None:
     experiment = DQNPopulation(small(agents=2, learning_starts=30, update_ratio=0.25, phase_steps=38), None)
     state = run_phases(experiment, 1)
     assert state.learner.updates == 2  # transitions 30..38 owe 9 x 0.25 = 2.25: two paid
+
+
+def test_pbt_leaves_every_member_it_never_replaced_as_it_would_be_alone() -> None:
+    """Exploit and explore act on the children only: a member PBT never replaced ends
+    bit-identical to the same member with the operators off."""
+    params = small(agents=8, replicate_every=80, replicate_fraction=0.25, phase_steps=40, window=3)
+    with_pbt = run_phases(DQNPopulation(params, None), 12)
+    alone = run_phases(DQNPopulation(dataclasses.replace(params, replicate_every=0), None), 12)
+    records = with_pbt.lineage.records
+    replaced = set(records["slot"][records["event"] == EVENTS["copy"]].tolist())
+    untouched = sorted(set(range(8)) - replaced)
+    assert replaced and untouched  # the test means something only with both kinds
+    for k in range(8):
+        same = torch.equal(with_pbt.learner.online.matrix[k], alone.learner.online.matrix[k])
+        assert same == (k in untouched), k
