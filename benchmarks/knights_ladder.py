@@ -34,38 +34,20 @@ from pathlib import Path
 
 import numpy as np
 
+from popplay.reproduce.knights_ladder import SETTINGS as LADDER_SETTINGS
+from popplay.reproduce.knights_ladder import options, slope
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-REPLICATION = ["--replicate-every", "20", "--replicate-fraction", "0.125", "--mutate-weights", "0.01"]
-LEAGUE = ["--league", "4", "--snapshot-every", "50", "--league-sampling", "pfsp", "--league-fraction", "0.5",
-          "--replicate-when", "significant", "--tournament-pairing", "adaptive", "--tournament-games", "4"]
-SETTINGS = {
-    "a": [],
-    "b": REPLICATION,
-    "c": REPLICATION + LEAGUE,
-    "d": REPLICATION + LEAGUE + ["--hidden", "32"],
-}
+# The settings and the slope are the reproduce figure's (`popplay reproduce knights_ladder`),
+# which runs them one at a time; this script runs them --parallel at a time.
+SETTINGS = {name: options(name) for name in LADDER_SETTINGS}
 
 
 def popplay(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "popplay", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-def slope(seconds: np.ndarray, values: np.ndarray) -> dict:
-    """Least-squares slope (Elo per minute) of ``values`` over the last third, ±1.96 s.e."""
-    keep = seconds >= seconds.max() * 2 / 3
-    t, y = seconds[keep] / 60.0, values[keep]
-    if len(t) < 3:
-        return {"elo_per_minute": None, "ci95": None, "points": int(len(t))}
-    design = np.stack([t, np.ones_like(t)], axis=1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    residual = y - design @ coef
-    variance = residual @ residual / (len(t) - 2)
-    error = float(np.sqrt(variance / ((t - t.mean()) ** 2).sum()))
-    return {"elo_per_minute": float(coef[0]), "ci95": [float(coef[0] - 1.96 * error), float(coef[0] + 1.96 * error)],
-            "points": int(len(t))}
 
 
 def run_study(args: argparse.Namespace) -> dict:

@@ -23,16 +23,19 @@ class Scale(str, Enum):
 
 SCALE_HELP = ("paper: the report's sizes (1024 trials; bandit under a minute, cart-pole about 4 minutes and "
               "16 GB of memory, knights about 8 minutes on a 2-core CPU; reinforce_workers: 8 seeds x 200 "
-              "updates, about an hour); small: the report's groups with fewer "
-              "trials or a shorter run (a couple of minutes in all); tiny: a seconds-long smoke run.")
+              "updates, about an hour; knights_ladder: 4 settings x 3 seeds x 30 minutes, about 6.5 hours); "
+              "small: the report's groups with fewer trials or a shorter run (a couple of minutes in all; "
+              "knights_ladder about 12); tiny: a seconds-long smoke run.")
 
 
 @app.command("reproduce", short_help="Regenerate a figure of the report: data (HDF5) and a PNG.")
 def reproduce(
     figure: Annotated[str, typer.Argument(
         help="figure2-figure4 (bandit, report §1.4), figure6-figure9 (cart-pole, §2.5), knights_replication "
-             "(knights, §3.4), reinforce_workers (REINFORCE with 1-15 workers, the 'Distributed Reinforcement Learning: A draft' post); a domain (bandit, "
-             "cartpole, knights, reinforce) for all its figures; all for every figure.",
+             "(knights, §3.4), reinforce_workers (REINFORCE with 1-15 workers, the 'Distributed Reinforcement "
+             "Learning: A draft' post), knights_ladder (does self-play keep improving? ladder Elo of four "
+             "settings against learning time); a domain (bandit, cartpole, knights, reinforce, ladder) for all "
+             "its figures; all for every figure.",
         metavar="FIGURE")],
     scale: Annotated[Scale, typer.Option(help=SCALE_HELP)] = Scale.small,
     out: Annotated[Path, typer.Option(

@@ -6,7 +6,9 @@
 * :mod:`popplay.reproduce.timing`: what the domains share: batches, one-trial timing, drawing;
 * :mod:`popplay.reproduce.bandit`: Bell's Figures 2–4;
 * :mod:`popplay.reproduce.cartpole`: Bell's Figures 6–9;
-* :mod:`popplay.reproduce.knights`: best/mean/worst of a population with and without selective replication (§3.4).
+* :mod:`popplay.reproduce.knights`: best/mean/worst of a population with and without selective replication (§3.4);
+* :mod:`popplay.reproduce.reinforce`: REINFORCE's running reward for 1 to 15 workers;
+* :mod:`popplay.reproduce.knights_ladder`: does knights self-play keep improving? Ladder Elo of four settings.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from popplay.reproduce.data import FigureData
 
 # Modules defining figures, imported on first use.
 DOMAIN_MODULES: tuple[str, ...] = ("popplay.reproduce.bandit", "popplay.reproduce.cartpole",
-                                   "popplay.reproduce.knights", "popplay.reproduce.reinforce")
+                                   "popplay.reproduce.knights", "popplay.reproduce.reinforce",
+                                   "popplay.reproduce.knights_ladder")
 
 SCALES: tuple[str, ...] = ("tiny", "small", "paper")
 
