@@ -285,3 +285,45 @@ def test_a_deep_command_line_is_checked_and_refused_before_torch_loads(tmp_path:
     lines = done.stdout.split("\n")
     assert [line.split()[1:] for line in lines if line] == [["0", "2", "False"]] * 7, done.stdout + done.stderr
     assert done.stderr.count("Error: --env Nope-v0: not a gymnasium environment") == 7, done.stderr
+
+
+_ADAM_DAMAGE = {
+    "missing": lambda f: f.__delitem__("state/adam.1.exp_avg_sq"),
+    "an extra axis": lambda f: _rewrite(f, "state/adam.1.exp_avg", lambda a: a[None]),
+    "one element short": lambda f: _rewrite(f, "state/adam.1.exp_avg", lambda a: a.reshape(-1)[:-1]),
+}
+
+
+def _rewrite(f, name, transform):
+    data = transform(f[name][()])
+    del f[name]
+    f[name] = data
+
+
+@pytest.mark.parametrize("damage", list(_ADAM_DAMAGE))
+@pytest.mark.parametrize("domain,budget", [("a2c", ["--episodes", "4"]), ("ppo", ["--env-steps", "512"]),
+                                           ("reinforce", ["--topology", "local", "--episodes", "3"])])
+def test_a_damaged_optimiser_state_is_refused_in_one_line(tmp_path, cli, domain, budget, damage):
+    """The 2026-11-26 campaign: a deleted Adam moment was taken in and failed at the next
+    step ("internal error: KeyError: 'exp_avg_sq'"); a misshapen one passed torch's own
+    message through with exit 1."""
+    import h5py
+
+    from popplay.checkpoints import runfile
+
+    path = tmp_path / f"{domain}.h5"
+    code, _, err = cli(["train", domain, *budget, "--out", str(path), "--quiet"])
+    assert code == 0, err
+    with h5py.File(path, "a") as f:
+        _ADAM_DAMAGE[damage](f)
+        f.attrs[runfile.DIGEST] = np.bytes_(runfile.content_digest(f).encode())
+    more = [budget[0], str(int(budget[1]) * 2)] if budget[0] != "--topology" else ["--episodes", "6"]
+    code, _, err = cli(["train", domain, "--resume", str(path), *more, "--quiet"])
+    assert code == 2 and err.count("Error:") == 1 and "adam.1." in err, err
+    assert "internal error" not in err and "broadcast" not in err
+
+
+def test_error_lines_spell_out_terminal_escapes(tmp_path, cli):
+    code, _, err = cli(["train", "dqn", "--env", "\x1b[31mRed\x1b[2J", "--episodes", "2", "--out",
+                        str(tmp_path / "e.h5")])
+    assert code == 2 and "\x1b" not in err and "\\x1b[31mRed\\x1b[2J" in err, err

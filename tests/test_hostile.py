@@ -370,6 +370,11 @@ CRAFTED = [
     ("cartpole", "negative per-agent alpha", _dataset("state/alpha", lambda a: -a), "load"),
     ("knights", "negative evaluation record", _dataset("state/eval_record", lambda r: r - 5), "load"),
     ("knights", "lam 5", _set_config(lam=5.0), "all"),
+    # The 2026-11-26 campaign's internal errors (benchmarks/hostile_files.py):
+    ("bandit", "given options not a JSON object", _attr("/", given_json="text"), "all"),
+    ("bandit", "history not a JSON list", _attr("/", history_json='{"a": 1}'), "all"),
+    ("cartpole", "a counter stored as an array", _attr("state", max_bias=np.array([1.0, 2.0])), "all"),
+    ("cartpole", "a device that is a list", _set_config(device=[]), False),
 ]
 
 

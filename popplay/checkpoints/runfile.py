@@ -322,7 +322,7 @@ def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
             curves = f["curves"] if "curves" in f else {}
             last = {name: float(curves[name][-1]) for name in curves
                     if name not in ("agent_steps", "seconds") and curves[name].shape and curves[name].shape[0]}
-            progress = {name: _plain(state.attrs[name]) for name in state.attrs}
+            progress = _counters(state, path)
             _check_settings(check, path, attrs.get("domain"), config, progress, attrs)
             if "agent_steps" in curves and curves["agent_steps"].shape[0]:
                 progress["agent_steps_per_trial"] = int(curves["agent_steps"][-1])
@@ -335,7 +335,7 @@ def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
                 "checksum": "verified",
                 "versions": {name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs}
                 if "versions" in f else {},
-                "provenance": _provenance(attrs),
+                "provenance": _provenance(attrs, path),
             }
     except RunFileError:
         raise
@@ -343,23 +343,44 @@ def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
         raise RunFileError(f"{path}: damaged or unreadable run file ({_reason(error)})") from None
 
 
-def _provenance(attrs: dict[str, Any]) -> dict[str, Any]:
-    """The provenance attributes (popplay.checkpoints.provenance), JSON ones decoded; files written
-    before they existed have none."""
+#: The JSON provenance attributes and what each must decode to.
+_PROVENANCE_JSON = {"given_json": dict, "history_json": list}
+
+
+def _provenance(attrs: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The provenance attributes (popplay.checkpoints.provenance), JSON ones decoded (a
+    JSON attribute that is not what popplay writes is damage); files written before
+    they existed have none."""
 
     out: dict[str, Any] = {}
     for key in KEYS:
         if key not in attrs:
             continue
         value = _plain(attrs[key])
-        if key.endswith("_json"):
+        if key in _PROVENANCE_JSON:
+            kind = _PROVENANCE_JSON[key]
             try:
                 value = json.loads(value)
             except (TypeError, ValueError):
-                pass
+                value = None
+            if not isinstance(value, kind):
+                raise RunFileError(f"{path}: damaged run file (attribute {key} is not a JSON "
+                                   f"{'object' if kind is dict else 'list'})")
             key = key[:-len("_json")]
         out[key] = value
     return out
+
+
+def _counters(group: Any, path: Path) -> dict[str, Any]:
+    """A group's counters (``/state``'s attributes): each one number or text, as popplay
+    writes them; an array in their place is damage."""
+    counters = {}
+    for name in group.attrs:
+        value = _plain(group.attrs[name])
+        if not isinstance(value, (bool, int, float, str)):
+            raise RunFileError(f"{path}: damaged run file (state counter {name} is not a single value)")
+        counters[name] = value
+    return counters
 
 
 def _check_file(path: Path) -> None:
@@ -433,8 +454,8 @@ def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> R
     # is known to fit in memory and to be stored as popplay stores it.
     _check_tree(f, path)
     config = _config(f, path)
-    _check_settings(check, path, domain, config, {name: _plain(f["state"].attrs[name]) for name in f["state"].attrs},
-                    attrs)
+    _check_settings(check, path, domain, config, _counters(f["state"], path), attrs)
+    _provenance(attrs, path)  # a command that loads the file refuses what inspect refuses
     if attrs.get(DIGEST) != content_digest(f):
         raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
     state_group = f["state"]
@@ -450,7 +471,7 @@ def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> R
         attrs=attrs,
         versions={name: str(_plain(f["versions"].attrs[name])) for name in f["versions"].attrs} if "versions" in f else {},
         state=_read_arrays(state_group),
-        state_counters={name: _plain(state_group.attrs[name]) for name in state_group.attrs},
+        state_counters=_counters(state_group, path),
         static=static,
         curves=_read_arrays(f["curves"]) if "curves" in f else {},
         results=_read_arrays(results_group) if results_group is not None else {},

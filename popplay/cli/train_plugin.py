@@ -149,10 +149,14 @@ def build_command(domain: str) -> Callable[..., None]:
                 new.update({f.field: 0 for f in budgets if f.field not in new})
             params = dataclasses.replace(params, **new)
             _check_learned(spec, stored, params, by_field)
-            if not given(ctx, "backend") and spec.kind == POPULATION:  # the run continues where it ran
-                backend = BackendName(stored.config["backend"])
-            if not given(ctx, "device"):
-                device = DeviceName(stored.config.get("device", "cpu"))
+            try:
+                if not given(ctx, "backend") and spec.kind == POPULATION:  # the run continues where it ran
+                    backend = BackendName(stored.config["backend"])
+                if not given(ctx, "device"):
+                    device = DeviceName(stored.config.get("device", "cpu"))
+            except (KeyError, TypeError, ValueError):
+                raise UsageError(f"{stored.path}: damaged config (backend {stored.config.get('backend')!r}, device "
+                                 f"{stored.config.get('device')!r})") from None
             time_budget = resume_time_budget(ctx, stored, run["time_budget"], [f.key for f in budgets])
             out, resume, schedule_time = None, stored, stored.config.get("time_budget")
         else:

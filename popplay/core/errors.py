@@ -5,6 +5,8 @@ Lower layers raise these and never import the command line; the command line
 """
 from __future__ import annotations
 
+import re
+
 #: Exit codes every command shares.
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -31,6 +33,16 @@ class UsageError(PopplayError, ValueError):
     exit_code = EXIT_USAGE
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def error_line(message: object) -> str:
-    """The one line a failure shows users: ``Error: <message>`` on a single line."""
-    return f"Error: {' '.join(str(message).split())}"
+    """The one line a failure shows users: ``Error: <message>`` on a single line, its
+    control characters spelled out (a crafted file's names or values may carry terminal
+    escapes, which must not reach the terminal)."""
+    text = " ".join(str(message).split())
+    return "Error: " + _CONTROL.sub(_spelled, text)
+
+
+def _spelled(match: re.Match[str]) -> str:
+    return "\\x%02x" % ord(match.group())
