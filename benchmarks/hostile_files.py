@@ -179,7 +179,8 @@ CONFIG_VALUES: dict[str, Any] = {
 
 CONFIG_RAW: dict[str, bytes] = {
     "not_json": b"{not json", "list": b"[]", "null": b"null", "number": b"7", "string": b'"x"',
-    "deep_nesting": ("[" * 30_000 + "]" * 30_000).encode(), "deep_object": ('{"a":' * 10_000 + "1" + "}" * 10_000).encode(),
+    "deep_nesting": ("[" * 30_000 + "]" * 30_000).encode(),
+    "deep_object": ('{"a":' * 10_000 + "1" + "}" * 10_000).encode(),
     "truncated": None,  # the real JSON cut in half
     "duplicate_keys": None,  # the real JSON with every key twice, the second value garbage
     "bom": None,  # the real JSON behind a UTF-8 byte order mark
@@ -246,7 +247,8 @@ def _values_for_dtype(data: np.ndarray, how: str, rng: random.Random) -> np.ndar
     what = how.split("_", 1)[1]
     kind = out.dtype.kind
     if kind == "f":
-        table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "neg1": -1.0, "huge": 1e12, "max": np.finfo(out.dtype).max,
+        table = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "neg1": -1.0, "huge": 1e12,
+                 "max": np.finfo(out.dtype).max,
                  "zero": 0.0, "random": None}
     elif kind in "iu":
         info = np.iinfo(out.dtype)
@@ -479,7 +481,8 @@ def candidates(domain: str, info: dict[str, Any]) -> dict[str, list[dict[str, An
         cats["structure"].append({"op": "compound_dataset", "path": f"{where}/hostile_compound"})
         cats["structure"].append({"op": "external_link", "path": f"{where}/hostile_external"})
         cats["structure"].append({"op": "huge_declared", "path": f"{where}/hostile_huge"})
-        cats["structure"].append({"op": "huge_declared", "path": f"{where}/hostile_tiny_chunks", "n": 10**7, "chunk": 1})
+        cats["structure"].append({"op": "huge_declared", "path": f"{where}/hostile_tiny_chunks", "n": 10**7,
+                                  "chunk": 1})
     return cats
 
 
@@ -834,7 +837,8 @@ class Campaign:
                 elif not make_crafted(clean, damaged, m):
                     m = dict(m, digest_not_recomputed=True)
             except Exception as error:  # a mutation h5py cannot store: noted, not run
-                craft_failures.append({"domain": d, "mutation": describe(m), "error": f"{type(error).__name__}: {error}"})
+                craft_failures.append({"domain": d, "mutation": describe(m),
+                                       "error": f"{type(error).__name__}: {error}"})
                 continue
             m = dict(m, describe=(f"bit_flip offset={m['offset']} bit={m['bit']}" if phase == "flip" else describe(m)))
             self.run_file(phase, d, damaged, m, infos[d], commands)
@@ -886,11 +890,13 @@ class Campaign:
               f"files; " + ", ".join(f"{c} {totals[c]}" for c in CLASSES))
         print(f"exit codes: {dict(sorted(rc_counts.items()))}")
         print(f"runs with side effects: {len(effects)}; crafted files that could not be made: {len(craft_failures)}")
-        print(f"wall time: {wall:.0f} s (setup {setup_seconds:.0f} s){' -- cut short by --max-minutes' if cut_short else ''}")
+        cut = " -- cut short by --max-minutes" if cut_short else ""
+        print(f"wall time: {wall:.0f} s (setup {setup_seconds:.0f} s){cut}")
         for r in findings:
             print(f"  {r['class']}: {r['domain']} {' '.join(r['argv'])} | {r['describe']} | {r['first_error'][:200]}")
         for r in effects:
-            print(f"  side effect: {r['domain']} {r['command']} {r['class']} | {r['describe']} | {'; '.join(r['side_effects'])}")
+            effects = "; ".join(r["side_effects"])
+            print(f"  side effect: {r['domain']} {r['command']} {r['class']} | {r['describe']} | {effects}")
 
         by_domain = {cls: dict(Counter(r["domain"] for r in hostile if r["class"] == cls)) for cls in CLASSES}
         report = {
