@@ -137,12 +137,6 @@ class LocalRanks:
         self.ranks: list[LocalRank] = []
         self.stopped = StoppedRanks()
 
-    def __enter__(self) -> "LocalRanks":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __iter__(self) -> Any:
         return iter(self.ranks)
 
