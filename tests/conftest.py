@@ -131,3 +131,16 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Small
         yield SmallDisk(path)
     finally:
         subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def run_reproduce(out: Path, *argv: str) -> dict[str, Any]:
+    """``popplay reproduce ARGV --out OUT --json`` in this process; its JSON summary."""
+    import contextlib
+    import io
+
+    from popplay.cli.main import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["reproduce", *argv, "--out", str(out), "--json"]) == 0
+    return json.loads(stdout.getvalue().strip().splitlines()[-1])

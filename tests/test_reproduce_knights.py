@@ -1,8 +1,5 @@
 """`popplay reproduce knights`: Bell §3.4's population quality with and without selective
 replication, at equal compute (tiny scale)."""
-import contextlib
-import io
-import json
 import shlex
 
 import h5py
@@ -12,6 +9,7 @@ import pytest
 from popplay.cli.main import main
 from popplay.reproduce import knights, registry
 from popplay.reproduce.data import read_figure
+from tests.conftest import run_reproduce
 
 TINY = knights.SCALES["tiny"]
 NAME = "knights_replication"
@@ -21,10 +19,7 @@ NAME = "knights_replication"
 def tiny_knights(tmp_path_factory):
     """The knights figure at the tiny scale, computed once; (directory, JSON summary)."""
     out = tmp_path_factory.mktemp("figures")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(["reproduce", "knights", "--scale", "tiny", "--out", str(out), "--json"]) == 0
-    return out, json.loads(stdout.getvalue().strip().splitlines()[-1])
+    return out, run_reproduce(out, "knights", "--scale", "tiny")
 
 
 def test_the_domain_selects_the_figure_and_the_figure_is_not_the_domain():

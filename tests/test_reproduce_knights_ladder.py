@@ -1,24 +1,18 @@
 """`popplay reproduce knights_ladder` (tiny scale): issue 28's study of ladder Elo against
 learning time, its slopes and the best agents against the two-ply search."""
-import contextlib
-import io
-import json
 
 import numpy as np
 import pytest
 
-from popplay.cli.main import main
 from popplay.reproduce import knights_ladder, registry
 from popplay.reproduce.data import read_figure
+from tests.conftest import run_reproduce
 
 
 @pytest.fixture(scope="module")
 def tiny_ladder(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(["reproduce", "ladder", "--scale", "tiny", "--out", str(out), "--json"]) == 0
-    return out, json.loads(stdout.getvalue().strip().splitlines()[-1])
+    return out, run_reproduce(out, "ladder", "--scale", "tiny")
 
 
 def test_every_setting_is_on_the_ladder_with_its_slope_and_its_best_agent_against_search(tiny_ladder):

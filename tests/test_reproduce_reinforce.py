@@ -1,8 +1,5 @@
 """`popplay reproduce reinforce_workers`: the parameter-server draft's running reward for several worker
 counts (tiny scale), and that each curve is what `popplay train reinforce` learns."""
-import contextlib
-import io
-import json
 
 import numpy as np
 import pytest
@@ -11,6 +8,7 @@ from popplay.checkpoints.validation import load_run
 from popplay.cli.main import main
 from popplay.reproduce import registry, reinforce
 from popplay.reproduce.data import read_figure
+from tests.conftest import run_reproduce
 
 TINY = reinforce.SCALES["tiny"]
 NAME = "reinforce_workers"
@@ -19,10 +17,7 @@ NAME = "reinforce_workers"
 @pytest.fixture(scope="module")
 def tiny_figure(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(["reproduce", "reinforce", "--scale", "tiny", "--out", str(out), "--seed", "3", "--json"]) == 0
-    return out, json.loads(stdout.getvalue().strip().splitlines()[-1])
+    return out, run_reproduce(out, "reinforce", "--scale", "tiny", "--seed", "3")
 
 
 def test_the_domain_selects_the_figure_and_the_paper_scale_is_the_seeds():

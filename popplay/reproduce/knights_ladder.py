@@ -55,9 +55,10 @@ OPPONENT = "search"  # the two-ply material search: the goal's opponent
 GOAL = 0.5
 
 
-def options(setting: str) -> list[str]:
-    """The ``popplay train knights`` options of ``setting``."""
-    return [text for name, value in SETTINGS[setting].items() for text in (f"--{name.replace('_', '-')}", str(value))]
+def options(setting: str, scale: "LadderScale | None" = None) -> list[str]:
+    """The ``popplay train knights`` options of ``setting`` (at ``scale``, with its schedule)."""
+    chosen = SETTINGS[setting] if scale is None else chosen_settings(scale, setting)
+    return [text for name, value in chosen.items() for text in (f"--{name.replace('_', '-')}", str(value))]
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,22 @@ SCALES: dict[str, LadderScale] = {
 }
 
 
-def params_for(scale: LadderScale, setting: str, seed: int) -> KnightsParams:
+def chosen_settings(scale: LadderScale, setting: str) -> dict[str, Any]:
+    """``setting``'s parameters with ``scale``'s schedule changes (for those it has)."""
     chosen = dict(SETTINGS[setting])
     chosen.update({k: v for k, v in scale.overrides.items() if k in chosen})
+    return chosen
+
+
+def params_for(scale: LadderScale, setting: str, seed: int) -> KnightsParams:
     return KnightsParams(agents=scale.agents, episodes=scale.episodes, eval_opponents="ladder",
-                         eval_every=scale.eval_every, eval_games=scale.eval_games, seed=seed, **chosen)
+                         eval_every=scale.eval_every, eval_games=scale.eval_games, seed=seed,
+                         **chosen_settings(scale, setting))
 
 
 def command_for(scale: LadderScale, setting: str, seed: int) -> str:
     p = params_for(scale, setting, seed)
-    chosen = dict(SETTINGS[setting])
-    chosen.update({k: v for k, v in scale.overrides.items() if k in chosen})
-    extra = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in chosen.items())
+    extra = " ".join(options(setting, scale))
     budget = f" --time-budget {scale.seconds:g}" if scale.seconds is not None else ""
     return (f"popplay train knights --agents {p.agents} --episodes {p.episodes}{budget} --eval-opponents ladder "
             f"--eval-every {p.eval_every} --eval-games {p.eval_games} --seed {seed} {extra}").rstrip()

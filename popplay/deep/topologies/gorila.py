@@ -556,8 +556,7 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
     try:
         make_parts(parts)
         if resume_state is not None:
-            save_npz(parts / "resume.npz", **{k: resume_state[k] for k in ("params", "accumulator", "version")})
-            config = _replace(config, resume=str(parts / "resume.npz"))
+            config = stage_resume(config, parts, resume_state)
     except OSError as error:  # a full disk before anything ran
         shutil.rmtree(parts, ignore_errors=True)
         raise GorilaJobLost(f"cannot write the working files in {parts} ({error.strerror or error})") from None
@@ -683,6 +682,17 @@ def make_parts(parts: Path) -> None:
     clear_parts(parts)
     parts.mkdir(parents=True)
     save_text(parts / PARTS_MARK, "popplay gorila working files\n")
+
+
+RESUME_FILE = "resume.npz"
+
+
+def stage_resume(config: GorilaConfig, directory: Path, state: dict[str, np.ndarray]) -> GorilaConfig:
+    """``config`` starting its shards from ``state`` (parameters, accumulator, version),
+    saved in ``directory`` where the ranks read it."""
+    path = directory / RESUME_FILE
+    save_npz(path, **{name: state[name] for name in ("params", "accumulator", "version")})
+    return _replace(config, resume=str(path))
 
 
 def played_before(before: Any) -> tuple[int, int]:

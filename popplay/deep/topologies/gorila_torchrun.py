@@ -39,7 +39,6 @@ Nothing is pickled: the store carries short strings, the wire tensors.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -195,8 +194,8 @@ def _last_state(earlier: list[Path], config: G.GorilaConfig) -> dict[str, np.nda
                 return G.assemble_checkpoint(d, config)
             except (OSError, ValueError, KeyError):
                 pass
-        if (d / "resume.npz").exists():
-            return G.load_npz(d / "resume.npz")
+        if (d / G.RESUME_FILE).exists():
+            return G.load_npz(d / G.RESUME_FILE)
     return None
 
 
@@ -256,8 +255,7 @@ def _prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, continuing: b
     if carried is not None:
         carried.save(run_dir / BEFORE_FILE)
     if state is not None:
-        G.save_npz(run_dir / "resume.npz", **{name: state[name] for name in ("params", "accumulator", "version")})
-        attempt_config = dataclasses.replace(attempt_config, resume=str(run_dir / "resume.npz"))
+        attempt_config = G.stage_resume(attempt_config, run_dir, state)
     extras = {"torchrun": {"attempt": k, "out": str(out), "json": bool(json_output), "progress": progress_every,
                            "started_at": started_at, "earlier": [str(d) for d in earlier], "nothing_left": done,
                            "stored": config.to_dict()}}
