@@ -43,7 +43,8 @@ def main() -> int:
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     if role == "learner":
-        ctx = R.Context(config, config_path.parent, rank, store, (raw["obs_dim"], raw["actions"]))
+        ctx = R.Context(config, config_path.parent, rank, store,
+                        {k: raw[k] for k in ("obs_dim", "actions", "action_dim", "action_low", "action_high")})
         for version, grad in enumerate(gradient_sequence(ctx.initial.numel())):
             for s, (a, b) in enumerate(ctx.bounds):
                 dist.send(torch.tensor([R.GRAD, version, 0, 0], dtype=torch.int64), dst=s, tag=R.TAG_REQ)

@@ -59,7 +59,8 @@ def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
     config = GorilaConfig(actors=1, learners=1, shards=2, hidden=(15,), env_steps=1, seed=11, lr=0.05,
                           max_staleness=1000, checkpoint_every=1000)
     config_path = tmp_path / "config.json"
-    config_path.write_text(json.dumps({**config.to_dict(), "obs_dim": 4, "actions": 2}))
+    config_path.write_text(json.dumps({**config.to_dict(), "obs_dim": 4, "actions": 2, "action_dim": 1,
+                                       "action_low": [], "action_high": []}))
     store = dist.TCPStore("127.0.0.1", 0, config.world_size + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
     commands = [[sys.executable, "-m", "popplay.deep.topologies.gorila_ranks", f"popplay gorila shard {s}",

@@ -241,6 +241,24 @@ class ContinuousLearner(UpdateCredit):
     def learn(self, batch: Batch, weights: torch.Tensor | None) -> Any:
         raise NotImplementedError
 
+    def critic_loss(self, batch: Batch, weights: torch.Tensor | None,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The critics' loss against the target networks' ``y``, with the TD errors
+        ``y - Q(s, a)`` (of the first critic) and ``y``; ``generator``: the draws of
+        target smoothing where the agent smooths (default: its own)."""
+        raise NotImplementedError
+
+    def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
+        """``-Q(s, mu(s))`` averaged over ``obs`` (the first critic's)."""
+        return -self.critics()[0](obs, self.actor(obs)).mean()  # type: ignore[attr-defined]
+
+    def critics(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def actor_due(self, updates: int) -> bool:
+        """Whether critic step number ``updates`` (from 1) also moves the actor."""
+        return True
+
     def update(self) -> float:
         """One update on a replay minibatch (prioritised: weighted, then re-prioritised)."""
         if isinstance(self.replay, PrioritizedReplay):
@@ -331,6 +349,15 @@ class DDPG(ContinuousLearner):
     def learn(self, batch: Batch, weights: torch.Tensor | None = None) -> DDPGStats:
         return ddpg_update(self, batch, weights)
 
+    def critics(self) -> list[nn.Module]:
+        return [self.critic]
+
+    def critic_loss(self, batch: Batch, weights: torch.Tensor | None,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = ddpg_targets(batch, self.actor_target, self.critic_target, self.config.gamma)
+        td = y - self.critic(batch.obs, batch.action)
+        return weighted_mse(td, weights), td, y
+
 
 def ddpg_update(agent: DDPG, batch: Batch, weights: torch.Tensor | None = None) -> DDPGStats:
     """One critic step, one actor step and one soft target update.
@@ -341,14 +368,12 @@ def ddpg_update(agent: DDPG, batch: Batch, weights: torch.Tensor | None = None) 
     if weights is not None and tuple(weights.shape) != (n,):
         raise ValueError(f"weights have shape {tuple(weights.shape)}, expected ({n},)")
     cfg = agent.config
-    y = ddpg_targets(batch, agent.actor_target, agent.critic_target, cfg.gamma)
-    td = y - agent.critic(batch.obs, batch.action)
-    critic_loss = weighted_mse(td, weights)
+    critic_loss, td, y = agent.critic_loss(batch, weights)
     agent.critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     agent.critic_opt.step()
 
-    actor_loss = -agent.critic(batch.obs, agent.actor(batch.obs)).mean()
+    actor_loss = agent.actor_loss(batch.obs)
     agent.actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     # this backward also leaves gradients on the critic; the critic's next zero_grad drops them
@@ -358,3 +383,76 @@ def ddpg_update(agent: DDPG, batch: Batch, weights: torch.Tensor | None = None) 
     soft_update(agent.actor_target, agent.actor, cfg.tau)
     agent.updates += 1
     return DDPGStats(float(critic_loss.detach()), float(actor_loss.detach()), td.detach(), y)
+
+
+class ContinuousServer:
+    """A DDPG-family learner (DDPG, TD3) as a parameter-server topology runs it
+    (:class:`~popplay.deep.agents.protocol.ServerAgent`). The vector holds the online
+    networks, actor first, then the critics; the target vector, laid out alike, is a
+    copy the topology refreshes (a hard update every so many server versions stands in
+    for Polyak averaging). Each gradient is the critics' loss's with respect to the
+    critics and, on the steps where the agent moves its actor, ``-Q(s, mu(s))``'s with
+    respect to the actor (zeros otherwise), both at the same weights."""
+
+    discrete = False
+
+    def __init__(self, learner: ContinuousLearner, noise: float) -> None:
+        self.learner = learner
+        self.noise = noise
+        modules = learner.modules()
+        online = [name for name in modules if not name.endswith("_target")]
+        self.online = nn.ModuleList([modules[name] for name in online])
+        self.target = nn.ModuleList([modules[f"{name}_target"] for name in online])
+        if self.online[0] is not learner.policy:
+            raise ValueError("the actor must come first among the learner's modules")
+        self.action_dim = learner.action_dim
+        self._actor_size = networks.parameter_count(learner.policy)
+
+    def initial(self) -> torch.Tensor:
+        return networks.flat_parameters(self.online)
+
+    def load_online(self, vector: torch.Tensor) -> None:
+        networks.load_flat_parameters(self.online, vector)
+
+    def load_target(self, vector: torch.Tensor) -> None:
+        networks.load_flat_parameters(self.target, vector)
+
+    def gradient(self, batch: Batch, step: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+        learner = self.learner
+        critic_loss, _, _ = learner.critic_loss(batch, None, generator)
+        critic_params = [p for critic in self.online[1:] for p in critic.parameters()]
+        critic_grads = torch.autograd.grad(critic_loss, critic_params)
+        actor_params = list(learner.policy.parameters())
+        if learner.actor_due(step + 1):
+            actor_grads = torch.autograd.grad(learner.actor_loss(batch.obs), actor_params)
+        else:  # AdaGrad leaves a parameter with a zero gradient (and its accumulator) as it was
+            actor_grads = tuple(torch.zeros_like(p) for p in actor_params)
+        grad = torch.cat([g.reshape(-1) for g in (*actor_grads, *critic_grads)])
+        return grad, float(critic_loss.detach())
+
+    def _actor_copy(self, vector: torch.Tensor | None = None) -> Actor:
+        actor = copy.deepcopy(self.learner.policy)
+        if vector is not None:
+            networks.load_flat_parameters(actor, vector[:self._actor_size])
+        return actor
+
+    def explorer(self, generator: torch.Generator) -> "ServerGaussianExplorer":
+        return ServerGaussianExplorer(self._actor_copy(), self.noise, generator, self._actor_size,
+                                      self.learner.exploration_at)
+
+    def greedy(self, vector: torch.Tensor) -> Callable[[np.ndarray], np.ndarray]:
+        return deterministic_policy(self._actor_copy(vector))
+
+
+class ServerGaussianExplorer(GaussianExplorer):
+    """:class:`GaussianExplorer` on the actor part of pulled parameter vectors."""
+
+    def __init__(self, actor: Actor, noise: float, generator: torch.Generator, actor_size: int,
+                 schedule: Callable[[int], float]) -> None:
+        super().__init__(actor, noise, generator)
+        self._actor_size = actor_size
+        self._schedule = schedule
+
+    def load(self, vector: torch.Tensor, server_version: int) -> None:
+        networks.load_flat_parameters(self.actor, vector[:self._actor_size])
+        self.exploration = self._schedule(server_version)

@@ -296,3 +296,56 @@ def greedy_policy(q_network: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         with torch.no_grad():
             return q_network(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()
     return act
+
+
+class DQNServer:
+    """Double DQN as a parameter-server topology runs it
+    (:class:`~popplay.deep.agents.protocol.ServerAgent`): the vector is the Q-network's,
+    the gradient :func:`double_dqn_gradient`'s, and actors are ε-greedy with ε falling
+    with the server's version (its applied updates) as :func:`epsilon` does with a
+    learner's."""
+
+    discrete = True
+    action_dim = 1  # the action index's column in a transition row
+
+    def __init__(self, config: DQNConfig, obs_dim: int, actions: int, seed: int) -> None:
+        self.config, self.obs_dim, self.actions, self.seed = config, obs_dim, actions, seed
+        self._online, self._target = self._net(), self._net()
+        self._online_flat, self._target_flat = FlatMLP(self._online), FlatMLP(self._target)
+
+    def _net(self) -> nn.Sequential:
+        return networks.mlp(self.obs_dim, self.actions, self.config.hidden)
+
+    def initial(self) -> torch.Tensor:
+        return networks.flat_parameters(networks.seeded_mlp(self.seed, self.obs_dim, self.actions,
+                                                            self.config.hidden))
+
+    def load_online(self, vector: torch.Tensor) -> None:
+        networks.load_flat_parameters(self._online, vector)
+
+    def load_target(self, vector: torch.Tensor) -> None:
+        networks.load_flat_parameters(self._target, vector)
+
+    def gradient(self, batch: Batch, step: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+        grad, errors = double_dqn_gradient(batch, self._online_flat, self._target_flat, self.config.gamma)
+        return grad, huber(errors)
+
+    def explorer(self, generator: torch.Generator) -> "ServerEpsilonGreedy":
+        return ServerEpsilonGreedy(self._net(), self.actions, generator, self.config)
+
+    def greedy(self, vector: torch.Tensor) -> Callable[[np.ndarray], np.ndarray]:
+        q = self._net()
+        networks.load_flat_parameters(q, vector)
+        return greedy_policy(q)
+
+
+class ServerEpsilonGreedy(EpsilonGreedy):
+    """:class:`EpsilonGreedy` on pulled parameter vectors, ε set by the server's version."""
+
+    def __init__(self, q_network: nn.Module, actions: int, generator: torch.Generator, config: DQNConfig) -> None:
+        super().__init__(q_network, actions, generator)
+        self._config = config
+
+    def load(self, vector: torch.Tensor, server_version: int) -> None:
+        networks.load_flat_parameters(self.q, vector)
+        self.epsilon = epsilon(server_version, self._config)

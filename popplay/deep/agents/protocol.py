@@ -86,3 +86,48 @@ class OnPolicyAgent(Protocol):
     def networks(self) -> nn.Module: ...
 
     def learn_shared(self, trajectory: Any, peers: Any) -> None: ...
+
+
+class ServerExplorer(Protocol):
+    """An actor's side of a parameter-server agent: it acts with the weights last
+    pulled from the servers."""
+
+    def load(self, vector: torch.Tensor, server_version: int) -> None:
+        """Act from now on with the parameter ``vector`` the servers held at ``server_version``
+        (the version sets the exploration schedule)."""
+        ...
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+class ServerAgent(Protocol):
+    """An off-policy agent as a parameter-server topology (Gorila) runs it: its online
+    networks are one flat vector the servers hold and update; its learners compute the
+    gradient of the agent's loss at the vector they last pulled, against the target
+    vector they last refreshed; its actors act from the vector they last pulled.
+
+    Transitions travel as the rows of :class:`ReplayAgent` (``discrete``: the action is
+    an index; ``action_dim`` columns otherwise)."""
+
+    discrete: bool
+    action_dim: int
+
+    def initial(self) -> torch.Tensor:
+        """The starting vector, the same on every rank (drawn from the seed alone)."""
+        ...
+
+    def load_online(self, vector: torch.Tensor) -> None: ...
+
+    def load_target(self, vector: torch.Tensor) -> None: ...
+
+    def gradient(self, batch: Any, step: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+        """The flat gradient of the loss on ``batch`` (laid out as the vector) and the
+        loss; ``step``: this learner's updates before this one (schedules such as TD3's
+        delayed actor); ``generator``: the learner's own draws (target smoothing)."""
+        ...
+
+    def explorer(self, generator: torch.Generator) -> ServerExplorer: ...
+
+    def greedy(self, vector: torch.Tensor) -> Callable[[np.ndarray], np.ndarray]:
+        """The noiseless policy of ``vector``, for evaluation."""
+        ...

@@ -127,6 +127,20 @@ class TD3(ContinuousLearner):
     def learn(self, batch: Batch, weights: torch.Tensor | None = None) -> TD3Stats:
         return td3_update(self, batch, weights)
 
+    def critics(self) -> list[nn.Module]:
+        return [self.critic1, self.critic2]
+
+    def critic_loss(self, batch: Batch, weights: torch.Tensor | None,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = td3_targets(batch, self.actor_target, self.critic1_target, self.critic2_target, self.config,
+                        self.smoothing if generator is None else generator)
+        td1 = y - self.critic1(batch.obs, batch.action)
+        td2 = y - self.critic2(batch.obs, batch.action)
+        return weighted_mse(td1, weights) + weighted_mse(td2, weights), td1, y
+
+    def actor_due(self, updates: int) -> bool:
+        return updates % self.config.policy_delay == 0
+
 
 def td3_update(agent: TD3, batch: Batch, weights: torch.Tensor | None = None) -> TD3Stats:
     """One critic step; every ``policy_delay``-th call also an actor step and soft
@@ -138,19 +152,16 @@ def td3_update(agent: TD3, batch: Batch, weights: torch.Tensor | None = None) ->
     if weights is not None and tuple(weights.shape) != (n,):
         raise ValueError(f"weights have shape {tuple(weights.shape)}, expected ({n},)")
     cfg = agent.config
-    y = td3_targets(batch, agent.actor_target, agent.critic1_target, agent.critic2_target, cfg, agent.smoothing)
-    td1 = y - agent.critic1(batch.obs, batch.action)
-    td2 = y - agent.critic2(batch.obs, batch.action)
-    critic_loss = weighted_mse(td1, weights) + weighted_mse(td2, weights)
+    critic_loss, td1, y = agent.critic_loss(batch, weights)
     agent.critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     agent.critic_opt.step()
     agent.updates += 1
 
     actor_loss = None
-    due = agent.updates % cfg.policy_delay == 0
+    due = agent.actor_due(agent.updates)
     if due:
-        loss = -agent.critic1(batch.obs, agent.actor(batch.obs)).mean()
+        loss = agent.actor_loss(batch.obs)
         agent.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         # this backward also leaves gradients on critic1; the critics' next zero_grad drops them

@@ -5,7 +5,7 @@ no torch: the command line builds, checks and refuses before torch loads; the ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.core.registry import DEEP, DomainSpec, register
@@ -105,6 +105,19 @@ class DQNParams(PopulationLayout, ExarlLayout, DeepParams):
         from popplay.deep.agents.dqn import DoubleDQN  # defers torch
 
         return DoubleDQN(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
+
+    #: The parameter-server topology (Gorila) runs this agent on environments with discrete actions.
+    discrete_actions: ClassVar[bool] = True
+
+    def server_agent(self, info: Any) -> Any:
+        """This agent as a parameter-server topology runs it (:class:`~popplay.deep.agents.protocol.ServerAgent`)."""
+        from popplay.deep.agents.dqn import DQNServer  # defers torch
+
+        return DQNServer(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
+
+    def server_shapes(self, info: Any) -> list[tuple[int, int]]:
+        """The (inputs, outputs) of the networks in :meth:`server_agent`'s vector, in order."""
+        return [(info.obs_dim, int(info.actions))]
 
     @property
     def actors(self) -> int:  # EXARL's workflows' name for them

@@ -5,7 +5,7 @@ command line builds, checks and refuses before torch loads; the runners are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.core.registry import DEEP, DomainSpec, register
@@ -24,6 +24,10 @@ from popplay.deep.topologies.deep_params import (
 )
 from popplay.deep.topologies.population_params import agent_memory_bytes
 from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WorkflowParams
+
+
+def exploration_noise_option() -> Any:
+    return option(0.1, "Acting noise, in action half-ranges.")
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class DDPGParams(WorkflowParams, DeepParams):
     learning_starts: int = option(1_000, "Transitions stored (uniform random actions) before the first update.",
                                   min=0)
     update_ratio: float = option(1.0, "Gradient updates per environment step.")
-    exploration_noise: float = option(0.1, "Acting noise, in action half-ranges.")
+    exploration_noise: float = exploration_noise_option()
     per: bool = option(False, "Prioritised experience replay (sum-tree).")
     per_alpha: float = option(0.6, "--per: priority exponent α.")
     per_beta0: float = option(0.4, "--per: importance-weight exponent β at the start.")
@@ -87,17 +91,40 @@ class DDPGParams(WorkflowParams, DeepParams):
 
         return DDPG(self.agent_config(), info.obs_dim, info.action_low, info.action_high, self.seed)
 
+    #: The parameter-server topology (Gorila) runs this agent on environments with continuous actions.
+    discrete_actions: ClassVar[bool] = False
+    critic_count: ClassVar[int] = 1
+
+    def server_agent(self, info: Any) -> Any:
+        """This agent as a parameter-server topology runs it (:class:`~popplay.deep.agents.protocol.ServerAgent`)."""
+        from popplay.deep.agents.ddpg import ContinuousServer  # defers torch
+
+        return ContinuousServer(self.new_learner(info), self.exploration_noise)
+
+    def server_shapes(self, info: Any) -> list[tuple[int, int]]:
+        """The (inputs, outputs) of the networks in :meth:`server_agent`'s vector: the
+        actor, then the critics."""
+        action_dim = len(info.action_low)
+        return [(info.obs_dim, action_dim)] + [(info.obs_dim + action_dim, 1)] * self.critic_count
+
 
 @dataclass(frozen=True)
-class TD3Params(DDPGParams):
-    """Train TD3: DDPG with clipped double Q, delayed policy updates and target policy
-    smoothing, each of which can be switched off."""
+class TD3Switches:
+    """TD3's three fixes of DDPG (and their noise), wherever TD3 runs."""
 
     clipped_double_q: bool = option(True, "Target from the smaller of two critics.")
     policy_delay: int = option(2, "Critic steps per actor step.", min=1)
     target_smoothing: bool = option(True, "Clipped noise on the target action.")
     target_noise: float = option(0.2, "Smoothing noise, in action half-ranges.")
     noise_clip: float = option(0.5, "Smoothing noise clip, in action half-ranges.")
+
+
+@dataclass(frozen=True)
+class TD3Params(TD3Switches, DDPGParams):
+    """Train TD3: DDPG with clipped double Q, delayed policy updates and target policy
+    smoothing, each of which can be switched off."""
+
+    critic_count: ClassVar[int] = 2
 
     def _config_type(self) -> type:
         from popplay.deep.agents.td3 import TD3Config  # defers torch

@@ -5,8 +5,12 @@ Layout of a job of ``S + L + A`` ranks (bundled mode with local replay: actor ``
 feeds learner ``a % L``, whose replay memory holds its actors' experience)::
 
     ranks 0 .. S-1            shard s: slice s of the flat parameter vector, AdaGrad
-    ranks S .. S+L-1          learner l: replay, Double DQN gradients, outlier guard
-    ranks S+L .. S+L+A-1      actor a: own environment, own copy of the Q-network
+    ranks S .. S+L-1          learner l: replay, the agent's gradients, outlier guard
+    ranks S+L .. S+L+A-1      actor a: own environment, own copy of the acting network
+
+The agent (``--agent``: DQN, DDPG, TD3, any off-policy agent whose parameters offer a
+:class:`~popplay.deep.agents.protocol.ServerAgent`) decides what the vector holds, the
+gradient a learner computes and how an actor explores; nothing here names one.
 
 Messages (tensors only, tags keep the streams apart; see :mod:`gorila_ranks`):
 
@@ -61,10 +65,9 @@ from popplay.checkpoints.h5io import NoSpace, name_max
 from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
 from popplay.core.errors import EXIT_CANNOT_SAVE, EXIT_INTERRUPTED, EXIT_LOST
 from popplay.deep import envs
-from popplay.deep.agents import networks
-from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.envs.rollout import evaluate
 from popplay.deep.topologies.gorila_params import SPEC, GorilaConfig  # noqa: F401  (SPEC: registered there)
+from popplay.deep.topologies.population_params import mlp_parameters
 from popplay.distributed.launch import PEER_LOST_EXIT, LocalRanks, describe_status, loopback_listener
 
 ROLE_PREFIX = "popplay gorila"
@@ -172,16 +175,36 @@ def assemble_checkpoint(run_dir: Path, config: GorilaConfig) -> dict[str, np.nda
     }
 
 
-def spaces(env_id: str) -> dict[str, int]:
-    """Observation width and number of actions, measured once for every rank."""
+def spaces(config: GorilaConfig) -> dict[str, Any]:
+    """The environment's spaces, measured once for every rank (JSON values); actions of
+    the kind ``--agent`` cannot take are refused here (:class:`~popplay.deep.envs.EnvError`)."""
 
-    env = envs.make_vector(env_id, 1)
+    env = envs.make_vector(config.env, 1)
     try:
-        info = envs.describe(env, env_id)
-        envs.require_discrete(info, "gorila (DQN)")
-        return {"obs_dim": info.obs_dim, "actions": int(info.actions)}
+        info = envs.describe(env, config.env)
     finally:
         env.close()
+    if info.discrete != config.agent_params().discrete_actions:
+        kind, theirs = ("discrete", "continuous") if not info.discrete else ("continuous", "discrete")
+        raise envs.EnvError(f"--env {config.env}: --agent {config.agent} needs {kind} actions "
+                            f"(this environment's are {theirs})")
+    return {"obs_dim": info.obs_dim, "actions": info.actions, "action_dim": info.action_dim,
+            "action_low": list(info.action_low), "action_high": list(info.action_high)}
+
+
+def env_info(config: GorilaConfig, measured: dict[str, Any]) -> envs.EnvInfo:
+    """:func:`spaces`' values (as a rank reads them back) as the agents take them."""
+    actions = measured["actions"]
+    return envs.EnvInfo(config.env, int(measured["obs_dim"]), None if actions is None else int(actions),
+                        int(measured["action_dim"]), tuple(float(v) for v in measured["action_low"]),
+                        tuple(float(v) for v in measured["action_high"]))
+
+
+def vector_size(config: GorilaConfig, measured: dict[str, Any]) -> int:
+    """The length of the agent's parameter vector, counted (not built: a crafted width
+    in a damaged file stays cheap)."""
+    shapes = config.agent_params().server_shapes(env_info(config, measured))
+    return sum(mlp_parameters(n_in, n_out, config.hidden) for n_in, n_out in shapes)
 
 
 # --- the launcher --------------------------------------------------------------------
@@ -223,7 +246,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
-    config_path.write_text(json.dumps({**config.to_dict(), **spaces(config.env)}, indent=1))
+    config_path.write_text(json.dumps({**config.to_dict(), **spaces(config)}, indent=1))
     procs = LocalRanks()
     lost: list[str] = []
     start = time.monotonic()
@@ -497,7 +520,7 @@ def summary_text(summary: dict[str, Any], config: GorilaConfig) -> str:
 
 
 def evaluate_checkpoint(config: GorilaConfig, checkpoint: dict[str, np.ndarray]) -> float:
-    """Mean return of greedy episodes of the checkpoint's Q-network."""
+    """Mean return of the checkpoint's noiseless policy (greedy on Q for DQN)."""
     returns = greedy_returns(config, checkpoint["params"], config.eval_episodes, config.seed)
     return float(returns.mean()) if returns.size else float("nan")
 
@@ -507,10 +530,8 @@ def greedy_returns(config: GorilaConfig, params: np.ndarray, episodes: int, seed
         return np.zeros(0)
     env = envs.make_vector(config.env, 1)
     try:
-        info = envs.describe(env, config.env)
-        net = networks.mlp(info.obs_dim, info.actions, tuple(config.hidden))
-        networks.load_flat_parameters(net, torch.as_tensor(np.asarray(params, dtype=np.float32)))
-        return evaluate(env, greedy_policy(net), episodes, seed)
+        agent = config.agent_params().server_agent(envs.describe(env, config.env))
+        return evaluate(env, agent.greedy(torch.as_tensor(np.asarray(params, dtype=np.float32))), episodes, seed)
     finally:
         env.close()
 
@@ -783,9 +804,7 @@ def check_stored(config: GorilaConfig, state: dict[str, Any], counters: dict[str
     """Refuse a stored Gorila state that does not fit its own config (ValueError, one
     line): the parameter vector and accumulator of exactly the network's size, finite,
     the accumulator positive; counters non-negative integers."""
-    shape = spaces(config.env)
-    widths = [shape["obs_dim"], *config.hidden, shape["actions"]]
-    size = sum(a * b + b for a, b in zip(widths, widths[1:]))  # counted, not built: a crafted width stays cheap
+    size = vector_size(config, spaces(config))
     for name in ("params", "accumulator"):
         value = state.get(name)
         if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.shape != (size,):

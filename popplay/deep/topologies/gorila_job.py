@@ -55,7 +55,7 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
         problem = gorila_torchrun.layout_problem(config)  # before anything waits for a peer
         if problem is not None:
             raise UsageError(problem)
-    _check_env(config.env)
+    _check_env(config)
 
     def check_out(path: Path) -> None:
         too_long = parts_name_problem(path)
@@ -99,8 +99,8 @@ def _run(config: GorilaConfig, request: RunRequest, torchrun: bool) -> RunResult
     return RunResult(summary, summary_text(summary, config), notes, code)
 
 
-def _check_env(env_id: str) -> None:
+def _check_env(config: GorilaConfig) -> None:
     try:
-        spaces(env_id)  # makes one: an unknown id, a missing extra or continuous actions say so here
+        spaces(config)  # makes one: an unknown id, a missing extra or actions of the wrong kind say so here
     except ValueError as error:
         raise UsageError(str(error)) from None

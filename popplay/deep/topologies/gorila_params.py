@@ -7,23 +7,28 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from popplay.core import registry
 from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep.agents.config import check_network
 from popplay.deep.topologies.deep_params import EnvChecked
+from popplay.deep.topologies.exarl_params import TD3Switches, exploration_noise_option
+
+#: Fields of this config that only some agents have: set for another agent, they are refused.
+AGENT_KNOBS = ("epsilon_start", "epsilon_end", "epsilon_updates", "exploration_noise",
+               *(f.name for f in fields(TD3Switches)))
 
 
 @dataclass(frozen=True)
-class GorilaConfig(EnvChecked):
-    """Train DQN the Gorila way: actors and learners as processes around a sharded
-    AdaGrad parameter server; stale and outlier gradients are dropped; a lost actor or
-    learner does not stop the run, a lost shard stops it with its checkpoint. Under
-    torchrun (world size = shards + learners + actors) every worker is one rank, and a
-    lost rank ends the attempt (--max-restarts continues from the last checkpoint)."""
+class _GorilaFields(EnvChecked):
+    """Gorila's layout and the knobs every agent shares (:class:`GorilaConfig`)."""
 
+    agent: str = option("dqn", "The off-policy agent the learners compute gradients of: dqn (discrete actions), "
+                               "ddpg or td3 (continuous actions). Its online networks are the shards' parameter "
+                               "vector; its target networks a copy refreshed every --target-every server updates.")
     env: str = option("CartPole-v1", "A gymnasium id (CartPole-v1, LunarLander-v3 with the box2d extra, "
                                      "popplay/CartPole-v1, ...).")
-    actors: int = option(2, "Actor processes (own environment, own Q-network copy).", min=1, on_resume=True)
+    actors: int = option(2, "Actor processes (own environment, own copy of the acting network).", min=1, on_resume=True)
     learners: int = option(1, "Learner processes (see --replay).", min=1, on_resume=True)
     shards: int = option(1, "Parameter-server shards (AdaGrad on a slice each).", min=1, on_resume=True)
     # over all actors (each plays its share, whole episodes); 0: none
@@ -31,7 +36,7 @@ class GorilaConfig(EnvChecked):
     # over all actors (each plays its share); 0: none; both: whichever first
     episodes: int = option(0, "Budget: episodes over all actors (0: none).", min=0, budget=True)
     seed: int = option(0, "Seed of every random stream.")
-    hidden: tuple[int, ...] = option((64, 64), "Hidden layer widths of the Q network, comma separated.")
+    hidden: tuple[int, ...] = option((64, 64), "Hidden layer widths of every network of the agent, comma separated.")
     lr: float = option(0.01, "AdaGrad learning rate (on the shards).")
     adagrad_eps: float = 1e-8
     initial_accumulator: float = 0.1
@@ -44,7 +49,8 @@ class GorilaConfig(EnvChecked):
     target_every: int = option(200, "G: server updates between target refreshes.", min=1)
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05
-    epsilon_updates: int = option(4_000, "Server updates over which ε falls to 0.05.", min=1)
+    epsilon_updates: int = option(4_000, "dqn: server updates over which ε falls to 0.05.", min=1)
+    exploration_noise: float = exploration_noise_option()
     actor_sync: int = option(100, "N: actor steps between parameter refreshes.", min=1)
     learner_sync: int = option(4, "Learner updates between parameter refreshes.", min=1)
     chunk: int = 50  # transitions per actor → learner message
@@ -100,6 +106,22 @@ class GorilaConfig(EnvChecked):
         if self.max_staleness < 0 or self.learning_starts < 0:
             raise ValueError("max_staleness and learning_starts must be non-negative")
         check_network(self)
+        self._check_agent()
+
+    def _check_agent(self) -> None:
+        if not _runs_on_a_server(self.agent):
+            raise ValueError(f"agent must be one of {', '.join(server_agents())} (got {self.agent!r})")
+        theirs = {f.name for f in fields(registry.get(self.agent).params_type())}
+        for f in fields(self):
+            if f.name in AGENT_KNOBS and f.name not in theirs and getattr(self, f.name) != f.default:
+                raise ValueError(f"{f.name} is not a parameter of --agent {self.agent}")
+
+    def agent_params(self) -> Any:
+        """The parameters of ``--agent`` as its own command takes them, with every field
+        it shares with this config (hidden, gamma, seed, exploration, ...) from here."""
+        params_type = registry.get(self.agent).params_type()
+        ours = {f.name for f in fields(self)}
+        return params_type(**{f.name: getattr(self, f.name) for f in fields(params_type) if f.name in ours})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -113,6 +135,28 @@ class GorilaConfig(EnvChecked):
         if "hidden" in values:
             values["hidden"] = tuple(int(h) for h in values["hidden"])
         return cls(**values)
+
+
+def server_agents() -> list[str]:
+    """The registered agents a parameter server can run (their parameters say how)."""
+    return [name for name in registry.names() if _runs_on_a_server(name)]
+
+
+def _runs_on_a_server(name: str) -> bool:
+    if not registry.known(name):
+        return False
+    spec = registry.get(name)
+    return spec.kind == DEEP and hasattr(spec.params_type(), "server_agent")
+
+
+@dataclass(frozen=True)
+class GorilaConfig(TD3Switches, _GorilaFields):
+    """Train an off-policy agent (DQN, DDPG, TD3) the Gorila way: actors and learners as
+    processes around a sharded AdaGrad parameter server; stale and outlier gradients
+    are dropped; a lost actor or learner does not stop the run, a lost shard stops it
+    with its checkpoint. Under torchrun (world size = shards + learners + actors) every
+    worker is one rank, and a lost rank ends the attempt (--max-restarts continues from
+    the last checkpoint)."""
 
 
 SPEC = register(DomainSpec(name="gorila", params=GorilaConfig, kind=DEEP,

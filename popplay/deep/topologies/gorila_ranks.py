@@ -38,8 +38,6 @@ from popplay.core.hooks import hook
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.adagrad_shard import AdaGradShard, shard_bounds
-from popplay.deep.agents.dqn import EpsilonGreedy, double_dqn_gradient, huber
-from popplay.deep.agents.flat import FlatMLP
 from popplay.deep.agents.replay import Batch, ReplayBuffer, batch_rows, episode_rows, rows_batch, transition_width
 from popplay.deep.envs.rollout import episode_seed, play_episodes
 from popplay.deep.topologies import gorila as G
@@ -70,14 +68,9 @@ def _send_within(tensor: torch.Tensor, dst: int, tag: int, seconds: float) -> No
     dist.isend(tensor, dst=dst, tag=tag).wait(datetime.timedelta(seconds=seconds))
 
 
-class _Spaces:
-    def __init__(self, obs_dim: int, actions: int) -> None:
-        self.obs_dim, self.actions = int(obs_dim), int(actions)
-
-
 class Context:
     def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any,
-                 spaces: tuple[int, int] | None = None, torchrun: dict[str, Any] | None = None) -> None:
+                 measured: dict[str, Any] | None = None, torchrun: dict[str, Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
@@ -89,22 +82,15 @@ class Context:
         # the end (the checkpoint, the evaluation, the run file) is left to do.
         self.nothing_left = bool(torchrun and torchrun.get("nothing_left"))
         self.rank0: Any = None  # gorila_torchrun.Rank0 on rank 0 under torchrun
-        if spaces is None:
-
-            env = envs.make_vector(config.env, 1)
-            info = envs.describe(env, config.env)
-            envs.require_discrete(info, "Gorila (DQN)")
-            env.close()
-            spaces = (info.obs_dim, int(info.actions))
         # The launcher measured the spaces once: shards and learners need no environment.
-        self.info = _Spaces(*spaces)
-
-        net = networks.seeded_mlp(config.seed, self.info.obs_dim, self.info.actions, config.hidden)
-        self.initial = networks.flat_parameters(net)
+        self.info = G.env_info(config, G.spaces(config) if measured is None else measured)
+        self.agent = config.agent_params().server_agent(self.info)
+        self.initial = self.agent.initial()
         self.bounds = shard_bounds(self.initial.numel(), config.shards)
+        self.row_width = transition_width(self.info.obs_dim, self.agent.action_dim)
 
-    def net(self) -> torch.nn.Module:
-        return networks.mlp(self.info.obs_dim, self.info.actions, self.config.hidden)
+    def rows_batch(self, block: torch.Tensor) -> Batch:
+        return rows_batch(block, self.info.obs_dim, discrete=self.agent.discrete)
 
     def stop_requested(self) -> bool:
         return bool(self.store.check(["stop"]))
@@ -240,7 +226,7 @@ class _GlobalReplay:
         self.replies: dict[int, queue.Queue] = {j: queue.Queue() for j in self.peers}
         self.lost: set[int] = set()
         self.remote_rows = 0
-        self.width = transition_width(ctx.info.obs_dim)
+        self.width = ctx.row_width
         for j in self.peers:
             serving = networks.generator(ctx.stream(config.seed * 7919 + 104_729 * (l + 1) + j))
             threading.Thread(target=self._serve, args=(j, serving), daemon=True).start()
@@ -321,7 +307,7 @@ class _GlobalReplay:
             blocks.append(block)
         with self.lock:
             parts = [self.replay.sample(own, self.sampler)] if own else []
-        parts += [rows_batch(b, self.ctx.info.obs_dim, discrete=True) for b in blocks if b.shape[0]]
+        parts += [self.ctx.rows_batch(b) for b in blocks if b.shape[0]]
         return Batch(*(torch.cat(columns) for columns in zip(*parts)))
 
     def _await(self, j: int) -> tuple[int, torch.Tensor] | None:
@@ -358,11 +344,10 @@ class _GlobalReplay:
 
 def run_learner(ctx: Context) -> int:
     config, l = ctx.config, ctx.role.index
-    obs_dim = ctx.info.obs_dim
-    online, target = ctx.net(), ctx.net()
-    online_flat, target_flat = FlatMLP(online), FlatMLP(target)  # the written-out gradient's views
-    replay = ReplayBuffer(config.replay_capacity, obs_dim)
+    agent = ctx.agent
+    replay = ReplayBuffer(config.replay_capacity, ctx.info.obs_dim, 0 if agent.discrete else agent.action_dim)
     sampler = networks.generator(ctx.stream(config.seed * 7919 + 1 + l))
+    noise = networks.generator(ctx.stream(config.seed * 7919 + 2 + l))  # the agent's own draws (TD3's smoothing)
     replay_lock = threading.Lock()  # global replay: the peers' server threads sample it too
     store_wide = _GlobalReplay(ctx, replay, replay_lock, sampler) if config.replay == "global" else None
     # Global replay: each part holds about 1/L of the memory, so learning starts when
@@ -382,7 +367,7 @@ def run_learner(ctx: Context) -> int:
             try:
                 dist.recv(header, src=G.actor_rank(a, config), tag=TAG_TRANS_HDR)
                 flag.set()
-                block = torch.empty(int(header[0]), transition_width(obs_dim), dtype=torch.float32)
+                block = torch.empty(int(header[0]), ctx.row_width, dtype=torch.float32)
                 dist.recv(block, src=G.actor_rank(a, config), tag=TAG_TRANS)
                 inbox.put((a, block))
             except RuntimeError:  # the actor vanished; the launcher reports it
@@ -425,7 +410,7 @@ def run_learner(ctx: Context) -> int:
         n = block.shape[0]
         received_from[a] += n
         with replay_lock:
-            replay.add(rows_batch(block, obs_dim, discrete=True))
+            replay.add(ctx.rows_batch(block))
         received += n
         # Each transition is stored once, by the learner it reached, which owes its share
         # of updates: every layout learns as much per transition played.
@@ -444,17 +429,17 @@ def run_learner(ctx: Context) -> int:
         if credit >= 1.0:
             if updates % config.learner_sync == 0:
                 versions = _pull(ctx, flat)
-                networks.load_flat_parameters(online, flat)
+                agent.load_online(flat)
                 server = min(versions)
                 if target_version < 0 or server - target_version >= config.target_every:
-                    networks.load_flat_parameters(target, flat)
+                    agent.load_target(flat)
                     target_version = server
             if store_wide is None:
                 batch = replay.sample(config.batch_size, sampler)
             else:  # this minibatch was asked for one update ago; ask for the next now
                 batch = store_wide.collect(pending if pending is not None else store_wide.request(config.batch_size))
                 pending = store_wide.request(config.batch_size)
-            grad, errors = double_dqn_gradient(batch, online_flat, target_flat, config.gamma)
+            grad, loss = agent.gradient(batch, updates, noise)
             if inject_huge and (updates + 1) % inject_huge == 0:
                 grad = grad * 1e30
             norm = float(grad.norm())
@@ -473,7 +458,7 @@ def run_learner(ctx: Context) -> int:
                 sent += 1
             updates += 1
             credit -= 1.0
-            losses.append(huber(errors))
+            losses.append(loss)
         else:
             if (ctx.finished(f"finished/actors-of-{l}") >= mine and inbox.empty()
                     and not any(flag.is_set() for flag in busy)):
@@ -506,8 +491,7 @@ def run_actor(ctx: Context) -> int:
     learners = [G.learner_rank(l, config) for l in G.learners_of_actor(a, config)]
     budget_steps, budget_episodes = G.actor_budget(a, config)
     env = envs.make_vector(config.env, 1)
-    q = ctx.net()
-    policy = EpsilonGreedy(q, ctx.info.actions, networks.generator(ctx.stream(config.seed * 1_000_003 + 17 + a)))
+    policy = ctx.agent.explorer(networks.generator(ctx.stream(config.seed * 1_000_003 + 17 + a)))
     flat = ctx.initial.clone()
     state = {"steps": 0, "last_pull": None, "server": 0}
 
@@ -516,9 +500,7 @@ def run_actor(ctx: Context) -> int:
             if ctx.stop_requested():
                 raise _Stop()
             state["server"] = min(_pull(ctx, flat))
-            networks.load_flat_parameters(q, flat)
-            fraction = min(1.0, state["server"] / config.epsilon_updates)
-            policy.epsilon = config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+            policy.load(flat, state["server"])
             state["last_pull"] = state["steps"]
         state["steps"] += 1
         return policy(obs)
@@ -642,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
     config_path = Path(args[1])
     raw = json.loads(config_path.read_text())
     config = G.GorilaConfig.from_dict(raw)
-    spaces = (int(raw["obs_dim"]), int(raw["actions"])) if "obs_dim" in raw and "actions" in raw else None
+    measured = {k: raw[k] for k in ("obs_dim", "actions", "action_dim", "action_low", "action_high")} \
+        if "obs_dim" in raw else None
     torchrun = raw.get("torchrun")  # present when a torchrun worker exec-ed this rank
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
@@ -668,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
     store.add(G.FORMED_KEY, 1)  # the local launcher starts the job again if a rank is lost before all are here
-    ctx = Context(config, config_path.parent, rank, store, spaces, torchrun)
+    ctx = Context(config, config_path.parent, rank, store, measured, torchrun)
     if torchrun is not None and rank == 0:
         ctx.rank0 = T.Rank0(config, config_path.parent, torchrun, store)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]

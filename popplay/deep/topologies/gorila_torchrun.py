@@ -259,7 +259,7 @@ def _prepare(config: G.GorilaConfig, out: Path, base: Any, k: int, continuing: b
     extras = {"torchrun": {"attempt": k, "out": str(out), "json": bool(json_output), "progress": progress_every,
                            "started_at": started_at, "earlier": [str(d) for d in earlier], "nothing_left": done,
                            "stored": config.to_dict()}}
-    text = json.dumps({**attempt_config.to_dict(), **G.spaces(config.env), **extras}, indent=1)
+    text = json.dumps({**attempt_config.to_dict(), **G.spaces(config), **extras}, indent=1)
     G.save_text(run_dir / "config.json", text)
     if continuing and state is not None:
         # OUT holds what this attempt starts from, before it can be lost in turn (every

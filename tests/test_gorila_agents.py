@@ -1,0 +1,160 @@
+"""Gorila runs any off-policy agent that says how a parameter server runs it (DQN,
+DDPG, TD3): the agents' server side against their own sequential updates, the
+config's refusals, and real TD3 and DDPG jobs through the console script."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from popplay.cli.main import main
+from popplay.deep.agents import networks
+from popplay.deep.agents.replay import Batch
+from popplay.deep.envs import EnvInfo
+from popplay.deep.topologies import gorila as G
+from popplay.deep.topologies.gorila_params import GorilaConfig
+
+PENDULUM = EnvInfo("Pendulum-v1", 3, None, 1, (-2.0,), (2.0,))
+CARTPOLE = EnvInfo("CartPole-v1", 4, 2, 1)
+
+
+def _batch(n: int = 16, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    return Batch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g) * 4 - 2, torch.randn(n, generator=g),
+                 torch.randn(n, 3, generator=g), (torch.rand(n, generator=g) < 0.2).float())
+
+
+def _server(agent: str, **knobs):
+    config = GorilaConfig(agent=agent, env="Pendulum-v1" if agent != "dqn" else "CartPole-v1", hidden=(8, 8),
+                          env_steps=10, **knobs)
+    return config.agent_params().server_agent(PENDULUM if agent != "dqn" else CARTPOLE)
+
+
+@pytest.mark.parametrize("agent", ["ddpg", "td3"])
+def test_a_server_gradient_is_the_gradient_the_agent_s_own_update_steps_with(agent: str) -> None:
+    """Laid out as the vector (actor, then critics), the critics' part is the gradient
+    the sequential update hands its critic optimiser, and the actor's part the one it
+    hands its actor optimiser (the critic held still, as the server's gradient sees it)."""
+    server = _server(agent, policy_delay=1) if agent == "td3" else _server(agent)
+    learner, batch = server.learner, _batch()
+    server.load_target(server.initial())
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(name: str, optimizer: torch.optim.Optimizer):
+        def step(*args, **kwargs) -> None:  # record the gradient, move nothing
+            seen[name] = torch.cat([p.grad.reshape(-1) for g in optimizer.param_groups for p in g["params"]])
+        return step
+
+    learner.critic_opt.step = capture("critics", learner.critic_opt)
+    learner.actor_opt.step = capture("actor", learner.actor_opt)
+    smoothing_state = learner.smoothing.get_state() if agent == "td3" else None
+    grad, loss = server.gradient(batch, 0, networks.generator(5))
+    if smoothing_state is not None:  # the update below draws its smoothing noise from the same stream
+        learner.smoothing.set_state(networks.generator(5).get_state())
+    learner.learn(batch, None)
+    actor_size = networks.parameter_count(learner.actor)
+    assert grad.shape == server.initial().shape and np.isfinite(loss)
+    torch.testing.assert_close(grad[actor_size:], seen["critics"], rtol=0, atol=0)
+    torch.testing.assert_close(grad[:actor_size], seen["actor"], rtol=1e-6, atol=1e-7)
+    assert grad[:actor_size].abs().sum() > 0
+
+
+def test_td3_s_server_gradient_moves_the_actor_every_policy_delay_steps() -> None:
+    server = _server("td3", policy_delay=3)
+    server.load_target(server.initial())
+    actor_size = networks.parameter_count(server.learner.actor)
+    moved = [bool(server.gradient(_batch(), step, networks.generator(1))[0][:actor_size].abs().sum() > 0)
+             for step in range(6)]
+    assert moved == [False, False, True, False, False, True]
+
+
+def test_td3_s_smoothing_draws_from_the_learner_s_generator() -> None:
+    server = _server("td3")
+    server.load_target(server.initial())
+    same = [server.gradient(_batch(), 0, networks.generator(9))[0] for _ in range(2)]
+    other = server.gradient(_batch(), 0, networks.generator(10))[0]
+    torch.testing.assert_close(same[0], same[1], rtol=0, atol=0)
+    assert not torch.equal(same[0], other)
+
+
+@pytest.mark.parametrize("agent", ["dqn", "ddpg", "td3"])
+def test_the_counted_vector_size_is_the_built_one(agent: str) -> None:
+    """check_stored counts the vector without building it (a crafted width stays cheap)."""
+    config = GorilaConfig(agent=agent, hidden=(8, 5), env_steps=10)
+    info = PENDULUM if agent != "dqn" else CARTPOLE
+    measured = {"obs_dim": info.obs_dim, "actions": info.actions, "action_dim": info.action_dim,
+                "action_low": list(info.action_low), "action_high": list(info.action_high)}
+    assert G.vector_size(config, measured) == config.agent_params().server_agent(info).initial().numel()
+
+
+def test_explorers_act_from_pulled_vectors_by_the_server_s_version() -> None:
+    ddpg = _server("ddpg")
+    explorer = ddpg.explorer(networks.generator(0))
+    obs = np.zeros((1, 3), dtype=np.float32)
+    explorer.load(ddpg.initial(), 0)
+    assert explorer.exploration == 1.0  # uniform until the server has applied an update
+    explorer.load(ddpg.initial() + 0.5, 7)
+    assert explorer.exploration == 0.0
+    torch.testing.assert_close(networks.flat_parameters(explorer.actor), ddpg.initial()[:explorer._actor_size] + 0.5)
+    assert -2.0 <= float(explorer(obs)[0, 0]) <= 2.0
+    dqn = _server("dqn", epsilon_updates=100)
+    greedy = dqn.explorer(networks.generator(0))
+    greedy.load(dqn.initial(), 50)
+    assert greedy.epsilon == pytest.approx(1.0 + 0.5 * (0.05 - 1.0))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--agent", "ppo"], "--agent must be one of dqn, td3, ddpg (got 'ppo')"),
+    (["--agent", "dqn", "--policy-delay", "3"], "--policy-delay is not a parameter of --agent dqn"),
+    (["--agent", "td3", "--env", "Pendulum-v1", "--epsilon-updates", "9"],
+     "--epsilon-updates is not a parameter of --agent td3"),
+    (["--agent", "td3", "--env", "CartPole-v1"],
+     "--env CartPole-v1: --agent td3 needs continuous actions (this environment's are discrete)"),
+    (["--agent", "dqn", "--env", "Pendulum-v1"],
+     "--env Pendulum-v1: --agent dqn needs discrete actions (this environment's are continuous)"),
+])
+def test_gorila_refuses_an_agent_it_cannot_run_in_one_line(tmp_path, capsys, args: list[str], message: str) -> None:
+    out = tmp_path / "g.h5"
+    code = main(["train", "gorila", *args, "--env-steps", "100", "--out", str(out)])
+    assert (code, capsys.readouterr().err) == (2, f"Error: {message}\n")
+    assert not out.exists()
+
+
+TINY = ["--hidden", "16", "--batch-size", "16", "--learning-starts", "64", "--update-ratio", "0.5",
+        "--learner-sync", "2", "--actor-sync", "20", "--target-every", "10", "--eval-episodes", "2",
+        "--timeout", "20", "--actors", "2", "--learners", "1", "--shards", "2"]
+
+
+def _popplay(*args: str) -> dict:
+    done = subprocess.run(["popplay", *args, "--json"], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _trained(agent: str, out, steps: int) -> dict:
+    summary = _popplay("train", "gorila", "--agent", agent, "--env", "Pendulum-v1", "--env-steps", str(steps),
+                       "--seed", "2", *TINY, "--out", str(out))
+    assert summary["complete"] and summary["lost"] == []
+    assert summary["transitions_received"] == summary["env_steps"] == steps  # every transition reached a learner
+    assert summary["gradients_sent"] > 10 and np.isfinite(summary["quality"])
+    assert summary["gradients_applied"] + summary["stale_discarded"] == 2 * summary["gradients_sent"]  # both shards
+    return summary
+
+
+@pytest.mark.procs
+def test_gorila_trains_td3_into_a_run_file_that_evaluate_reads_and_resume_continues(tmp_path) -> None:
+    out = tmp_path / "td3.h5"
+    first = _trained("td3", out, 800)
+    evaluated = _popplay("evaluate", str(out), "--episodes", "2")
+    assert evaluated["domain"] == "gorila" and np.isfinite(evaluated["quality"])
+    resumed = _popplay("train", "gorila", "--resume", str(out), "--env-steps", "1200")
+    assert resumed["complete"] and resumed["env_steps"] >= 1200
+    assert resumed["server_versions"][0] > first["server_versions"][0]  # the stored vector went on learning
+
+
+@pytest.mark.procs
+def test_gorila_trains_ddpg(tmp_path) -> None:
+    _trained("ddpg", tmp_path / "ddpg.h5", 800)
