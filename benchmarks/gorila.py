@@ -37,7 +37,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import machine_info  # noqa: E402
-from popplay.deep.topologies.gorila import GorilaConfig, load_npz, train_gorila  # noqa: E402
+from popplay.deep.topologies.gorila import (  # noqa: E402
+    GorilaConfig,
+    load_npz,
+    spaces,
+    train_gorila,
+    vector_size,
+)
 
 
 def model(config: GorilaConfig, learner_updates: int, gradients_sent: int, env_steps: int,
@@ -59,13 +65,7 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _param_count(config: GorilaConfig) -> int:
-    from popplay.deep import envs
-
-    env = envs.make_vector(config.env, 1)
-    info = envs.describe(env, config.env)
-    env.close()
-    widths = [info.obs_dim, *config.hidden, int(info.actions)]
-    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    return vector_size(config, spaces(config))
 
 
 def project(config: GorilaConfig, measured: dict[str, Any], actors: int = 100, learners: int = 100,
@@ -83,8 +83,10 @@ def project(config: GorilaConfig, measured: dict[str, Any], actors: int = 100, l
 
 def run_layout(layout: str, args: argparse.Namespace, workdir: Path, kill_actor_at: int = 0) -> dict[str, Any]:
     actors, learners, shards = (int(v) for v in layout.split("x"))
-    config = GorilaConfig(env=args.env, actors=actors, learners=learners, shards=shards, env_steps=args.env_steps,
-                          seed=args.seed, eval_episodes=args.eval_episodes, timeout=60.0, replay=args.replay)
+    tuned = {name: getattr(args, name) for name in ("lr", "update_ratio", "learning_starts") if getattr(args, name)}
+    config = GorilaConfig(agent=args.agent, env=args.env, actors=actors, learners=learners, shards=shards,
+                          env_steps=args.env_steps, seed=args.seed, eval_episodes=args.eval_episodes, timeout=60.0,
+                          replay=args.replay, **tuned)
     out = workdir / f"gorila-{layout}-{args.replay}{'-fault' if kill_actor_at else ''}.h5"
     parts = out.with_name(out.name + ".parts")
     killed: dict[str, Any] = {}
@@ -133,23 +135,23 @@ def _pid_of(role: str, marker: str) -> int | None:
     return None
 
 
-def run_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_sequential(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The agent's own command in one process (Adam, its own targets), same budget and widths."""
     from popplay.checkpoints.validation import load_run
 
-    out = workdir / "dqn.h5"
+    out = workdir / f"{args.agent}.h5"
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "popplay", "train", "dqn", "--env", args.env, "--env-steps",
+    done = subprocess.run([sys.executable, "-m", "popplay", "train", args.agent, "--env", args.env, "--env-steps",
                            str(args.env_steps), "--seed", str(args.seed), "--eval-episodes", str(args.eval_episodes),
                            "--hidden", "64,64", "--out", str(out), "--json"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     wall = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"train dqn failed: {done.stderr.strip()}")
+        raise SystemExit(f"train {args.agent} failed: {done.stderr.strip()}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    state = load_run(out).state
-    returns, lengths = state["episode_returns"], state["episode_lengths"]
-    return {"layout": "dqn sequential", "kind": "dqn", "wall_seconds": wall, **summary,
-            "curve": _thin(np.cumsum(lengths), returns)}
+    curves = load_run(out).curves
+    return {"layout": f"{args.agent} sequential", "kind": "sequential", "wall_seconds": wall, **summary,
+            "curve": _thin(curves["agent_steps"], curves["return"]) if "return" in curves else []}
 
 
 def _thin(steps: np.ndarray, returns: np.ndarray, points: int = 40) -> list[list[float]]:
@@ -162,12 +164,17 @@ def _thin(steps: np.ndarray, returns: np.ndarray, points: int = 40) -> list[list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agent", default="dqn", help="dqn, ddpg or td3")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--env-steps", type=int, default=30_000)
     parser.add_argument("--layouts", default="2x1x1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-episodes", type=int, default=20)
-    parser.add_argument("--dqn", action="store_true")
+    parser.add_argument("--lr", type=float, default=0.0, help="the shards' AdaGrad rate (0: Gorila's default)")
+    parser.add_argument("--update-ratio", type=float, default=0.0, help="0: Gorila's default")
+    parser.add_argument("--learning-starts", type=int, default=0, help="0: Gorila's default")
+    parser.add_argument("--sequential", "--dqn", action="store_true", dest="sequential",
+                        help="also the agent's own command in one process at the same budget")
     parser.add_argument("--fault", action="store_true")
     parser.add_argument("--replay", choices=("local", "global"), default="local")
     parser.add_argument("--json", type=Path)
@@ -183,11 +190,11 @@ def main() -> None:
         if args.fault:
             rows.append(run_layout(layouts[0], args, workdir, kill_actor_at=args.env_steps // 2))
             _print(rows[-1])
-        if args.dqn:
-            rows.append(run_dqn(args, workdir))
+        if args.sequential:
+            rows.append(run_sequential(args, workdir))
             _print(rows[-1])
-    payload = {"machine": machine_info(), "env": args.env, "env_steps": args.env_steps, "seed": args.seed,
-               "rows": rows}
+    payload = {"machine": machine_info(), "agent": args.agent, "env": args.env, "env_steps": args.env_steps,
+               "seed": args.seed, "rows": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1, default=str))
@@ -206,7 +213,7 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for row in payload["rows"]:
         curve = np.asarray(row["curve"], dtype=float).reshape(-1, 2)
-        label = row["layout"] if row["kind"] == "dqn" else f"gorila {row['layout']} (A×L×S)"
+        label = row["layout"] if row["kind"] == "sequential" else f"gorila {row['layout']} (A×L×S)"
         if row.get("killed"):
             label += ", actor 1 killed"
             ax.axvline(row["killed"]["at_env_steps"], color="grey", linestyle=":", linewidth=1)

@@ -158,3 +158,12 @@ def test_gorila_trains_td3_into_a_run_file_that_evaluate_reads_and_resume_contin
 @pytest.mark.procs
 def test_gorila_trains_ddpg(tmp_path) -> None:
     _trained("ddpg", tmp_path / "ddpg.h5", 800)
+
+
+def test_each_agent_keeps_its_own_gradient_clipping_under_gorila() -> None:
+    """DQN clips its gradient as its own update does; DDPG and TD3 clip nothing (a joint
+    clip would shrink the actor's part by the critics' norm)."""
+    assert _server("dqn").max_grad_norm == GorilaConfig().max_grad_norm == 10.0
+    assert _server("td3").max_grad_norm == _server("ddpg").max_grad_norm == 0.0
+    with pytest.raises(ValueError, match="max_grad_norm is not a parameter of --agent td3"):
+        GorilaConfig(agent="td3", env="Pendulum-v1", env_steps=10, max_grad_norm=1.0).validate()

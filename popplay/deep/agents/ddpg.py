@@ -395,6 +395,9 @@ class ContinuousServer:
     respect to the actor (zeros otherwise), both at the same weights."""
 
     discrete = False
+    # DDPG's and TD3's own updates clip nothing; clipping the joint vector would scale the
+    # actor's part by the critics' norm (measured: a TD3 that barely learned Pendulum).
+    max_grad_norm = 0.0
 
     def __init__(self, learner: ContinuousLearner, noise: float) -> None:
         self.learner = learner

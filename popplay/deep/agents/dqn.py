@@ -310,6 +310,7 @@ class DQNServer:
 
     def __init__(self, config: DQNConfig, obs_dim: int, actions: int, seed: int) -> None:
         self.config, self.obs_dim, self.actions, self.seed = config, obs_dim, actions, seed
+        self.max_grad_norm = config.max_grad_norm
         self._online, self._target = self._net(), self._net()
         self._online_flat, self._target_flat = FlatMLP(self._online), FlatMLP(self._target)
 

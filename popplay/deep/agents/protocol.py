@@ -111,6 +111,7 @@ class ServerAgent(Protocol):
 
     discrete: bool
     action_dim: int
+    max_grad_norm: float  # the norm the agent clips its gradients to (0: none), after the topology's outlier check
 
     def initial(self) -> torch.Tensor:
         """The starting vector, the same on every rank (drawn from the seed alone)."""

@@ -15,7 +15,7 @@ from popplay.deep.topologies.deep_params import EnvChecked
 from popplay.deep.topologies.exarl_params import TD3Switches, exploration_noise_option
 
 #: Fields of this config that only some agents have: set for another agent, they are refused.
-AGENT_KNOBS = ("epsilon_start", "epsilon_end", "epsilon_updates", "exploration_noise",
+AGENT_KNOBS = ("epsilon_start", "epsilon_end", "epsilon_updates", "max_grad_norm", "exploration_noise",
                *(f.name for f in fields(TD3Switches)))
 
 

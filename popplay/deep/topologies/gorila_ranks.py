@@ -444,8 +444,8 @@ def run_learner(ctx: Context) -> int:
                 grad = grad * 1e30
             norm = float(grad.norm())
             if outliers.admit(norm):
-                if norm > config.max_grad_norm:
-                    grad = grad * (config.max_grad_norm / norm)
+                if agent.max_grad_norm and norm > agent.max_grad_norm:  # the agent's own clipping, if any
+                    grad = grad * (agent.max_grad_norm / norm)
                 age = 0
                 if inject_stale and (sent + 1) % inject_stale == 0:
                     age = config.max_staleness + 1
