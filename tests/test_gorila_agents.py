@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from popplay.checkpoints.validation import load_run
 from popplay.cli.main import main
 from popplay.deep.agents import networks
 from popplay.deep.agents.replay import Batch
@@ -167,3 +168,27 @@ def test_each_agent_keeps_its_own_gradient_clipping_under_gorila() -> None:
     assert _server("td3").max_grad_norm == _server("ddpg").max_grad_norm == 0.0
     with pytest.raises(ValueError, match="max_grad_norm is not a parameter of --agent td3"):
         GorilaConfig(agent="td3", env="Pendulum-v1", env_steps=10, max_grad_norm=1.0).validate()
+
+
+@pytest.mark.procs
+def test_gorila_takes_the_pipeline_s_seeds_time_budget_and_log_dir(tmp_path) -> None:
+    """One pipeline: ``--seeds``, ``--time-budget`` (alone a budget; the run complete when
+    it ends) and ``--log-dir`` work for Gorila as for every domain, and a resume goes on
+    under a new time budget."""
+    out, logs = tmp_path / "g.h5", tmp_path / "logs"
+    both = _popplay("train", "gorila", "--seeds", "2", "--time-budget", "3", "--hidden", "16", "--actors", "1",
+                    "--learners", "1", "--shards", "1", "--eval-episodes", "2", "--timeout", "20",
+                    "--log-dir", str(logs), "--out", str(out))
+    assert both["seeds"] == 2 and both["complete"] and len(both["quality_values"]) == 2
+    assert both["quality_sem"] is not None and both["return_values"]
+    runs = [tmp_path / "g-seed0.h5", tmp_path / "g-seed1.h5"]
+    assert both["out"] == [str(p) for p in runs] and all(p.exists() for p in runs)
+    for k, run in enumerate(both["runs"]):
+        assert run["complete"] and 3.0 <= run["seconds"] < 10.0 and run["env_steps"] > 0  # stopped by the clock
+        rows = (logs / f"seed{k}" / "curves.csv").read_text().splitlines()
+        assert rows[0] == "agent_steps,seconds,return" and len(rows) == run["episodes"] + 1
+    first = load_run(runs[0])
+    assert first.config["time_budget"] == 3.0
+    resumed = _popplay("train", "gorila", "--resume", str(runs[0]), "--time-budget", "6")
+    assert resumed["complete"] and resumed["env_steps"] > both["runs"][0]["env_steps"]
+    assert 6.0 <= load_run(runs[0]).attrs["learning_seconds"] < 12.0

@@ -93,7 +93,7 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
 
 @pytest.mark.parametrize("args, message", [
     (["--actors", "1", "--learners", "2", "--env-steps", "100"], "every learner needs an actor"),
-    (["--actors", "2"], "--episodes or --env-steps must be positive"),
+    (["--actors", "2"], "a budget is needed: --episodes, --env-steps or --time-budget"),
     (["--env", "NoSuchEnv-v0", "--env-steps", "100"], "NoSuchEnv-v0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):

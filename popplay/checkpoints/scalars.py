@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from popplay.checkpoints.h5io import atomic_output, check_replaceable
+from popplay.core.errors import UsageError
 
 TENSORBOARD_HINT = 'pip install "popplay[tensorboard]"'
 CSV_NAME = "curves.csv"
@@ -109,3 +110,15 @@ class ScalarLog:
         if self._events is not None:
             self._events.close()
             self._events = None
+
+
+def open_log(directory: Path, notes: list[str]) -> ScalarLog:
+    """The :class:`ScalarLog` of ``--log-dir``: a one-line usage error where it cannot
+    be written, and a note for the user where TensorBoard is missing."""
+    try:
+        log = ScalarLog(Path(directory))
+    except LogError as error:
+        raise UsageError(str(error)) from None
+    if log.warning:
+        notes.append(f"--log-dir: wrote the CSV but no TensorBoard event files: {log.warning}")
+    return log

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -23,9 +24,8 @@ from popplay.cli.app import LazyCommands, train_app
 from popplay.cli.common import (
     BackendName,
     BackendOption,
-    CompileOption,
-    QuietOption,
     CheckpointOption,
+    CompileOption,
     ConfigOption,
     DeviceName,
     DeviceOption,
@@ -35,6 +35,7 @@ from popplay.cli.common import (
     NprocOption,
     OutOption,
     OverwriteOption,
+    QuietOption,
     ResumeOption,
     SeedsOption,
     TimeBudgetOption,
@@ -42,13 +43,20 @@ from popplay.cli.common import (
     given,
     print_json,
 )
-from popplay.cli.train import check_schedule, link_latest, load_resume, resume_time_budget, run_training
+from popplay.cli.train import (
+    aggregate_text,
+    check_schedule,
+    link_latest,
+    load_resume,
+    resume_time_budget,
+    run_training,
+)
 from popplay.core import registry
 from popplay.core.errors import UsageError
 from popplay.core.experiment import RunRequest
 from popplay.core.options import Spec, budget_fields, resume_fields, show, specs, user_message
 from popplay.core.registry import DEEP, POPULATION
-from popplay.training.job import stop_on_signals
+from popplay.training.job import aggregate_summaries, seed_plan, stop_on_signals
 
 #: The options every generated command has beside its domain's fields: how to run
 #: (not what to learn), in the order help lists them; ``None`` kinds: every domain.
@@ -174,7 +182,7 @@ def build_command(domain: str) -> Callable[..., None]:
         except ValueError as error:
             raise UsageError(user_message(params_type, str(error))) from None
         if spec.runner is not None:
-            _hand_to_runner(ctx, spec, params, run, resume)
+            _hand_to_runner(ctx, spec, params, run, resume, time_budget)
             return
         given_per = values[per_option.key] if per_option is not None and (resume is None or given(ctx, per_option.key)) \
             else None
@@ -202,31 +210,53 @@ def build_command(domain: str) -> Callable[..., None]:
 
 
 #: Run options of the one pipeline that a domain with its own runner does not take.
-_PIPELINE_ONLY = (("seeds", "--seeds"), ("time_budget", "--time-budget"), ("checkpoint_every", "--checkpoint-every"),
-                  ("log_dir", "--log-dir"))
+_PIPELINE_ONLY = (("checkpoint_every", "--checkpoint-every"),)
 
 
-def _hand_to_runner(ctx: typer.Context, spec: Any, params: Any, run: dict[str, Any], stored: Any) -> None:
-    """The rest of ``train DOMAIN`` for a domain that runs its own job (``DomainSpec.runner``)."""
+def _hand_to_runner(ctx: typer.Context, spec: Any, params: Any, run: dict[str, Any], stored: Any,
+                    time_budget: float | None) -> None:
+    """The rest of ``train DOMAIN`` for a domain that runs its own job (``DomainSpec.runner``):
+    each seed's run through it, then the report (every seed's and their mean and
+    standard error, as the pipeline's)."""
     for name, flag in _PIPELINE_ONLY:
         if given(ctx, name):
             raise UsageError(f"{flag}: {spec.name} runs its own processes and does not take it in this version")
+    seeds = int(run["seeds"])
+    if seeds > 1 and stored is not None:
+        raise UsageError("--seeds: resume each seed's run file on its own")
     spec.backend(device=run["device"].value)  # --device cuda: one line where it cannot run
     defaulted = run["out"] is None and stored is None
-    out = run["out"] if run["out"] is not None else (stored.path if stored is not None else default_out(spec.name))
+    base = run["out"] if run["out"] is not None else (stored.path if stored is not None else default_out(spec.name))
+    plan = seed_plan(params, Path(base), seeds, bool(run["overwrite"]))
+    results = []
     with stop_on_signals() as should_stop:
-        result = spec.runner_type()(params, RunRequest(out, stored, bool(run["overwrite"]), bool(run["json_output"]),
-                                                       should_stop, quiet=bool(run["quiet"])))
-    if run["json_output"]:
-        print_json(result.summary)
+        for seed_params, out in plan:
+            logs = run["log_dir"] if run["log_dir"] is None or seeds == 1 else \
+                Path(run["log_dir"]) / f"seed{seed_params.seed}"
+            result = spec.runner_type()(seed_params, RunRequest(
+                out, stored, bool(run["overwrite"]), bool(run["json_output"]), should_stop, quiet=bool(run["quiet"]),
+                time_budget=time_budget, log_dir=logs))
+            results.append(result)
+            if not run["json_output"]:
+                print(result.text)
+            for note in result.notes:
+                print(note, file=sys.stderr)
+            if result.exit_code:
+                break
+    if seeds > 1 and len(results) == seeds:
+        summary = aggregate_summaries([r.summary for r in results], [
+            name for name in results[0].metrics if all(isinstance(r.summary.get(name), (int, float)) for r in results)])
+        if not run["json_output"]:
+            print(aggregate_text(spec.name, summary, [m for m in results[0].metrics if m in summary]))
     else:
-        print(result.text)
-    for note in result.notes:
-        print(note, file=sys.stderr)
-    if result.exit_code == 0 and defaulted:
-        link_latest(spec.name, out)
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
+        summary = results[-1].summary
+    if run["json_output"]:
+        print_json(summary)
+    code = results[-1].exit_code
+    if code == 0 and defaulted:
+        link_latest(spec.name, plan[-1][1])
+    if code:
+        raise typer.Exit(code)
 
 
 def _check_learned(spec: Any, stored: Any, params: Any, by_field: dict[str, Spec]) -> None:

@@ -180,6 +180,8 @@ class RunRequest(NamedTuple):
     json_output: bool
     should_stop: Callable[[], bool]  # polled: true once Ctrl-C asked the run to stop and save
     quiet: bool = False  # no status or progress lines on stderr
+    time_budget: float | None = None  # total learning seconds of the run (a resumed run's included)
+    log_dir: Any = None  # pathlib.Path: scalar logs (popplay.checkpoints.scalars), or None
 
 
 class RunResult(NamedTuple):
@@ -189,3 +191,4 @@ class RunResult(NamedTuple):
     text: str  # the summary for people
     notes: list[str]  # lines for stderr
     exit_code: int
+    metrics: tuple[str, ...] = ("quality",)  # what --seeds averages (mean and standard error)

@@ -100,14 +100,7 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     base = Path(options.out)
     if world > 1 and not in_rank():
         return JobOutcome(exit_code=_launch(spec, params, options, base, world, resume), outs=[base])
-    if options.seeds == 1:
-        plan = [(params, base)]
-    else:
-        plan = [(dataclasses.replace(params, seed=params.seed + k),
-                 base.with_name(f"{base.stem}-seed{params.seed + k}{base.suffix}")) for k in range(options.seeds)]
-        clash = [str(path) for _, path in plan if path.exists()]
-        if clash and not options.overwrite:
-            raise UsageError(f"--out {clash[0]}: file exists (pass --overwrite to replace it)")
+    plan = seed_plan(params, base, options.seeds, options.overwrite)
     job = JobOutcome()
     for run_params, path in plan:
         logs = options.log_dir if options.log_dir is None or options.seeds == 1 else \
@@ -210,26 +203,44 @@ def aggregate(outcomes: list[TrainOutcome]) -> dict[str, Any]:
     standard error over seeds (``<name>_sem``, sample standard deviation / sqrt(n))
     and values (``<name>_values``); steps and seconds summed; ``runs`` holds every
     seed's own summary."""
-    summaries = [o.summary for o in outcomes]
+    return aggregate_summaries([o.summary for o in outcomes], aggregated_metrics(outcomes))
+
+
+def aggregate_summaries(summaries: list[dict[str, Any]], metrics: list[str]) -> dict[str, Any]:
+    """:func:`aggregate` of the seeds' ``--json`` summaries, averaging ``metrics`` (a
+    domain with its own runner names them)."""
     first = summaries[0]
     out: dict[str, Any] = {"domain": first["domain"], "seeds": len(summaries), "runs": summaries,
-                           "backend": first["backend"], "device": first["device"],
+                           "backend": first.get("backend"), "device": first.get("device"),
                            "complete": all(s["complete"] for s in summaries), "out": [s["out"] for s in summaries]}
-    for name in aggregated_metrics(outcomes):
+    for name in metrics:
         values = [float(s[name]) for s in summaries]
         mean = sum(values) / len(values)
         sem = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
                if len(values) > 1 else None)  # a stop after the first seed: no spread to report
         out.update({name: mean, f"{name}_sem": sem, f"{name}_values": values})
-    for steps in ("agent_steps", "env_steps"):
+    for steps in ("agent_steps", "env_steps", "phases"):
         if steps in first:
             out[steps] = sum(s[steps] for s in summaries)
     if "agent_steps_per_trial" in first:
         out["agent_steps_per_trial"] = first["agent_steps_per_trial"]
     out["seconds"] = sum(s["seconds"] for s in summaries)
-    out["agent_steps_per_second"] = out["agent_steps"] / out["seconds"] if out["seconds"] > 0 else 0.0
-    out["phases"] = sum(s["phases"] for s in summaries)
+    steps = out.get("agent_steps", out.get("env_steps", 0))
+    out["agent_steps_per_second"] = steps / out["seconds"] if out["seconds"] > 0 else 0.0
     return out
+
+
+def seed_plan(params: Any, base: Path, seeds: int, overwrite: bool) -> list[tuple[Any, Path]]:
+    """Each seed's parameters and run file (``OUT-seedS.h5`` beside ``--out``), refusing
+    files that exist unless ``overwrite``."""
+    if seeds == 1:
+        return [(params, base)]
+    plan = [(dataclasses.replace(params, seed=params.seed + k),
+             base.with_name(f"{base.stem}-seed{params.seed + k}{base.suffix}")) for k in range(seeds)]
+    clash = [str(path) for _, path in plan if path.exists()]
+    if clash and not overwrite:
+        raise UsageError(f"--out {clash[0]}: file exists (pass --overwrite to replace it)")
+    return plan
 
 
 def aggregated_metrics(outcomes: list[TrainOutcome]) -> list[str]:

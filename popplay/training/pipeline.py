@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from popplay.checkpoints import provenance, runfile
 from popplay.checkpoints.lock import RunLock as _RunLock
-from popplay.checkpoints.scalars import LogError, ScalarLog
+from popplay.checkpoints.scalars import LogError, open_log
 from popplay.checkpoints.validation import check_before_training
 from popplay.core import registry
 from popplay.core.errors import UsageError
@@ -184,13 +184,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
     log = None
     notes: list[str] = []  # for the user, not the run file
     if options.log_dir is not None and options.writer:
-
-        try:
-            log = ScalarLog(Path(options.log_dir))
-        except LogError as error:
-            raise UsageError(str(error)) from None
-        if log.warning:
-            notes.append(f"--log-dir: wrote the CSV but no TensorBoard event files: {log.warning}")
+        log = open_log(options.log_dir, notes)
     held = getattr(resume, "lock", None)  # --resume took it before reading the file
     with held if held is not None else RunLock(out) if out is not None and options.writer else contextlib.nullcontext():
         experiment = spec.build(params, backend)

@@ -230,18 +230,21 @@ def _describe(code: int) -> str:
 
 def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[], bool] | None = None,
                log: IO[str] | None = None, on_start: Callable[[dict[int, int]], None] | None = None,
-               progress_every: float = 0.0, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+               progress_every: float = 0.0, on_tick: Callable[[], None] | None = None,
+               time_budget: float | None = None) -> dict[str, Any]:
     """Run a whole Gorila job as local processes; return the summary.
 
     Raises :class:`GorilaJobLost` (after writing ``checkpoint.npz``) when a shard dies;
     a lost actor or learner is reported in the summary's ``lost`` and the run goes on.
     ``should_stop`` is polled; once true every rank finishes what it holds and stops.
     ``on_tick`` is called between polls (cheap unless something is due).
+    ``time_budget``: seconds after the ranks formed their group at which the job stops
+    as a budget does (the run is complete), if the step or episode budget has not
+    ended it first.
     """
-
-
-
     config.validate()
+    if not (config.env_steps or config.episodes or time_budget):
+        raise ValueError("a budget is needed: env_steps, episodes or a time budget")
     out = log if log is not None else sys.stderr
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +255,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
     start = time.monotonic()
     started_at = time.time()
     next_progress = start + progress_every
-    stop_sent = False
+    stop_sent = out_of_time = False
     stop_kill_at: float | None = None
     shard_lost: str | None = None
     kill_at: float | None = None
@@ -272,6 +275,9 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
             out.flush()
         if on_start is not None:
             on_start({p.rank: p.process.pid for p in procs})
+        # The run's learning time (its seconds, its curves' clock, its time budget) starts
+        # once the group has formed: starting processes and importing torch is not learning.
+        learning_since, started_at = time.monotonic(), time.time()
         while True:
             for p in procs.newly_ended():
                 code = p.exit_code
@@ -324,6 +330,9 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                 out.write(progress_line(config, run_dir, lost) + "\n")
                 out.flush()
                 next_progress = time.monotonic() + progress_every
+            if not stop_sent and time_budget and time.monotonic() - learning_since >= time_budget:
+                store.set("stop", "time budget")
+                stop_sent = out_of_time = True
             if not stop_sent and should_stop is not None and should_stop():
                 store.set("stop", "requested")
                 stop_sent = True
@@ -332,7 +341,7 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
             time.sleep(0.05)
     finally:
         procs.close()
-    seconds = time.monotonic() - start
+    seconds = time.monotonic() - learning_since
     try:
         checkpoint = assemble_checkpoint(run_dir, config)
     except OSError:  # a shard died before its first save (it saves before serving anyone)
@@ -349,7 +358,8 @@ def run_gorila(config: GorilaConfig, run_dir: Path, *, should_stop: Callable[[],
                             f"(server version {int(checkpoint['version'])}) is {run_dir / 'checkpoint.npz'}",
                             summarize(config, run_dir, checkpoint, seconds, lost, stopped=True,
                                       started_at=started_at, evaluate=False), checkpoint)
-    return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent, started_at=started_at)
+    return summarize(config, run_dir, checkpoint, seconds, lost, stopped=stop_sent and not out_of_time,
+                     started_at=started_at)
 
 
 #: How often a job whose ranks lose one of them while forming their group (before any
@@ -561,13 +571,17 @@ def parts_name_problem(out: Path) -> str | None:
 
 def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.ndarray] | None = None,
                  should_stop: Callable[[], bool] | None = None, log: IO[str] | None = None,
-                 progress_every: float = 0.0, before: Any = None) -> dict[str, Any]:
+                 progress_every: float = 0.0, before: Any = None, time_budget: float | None = None,
+                 scalar_log: Any = None) -> dict[str, Any]:
     """:func:`run_gorila` into a run file ``out`` (domain ``gorila``; the ranks' files
     live in ``OUT.parts/`` while it runs). ``resume_state``: a run file's state (the
     parameter vector and accumulator), taken up with this config's layout. ``before``:
     the stored run it continues: its budget is the run's total (only what is left is
     played), and its counts and curves go on from the stored ones. A lost shard still
-    writes the run file (incomplete) before :class:`GorilaJobLost` propagates."""
+    writes the run file (incomplete) before :class:`GorilaJobLost` propagates.
+    ``time_budget``: the run's total learning seconds (``before``'s included);
+    ``scalar_log``: a :class:`~popplay.checkpoints.scalars.ScalarLog` that follows the
+    curves whenever the run file is written."""
 
     out = Path(out)
     parts = parts_of(out)
@@ -583,10 +597,16 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         raise GorilaJobLost(f"cannot write the working files in {parts} ({error.strerror or error})") from None
     started_at = time.time()
 
+    def write(summary: dict[str, Any], checkpoint: dict[str, np.ndarray] | None = None) -> None:
+        curve = write_gorila_run(out, total, parts, summary, checkpoint=checkpoint, before=before,
+                                 time_budget=time_budget)
+        if scalar_log is not None:
+            scalar_log.update(curve["agent_steps"], curve["seconds"], {"return": curve["return"]})
+
     def write_partial(checkpoint: dict[str, np.ndarray]) -> None:
         summary = summarize(config, parts, checkpoint, time.time() - started_at, [], True, started_at=started_at,
                             evaluate=False)
-        write_gorila_run(out, total, parts, continued(summary, before), checkpoint=checkpoint, before=before)
+        write(continued(summary, before), checkpoint)
 
     follow = OutFollower(out, parts, config, write_partial, log if log is not None else sys.stderr, first_after=1.0)
 
@@ -594,7 +614,7 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         """The run file from the job's last checkpoint; on a full disk the file keeps
         what it last held (written atomically) and the job ends with one line."""
         try:
-            write_gorila_run(out, total, parts, summary, checkpoint=checkpoint, before=before)
+            write(summary, checkpoint)
         except (NoSpace, NoSpaceError):
             shutil.rmtree(parts, ignore_errors=True)  # its newest files cannot be kept: give the space back
             if follow.in_file is not None:
@@ -605,8 +625,10 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         shutil.rmtree(parts, ignore_errors=True)
 
     try:
+        learned = float(before.attrs.get("learning_seconds", 0.0)) if before is not None else 0.0
         summary = run_gorila(config, parts, should_stop=should_stop, log=log, on_start=None,
-                             progress_every=progress_every, on_tick=follow.poll)
+                             progress_every=progress_every, on_tick=follow.poll,
+                             time_budget=None if time_budget is None else time_budget - learned)
     except GorilaJobLost as error:
         if not error.summary:  # nothing to keep
             shutil.rmtree(parts, ignore_errors=True)
@@ -764,11 +786,12 @@ def _replace(config: GorilaConfig, **changes: Any) -> GorilaConfig:
 
 def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict[str, Any],
                      earlier: Sequence[Path] = (), checkpoint: dict[str, np.ndarray] | None = None,
-                     before: Any = None) -> None:
+                     before: Any = None, time_budget: float | None = None) -> dict[str, np.ndarray]:
     """The run file from the ranks' files in ``parts`` (and earlier attempts' in
     ``earlier``) and the checkpoint (default: ``parts/checkpoint.npz``); ``before``: the
     stored run this one continues, whose curves come first. The curves' x-axis is
-    ``agent_steps`` (every actor's env-steps up to then), as in every run file."""
+    ``agent_steps`` (every actor's env-steps up to then), as in every run file; they are
+    returned as written."""
 
     if checkpoint is None:
         checkpoint = load_npz(parts / "checkpoint.npz")
@@ -786,6 +809,8 @@ def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict
                  for k, v in curve.items()}
         learning_seconds += old_seconds
     stored = {k: v for k, v in config.to_dict().items() if k != "resume"}
+    if time_budget is not None:
+        stored["time_budget"] = time_budget  # as every run file keeps it: a resume goes on under it
     scalars = {k: v for k, v in summary.items()
                if isinstance(v, (int, float, bool, str)) and v is not None and k not in ("run_dir",)}
     write_run(out, domain=DOMAIN, config=stored,
@@ -798,6 +823,7 @@ def write_gorila_run(out: Path, config: GorilaConfig, parts: Path, summary: dict
               result_attrs={**scalars, "lost": json.dumps(summary["lost"]),
                             "server_versions": json.dumps(summary["server_versions"])},
               attrs={"learning_seconds": learning_seconds}, complete=bool(summary["complete"]))
+    return curve
 
 
 def check_stored(config: GorilaConfig, state: dict[str, Any], counters: dict[str, Any]) -> None:

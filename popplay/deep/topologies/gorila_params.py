@@ -95,8 +95,6 @@ class _GorilaFields(EnvChecked):
             raise ValueError(f"every learner needs an actor: --actors {self.actors} < --learners {self.learners}")
         if self.env_steps < 0 or self.episodes < 0:
             raise ValueError("env_steps and episodes must be non-negative")
-        if self.env_steps == 0 and self.episodes == 0:
-            raise ValueError("a budget is needed: --episodes or --env-steps must be positive")
         if 0 < self.env_steps < self.actors or 0 < self.episodes < self.actors:
             raise ValueError(f"the budget must give every one of the {self.actors} actors a share")
         if not (self.lr > 0 and self.timeout > 0 and self.update_ratio > 0 and self.outlier_k > 0):
