@@ -6,7 +6,8 @@ state)`` once per phase, ``close(exp, state)``, ``done``: None while the budget 
 ``serve(dist, params, resume)`` (every other rank), ``role(params, rank)`` (what ``ps``
 shows) and ``resume_problem(params)``. An experiment never names a topology: it looks
 its family up here by the value its parameters hold, so a replay agent runs in seed
-003's topologies and EXARL's workflows alike, and an on-policy agent in the workflows.
+003's topologies and EXARL's workflows alike, and an on-policy agent in the workflows and
+the parameter-server draft's synchronous server.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from popplay.deep.agents.replay import rows_batch
 from popplay.deep.topologies.base import DeepExperiment, count_episodes
 from popplay.deep.topologies.dqn_ranks import Simulators
 from popplay.deep.topologies.exarl_ranks import Workflows
+from popplay.deep.topologies.server_ranks import ParameterServer
 from popplay.distributed.group import current
 
-FAMILIES: dict[str, Any] = {name: family for family in (Simulators, Workflows) for name in family.names}
+FAMILIES: dict[str, Any] = {name: family for family in (Simulators, Workflows, ParameterServer)
+                            for name in family.names}
 
 
 def family_of(params: Any) -> Any | None:

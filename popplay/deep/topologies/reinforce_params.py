@@ -22,7 +22,7 @@ from popplay.deep.topologies.deep_params import (
 )
 from popplay.deep.topologies.population_params import agent_memory_bytes
 from popplay.deep.topologies.workflow_params import (
-    WORKFLOWS,
+    ON_POLICY_WORKFLOWS,
     ExarlLayout,
     learners_option,
     queue_capacity_option,
@@ -30,7 +30,7 @@ from popplay.deep.topologies.workflow_params import (
     selection_option,
 )
 
-REINFORCE_TOPOLOGIES = ("server", "local", *WORKFLOWS[1:])
+REINFORCE_TOPOLOGIES = ("server", "local", *ON_POLICY_WORKFLOWS[1:])
 
 
 @dataclass(frozen=True)

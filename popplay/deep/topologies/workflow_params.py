@@ -13,6 +13,9 @@ WORKFLOWS = ("sequential", "multi-learner", "master-learner", "central-inference
 #: Where a replay agent (DQN, TD3, DDPG) runs: one process, Grandio's simulators and
 #: learner, or EXARL's workflows (:mod:`popplay.deep.topologies.families`).
 REPLAY_TOPOLOGIES = ("sequential", "pipelined", "collective", "async", *WORKFLOWS[1:])
+#: Where an on-policy agent (A2C, PPO) runs: one process, EXARL's workflows, or the
+#: parameter-server draft's synchronous server (:mod:`popplay.deep.topologies.server_ranks`).
+ON_POLICY_WORKFLOWS = (*WORKFLOWS, "parameter-server")
 SELECTIONS = ("range", "random")
 
 
@@ -70,15 +73,17 @@ class WorkflowParams:
     workflow: str = option(
         "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
                       "queues read by data-parallel learners; master-learner: actors send to learner 0, which hands "
-                      "batches out; central-inference: one rank holds the model and acts for every actor.",
-        choices=WORKFLOWS)
+                      "batches out; central-inference: one rank holds the model and acts for every actor; "
+                      "parameter-server: the parameter-server draft's synchronous server sums the gradients of "
+                      "--actors workers, one episode each per update.",
+        choices=ON_POLICY_WORKFLOWS)
     learners: int = learners_option()
     actors: int = option(2, "Multi-process workflows: actor ranks.", min=1)
     selection: str = selection_option()
     queue_capacity: int = queue_capacity_option()
     timeout: float = option(60.0, "Seconds any wait for another rank may take.", on_resume=True)
 
-    def _validate_layout(self, allowed: tuple[str, ...] = WORKFLOWS) -> None:
+    def _validate_layout(self, allowed: tuple[str, ...] = ON_POLICY_WORKFLOWS) -> None:
         check_workflow(self.workflow, allowed)
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})")
