@@ -21,12 +21,12 @@ def _train(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("agent", sorted(LAYOUT))
 def test_every_on_policy_agent_learns_through_the_server_with_identical_copies(tmp_path, agent: str) -> None:
     out = tmp_path / f"{agent}.h5"
-    done = _train(agent, *LAYOUT[agent], "--episodes", "30", "--eval-episodes", "2", "--timeout", "30",
+    done = _train(agent, *LAYOUT[agent], "--episodes", "20", "--eval-episodes", "2", "--timeout", "30",
                   "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["complete"] and summary["topology"] == "parameter-server" and summary["ranks"] == 3
-    assert summary["episodes"] == 30 and summary["phases"] == 15  # two workers, one episode each per round
+    assert summary["episodes"] == 20 and summary["phases"] == 10  # two workers, one episode each per round
     assert summary["topology_workers"] == 2
     # Every round began with each worker's copy equal to the server's: the same mean
     # gradients, the same optimiser steps (a worker whose schedule clock lagged was seen
