@@ -12,7 +12,7 @@ from popplay.cli.main import main
 from popplay.cli.play import Session, parse_move, render_board
 from popplay.games.knights import rules as game
 from popplay.games.knights.rules import KnightsParams
-from popplay.checkpoints.validation import params_from_config
+from popplay.checkpoints.validation import load_run, params_from_config
 
 SMALL = ["train", "knights", "--agents", "3", "--games-per-agent", "6", "--episodes", "8", "--eval-every", "4",
          "--eval-games", "10", "--snapshot-every", "4", "--max-turns", "60"]
@@ -79,6 +79,22 @@ def test_evaluate_json_has_per_agent_best_mean_worst(run_file, capsys):
     assert code == 0 and "greedy" in stdout and "best" in stdout and "95% interval" in stdout
 
 
+def test_agents_can_be_evaluated_and_trained_with_the_two_ply_chooser(run_file, tmp_path, capsys):
+    """``--lookahead 2``: evaluate plays the stored agents with it (what they learned is
+    unchanged), and a population trains with it; the search plays the same either way."""
+    args = ["evaluate", str(run_file), "--opponent", "search", "--games", "40", "--json"]
+    one = json.loads(_run(capsys, args)[1].strip().splitlines()[-1])
+    two = json.loads(_run(capsys, args + ["--lookahead", "2"])[1].strip().splitlines()[-1])
+    assert (one["lookahead"], two["lookahead"]) == (1, 2)
+    assert [r["quality"] for r in one["per_agent"]] != [r["quality"] for r in two["per_agent"]]
+    out = tmp_path / "two.h5"
+    code, stdout, _ = _run(capsys, SMALL + ["--lookahead", "2", "--out", str(out), "--json", "--seed", "2"])
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["phases"] == 8
+    assert params_from_config("knights", load_run(out).config).lookahead == 2
+    with h5py.File(out) as a, h5py.File(run_file) as b:  # the same seed learned other games
+        assert not np.array_equal(a["state/w1"][()], b["state/w1"][()])
+
+
 def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, capsys):
     bandit = tmp_path / "b.h5"
     assert main(["train", "bandit", "--arms", "5", "--agents", "2", "--trials", "2", "--agent-steps", "8",
@@ -102,6 +118,8 @@ def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, cap
     (["--hidden", "0"], "--hidden"),
     (["--backend", "jax"], "--backend"),
     (["--time-budget", "-1"], "--time-budget"),
+    (["--lookahead", "3"], "--lookahead"),
+    (["--lookahead", "2", "--backend", "torch"], "--lookahead 2 runs on the numba engine"),
 ])
 def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, extra, fragment):
     out = tmp_path / "r.h5"

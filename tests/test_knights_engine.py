@@ -62,6 +62,62 @@ def test_numba_engine_plays_and_learns_like_the_reference(geo):
     assert outcomes == {-1, 0, 1}  # wins both ways and draws at the limit were checked
 
 
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=["knight-5x7", "custom-4x6"])
+def test_the_two_ply_chooser_plays_and_learns_like_the_reference(geo):
+    """``--lookahead 2``: the numba engine's minimax over V (incremental pre-activations)
+    picks the reference's moves (dense products), and learning stays TD(λ) on the
+    after-states played."""
+    params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
+                           max_turns=geo["max_turns"], lookahead=2)
+    nets = game.init_networks(5, np.arange(3), params.inputs, 4, 0.7)
+    lam = np.array([0.0, 0.6, 1.0])
+    batch = _mixed_batch(48, 3, seed=6)
+    result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn, batch.keys,
+                                             base=21, jumps=params.geometry.table, pieces=params.pieces,
+                                             max_turns=params.max_turns, n_chunks=5, lookahead=2)
+    one_ply = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn, batch.keys, base=21,
+                                jumps=params.geometry.table, pieces=params.pieces, max_turns=params.max_turns,
+                                n_chunks=5)
+    assert not np.array_equal(plies, one_ply[1])  # the chooser is really another one
+    for g in range(48):
+        players = [(int(batch.kind[g, s]), _net(nets, batch.net[g, s]), 0.25) for s in range(2)]
+        r, p, histories = reference.play_game(int(batch.keys[g]), geo["rows"], geo["cols"], geo["pieces"],
+                                              geo["max_turns"], players, base=21, offsets=geo["offsets"],
+                                              lookahead=2)
+        assert (result[g], plies[g]) == (r, p), g
+        for s in range(2):
+            if batch.learn[g, s]:
+                expected = reference.td_lambda_change(players[s][1], histories[s], reference.reward(r, s),
+                                                      lam[batch.net[g, s]])
+                np.testing.assert_allclose(delta[g, s], expected, rtol=1e-11, atol=1e-14)
+
+
+def test_the_two_ply_chooser_takes_a_win_and_avoids_a_loss_on_hand_made_boards():
+    """Replayed positions: X takes O's last piece when it can, whatever V says; and X
+    does not step where O's reply takes X's last piece."""
+    params = KnightsParams(rows=4, cols=4, pieces=1, max_turns=10, lookahead=2)
+    nets = game.init_networks(1, np.arange(1), params.inputs, 3, 0.5)
+    net = _net(nets, 0)
+    offsets = reference.KNIGHT
+    win = [[1, 0, 0, 0], [0, 0, 0, 0], [0, -1, 0, 0], [0, 0, 0, 0]]  # X a1 (row 0) takes O at (2, 1)
+    index, moves = reference.choose(reference.NET, net, 0.0, win, 1, 0, offsets, lookahead=2)
+    assert moves[index] == (0, 9)
+    board = np.array(win, dtype=np.int8).reshape(-1)
+    picked = kernels.lookahead_choice(nets.w1[0], nets.b1[0], nets.w2[0], float(nets.b2[0]), board, 0,
+                                                params.geometry.table)
+    assert picked == index
+    # X on (0, 0), O on (3, 3): X's moves (1, 2) and (2, 1) are both attacked by no O
+    # knight jump except where O can reach; pick a board where one move walks into a capture.
+    trap = [[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, -1]]
+    index, moves = reference.choose(reference.NET, net, 0.0, trap, 1, 0, offsets, lookahead=2)
+    after = reference.apply_move(trap, moves[index])
+    assert all(reference.count(reference.apply_move(after, r), 1) == 1
+               for r in reference.legal_moves(after, -1, offsets))
+    board = np.array(trap, dtype=np.int8).reshape(-1)
+    assert kernels.lookahead_choice(nets.w1[0], nets.b1[0], nets.w2[0], float(nets.b2[0]), board, 0,
+                                    params.geometry.table) == index
+
+
 def test_benchmark_bots_play_like_the_opponents_module():
     """The kernels' random/greedy/search choices are the single-board bot rules."""
     from popplay.games.knights.opponents import bot_move

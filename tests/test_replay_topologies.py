@@ -17,7 +17,7 @@ from popplay.deep.topologies import wire
 from popplay.deep.topologies.dqn import DQNParams
 from popplay.deep.topologies.exarl import DDPGParams, TD3Params
 from popplay.deep.topologies.families import FAMILIES
-from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WORKFLOWS
+from popplay.deep.topologies.workflow_params import ON_POLICY_WORKFLOWS, REPLAY_TOPOLOGIES, WORKFLOWS
 
 TINY = ["--hidden", "8", "--eval-episodes", "1", "--timeout", "60", "--batch-size", "16", "--json"]
 
@@ -30,7 +30,7 @@ def _learner(params: object) -> tuple[object, object]:
 
 
 def test_every_multi_process_topology_has_one_family() -> None:
-    assert set(FAMILIES) == set(REPLAY_TOPOLOGIES) - {"sequential"}
+    assert set(FAMILIES) == (set(REPLAY_TOPOLOGIES) | set(ON_POLICY_WORKFLOWS)) - {"sequential"}
     assert set(WORKFLOWS) - {"sequential"} <= set(FAMILIES)  # the on-policy agents' too
     for family in set(FAMILIES.values()):
         for name in ("rank0", "serve", "role", "resume_problem"):

@@ -1,6 +1,7 @@
 """``popplay evaluate RUN.h5``: measure a stored population again."""
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -21,14 +22,13 @@ from popplay.core.errors import UsageError
 from popplay.core.limits import MemoryLimitError, check_fits
 from popplay.games.knights import games_bytes
 
-
 #: The knights benchmark players, weakest first (popplay.games.knights.opponents).
 Opponent = Enum("Opponent", {name: name for name in
                              ("random", "noisy75", "noisy50", "noisy25", "greedy", "search1", "search",
                               "search2", "search3", "search4")}, type=str)
 
 
-KNIGHTS_ONLY = ("--opponent", "--games", "--seed", "--ladder")
+KNIGHTS_ONLY = ("--opponent", "--games", "--seed", "--ladder", "--lookahead")
 
 
 @app.command("evaluate")
@@ -44,6 +44,9 @@ def evaluate(
     ladder: Annotated[bool, typer.Option(
         "--ladder", help="knights: every agent's Elo on the fixed ladder of benchmark players (random = 0), "
                          "from --games games against each rung, with a 95% interval.")] = False,
+    lookahead: Annotated[Optional[int], typer.Option(
+        min=1, max=2, help="knights: plies the agents' move chooser looks ahead in these games (default: the "
+                           "run's own; 2: minimax over each agent's V).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object on the last line.")] = False,
     episodes: Annotated[Optional[int], typer.Option(
         min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
@@ -68,13 +71,16 @@ def evaluate(
         raise UsageError(f"--member applies to deep populations only ({run} is a {stored.domain} run)")
     if episodes is not None:
         raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
-    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None)) if value is not None]
+    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead))
+             if value is not None]
     if ladder and opponent is not None:
         raise UsageError("--ladder plays every rung of the ladder; leave out --opponent")
     if stored.domain != "knights" and given:
         raise UsageError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
     try:
         params = params_from_config(stored.domain, stored.config, run_options=False)
+        if lookahead is not None:  # how the agents choose their moves, not what they learned
+            params = dataclasses.replace(params, lookahead=lookahead)
         experiment = registry.get(stored.domain).build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
@@ -138,8 +144,8 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     # The population's quality is its mean agent's: the best of P agents is biased
     # upwards by its selection (its own interval does not correct for that).
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "opponent": opponent.value,
-               "games": games, "seed": seed, "episode": state.episode, "agent_steps": state.turns,
-               "per_agent": per_agent, "best": float(q.score.max()), "best_agent": best,
+               "games": games, "seed": seed, "lookahead": params.lookahead, "episode": state.episode,
+               "agent_steps": state.turns, "per_agent": per_agent, "best": float(q.score.max()), "best_agent": best,
                "best_ci95": per_agent[best]["quality_ci95"],
                "mean": float(mean), "worst": float(q.score.min()), "worst_agent": worst,
                "worst_ci95": per_agent[worst]["quality_ci95"], "quality": float(mean)}
@@ -182,7 +188,8 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
                  for i in range(params.agents)]
     best, worst = int(elo.elo.argmax()), int(elo.elo.argmin())
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "ladder": rungs.as_dict(),
-               "games_per_rung": games, "seed": seed, "episode": state.episode, "agent_steps": state.turns,
+               "games_per_rung": games, "seed": seed, "lookahead": params.lookahead, "episode": state.episode,
+               "agent_steps": state.turns,
                "per_agent": per_agent, **{f"elo_{k}": round(v, 1) for k, v in elo.summary().items()},
                "best_agent": best, "worst_agent": worst}
     if json_output:

@@ -137,7 +137,23 @@ def _search_score(board, move, player, offsets):
     return float(worst)
 
 
-def choose(kind, net, eps, board, player, word, offsets):
+def lookahead_score(net, board, move, player, offsets):
+    """The two-ply chooser's score of ``move`` (None: it takes the last piece, a win):
+    1 − the opponent's best after-state value by the same network, −1 where a reply takes
+    the mover's last piece, the mover's own V where the opponent has no reply."""
+    after = apply_move(board, move)
+    if count(after, -player) == 0:
+        return None
+    replies = legal_moves(after, -player, offsets)
+    if not replies:
+        return forward(net, inputs(after, player))[2]
+    later = [apply_move(after, r) for r in replies]
+    if any(count(b, player) == 0 for b in later):
+        return -1.0
+    return 1.0 - max(forward(net, inputs(b, -player))[2] for b in later)
+
+
+def choose(kind, net, eps, board, player, word, offsets, lookahead=1):
     """(move index, moves) for one ply of a player of ``kind``."""
     moves = legal_moves(board, player, offsets)
     u = (word & 0xFFFFFFFF) / 2.0**32
@@ -156,11 +172,20 @@ def choose(kind, net, eps, board, player, word, offsets):
         scores = [_search_score(board, m, player, offsets) for m in moves]
         tied = [i for i, s in enumerate(scores) if s == max(scores)]
         return tied[math.floor(u * len(tied))], moves
+    if lookahead == 2:
+        best, best_score = 0, -math.inf
+        for i, m in enumerate(moves):
+            score = lookahead_score(net, board, m, player, offsets)
+            if score is None:
+                return i, moves  # the first move that wins at once
+            if score > best_score:
+                best, best_score = i, score
+        return best, moves
     values = [forward(net, inputs(apply_move(board, m), player))[1] for m in moves]
     return values.index(max(values)), moves  # first maximum
 
 
-def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT):
+def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lookahead=1):
     """One game; ``players`` = [(kind, net, eps)] for X (moves first) and O.
 
     Returns (result: +1 X won, -1 O won, 0 draw; plies; per side the inputs of its
@@ -174,7 +199,7 @@ def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT):
         player = 1 - 2 * side
         word = RNG.draw(key, RNG.mix_counter(base + 2 * k + ply))
         kind, net, eps = players[side]
-        index, moves = choose(kind, net, eps, board, player, word, offsets)
+        index, moves = choose(kind, net, eps, board, player, word, offsets, lookahead)
         if index is None:
             continue  # no legal move: the player passes
         board = apply_move(board, moves[index])

@@ -122,6 +122,13 @@ def _preactivation(w1, b1, q, pieces, counts, side, squares, z):
 @numba.njit(cache=True)
 def _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
     """Index of the move with the highest after-state value (first maximum)."""
+    return _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares)[0]
+
+
+@numba.njit(cache=True)
+def _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
+    """(index, output pre-activation) of the move with the highest after-state value
+    (first maximum); ``z0``: the mover's pre-activations before the move."""
     hidden = z0.shape[0]
     best = -np.inf
     best_i = 0
@@ -143,7 +150,64 @@ def _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
         if y > best:
             best = y
             best_i = i
+    return best_i, best
+
+
+@numba.njit(cache=True)
+def _lookahead_pick(w1, b1, w2, b2, q, board, pieces, counts, side, jumps, mf, mt, mc, n, squares, scratch):
+    """Index of the move whose worst reply is best for ``side`` by network q's values:
+    a move that takes the opponent's last piece at once; else the highest of 1 − V of
+    the opponent's best after-state (V seen from the opponent: the same network, the
+    planes swapped), a reply that takes the mover's last piece counting as a loss (−1)
+    and no reply (a pass) as V of the mover's own after-state. First maximum in move
+    order, like the one-ply chooser."""
+    board2, pieces2, counts2, rf, rt, rc, z0, zf = scratch
+    other = 1 - side
+    best = -np.inf
+    best_i = 0
+    for i in range(n):
+        board2[:] = board
+        pieces2[:, :] = pieces
+        counts2[:] = counts
+        _apply(board2, pieces2, counts2, side, mf[i], mt[i], mc[i])
+        if counts2[other] == 0:
+            return i
+        m = _moves(board2, pieces2, counts2, other, jumps, rf, rt, rc)
+        lost = False
+        if counts2[side] == 1:
+            for j in range(m):
+                if rc[j]:
+                    lost = True
+                    break
+        if lost:
+            score = -1.0
+        elif m == 0:
+            score = _value(w1, b1, w2, b2, q, pieces2, counts2, side, squares, z0)
+        else:
+            _preactivation(w1, b1, q, pieces2, counts2, other, squares, z0)
+            score = 1.0 - _sigmoid(_net_best_value(w1, w2, b2, q, z0, zf, rf, rt, rc, m, squares)[1])
+        if score > best:
+            best = score
+            best_i = i
     return best_i
+
+
+@numba.njit(cache=True)
+def _value(w1, b1, w2, b2, q, pieces, counts, side, squares, z):
+    """V of network q for the position seen by ``side``."""
+    _preactivation(w1, b1, q, pieces, counts, side, squares, z)
+    y = b2[q]
+    for h in range(z.shape[0]):
+        y += w2[q, h] * _sigmoid(z[h])
+    return _sigmoid(y)
+
+
+@numba.njit(cache=True)
+def _lookahead_scratch(squares, k, max_moves, hidden):
+    """Working arrays of :func:`_lookahead_pick` (one set per thread)."""
+    return (np.empty(squares, dtype=np.int8), np.empty((2, k), dtype=np.int64), np.empty(2, dtype=np.int64),
+            np.empty(max_moves, dtype=np.int64), np.empty(max_moves, dtype=np.int64),
+            np.empty(max_moves, dtype=np.int64), np.empty(hidden), np.empty(hidden))
 
 
 @numba.njit(cache=True)
@@ -325,9 +389,9 @@ def _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, dep
 
 
 @numba.njit(cache=True)
-def depth_search_scores(board, side, jumps, depth):
-    """The root scores of the ``depth``-ply search for ``side`` on one flat board (+1 X,
-    −1 O), in legal-move order; only the best ones are exact (see :func:`_depth_scores`)."""
+def _one_board(board, side, jumps):
+    """One flat board (+1 X, −1 O) as the kernels hold positions, with ``side``'s legal
+    moves: (board, pieces, counts, from, to, captures, count)."""
     squares = board.shape[0]
     k = max(1, squares)
     pieces = np.zeros((2, k), dtype=np.int64)
@@ -343,10 +407,36 @@ def depth_search_scores(board, side, jumps, depth):
     mc = np.empty(max_moves, dtype=np.int64)
     flat = board.astype(np.int8)
     n = _moves(flat, pieces, counts, side, jumps, mf, mt, mc)
+    return flat, pieces, counts, mf, mt, mc, n
+
+
+@numba.njit(cache=True)
+def depth_search_scores(board, side, jumps, depth):
+    """The root scores of the ``depth``-ply search for ``side`` on one flat board (+1 X,
+    −1 O), in legal-move order; only the best ones are exact (see :func:`_depth_scores`)."""
+    flat, pieces, counts, mf, mt, mc, n = _one_board(board, side, jumps)
+    squares, k, max_moves = flat.shape[0], pieces.shape[1], mf.shape[0]
     scores = np.empty(n)
     _depth_scores(flat, pieces, counts, side, jumps, mf, mt, mc, n, scores, depth,
                   _search_stack(squares, k, max_moves))
     return scores
+
+
+@numba.njit(cache=True)
+def lookahead_choice(w1, b1, w2, b2, board, side, jumps):
+    """The two-ply chooser's move (its index in legal-move order; −1: no legal move) for
+    ``side`` on one flat board (+1 X, −1 O), with one network (w1 (inputs, hidden), b1,
+    w2, b2): what the engine plays with ``--lookahead 2``, for tests and single boards."""
+    flat, pieces, counts, mf, mt, mc, n = _one_board(board, side, jumps)
+    squares, k, max_moves = flat.shape[0], pieces.shape[1], mf.shape[0]
+    if n == 0:
+        return -1
+    bank_b2 = np.empty(1)
+    bank_b2[0] = b2
+    hidden = b1.shape[0]
+    return _lookahead_pick(w1.reshape(1, w1.shape[0], hidden), b1.reshape(1, hidden), w2.reshape(1, hidden),
+                           bank_b2, 0, flat, pieces, counts, side, jumps, mf, mt, mc, n, squares,
+                           _lookahead_scratch(squares, k, max_moves, hidden))
 
 
 @numba.njit(cache=True)
@@ -425,11 +515,12 @@ def _td_accumulate(w2, q, lam, side, steps, result, hist_v, hist_h, hist_x, hist
 
 
 @numba.njit(cache=True, parallel=True)
-def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, n_chunks,
+def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, lookahead, n_chunks,
                out_result, out_plies, out_delta):
     """Play every game to its end; accumulate learners' TD(λ) sums into out_delta.
 
     kind, net, eps, learn: (games, 2) per side (side 0 = X, moves first).
+    lookahead: plies the networks' move chooser looks ahead (1 or 2).
     out_result: +1 X won, -1 O won, 0 draw; out_plies: plies played;
     out_delta[g, side]: Σ c_t ∇V(s_t) for learning sides (unscaled by α).
     """
@@ -450,6 +541,7 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
         mc = np.empty(max_moves, dtype=np.int64)
         scores = np.empty(max_moves)
         stack = _search_stack(squares, k, max_moves)
+        scratch = _lookahead_scratch(squares, k, max_moves, hidden)
         z0 = np.empty(hidden)
         zf = np.empty(hidden)
         hist_v = np.empty((2, max_steps))
@@ -474,6 +566,9 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
                 kd = kind[g, side]
                 if (kd == KIND_NET or kd == KIND_NOISY) and _explores(word, eps[g, side]):
                     i = _pick(u, n)
+                elif kd == KIND_NET and lookahead == 2:
+                    i = _lookahead_pick(w1, b1, w2, b2, net[g, side], board, pieces, counts, side, jumps, mf, mt,
+                                        mc, n, squares, scratch)
                 elif kd == KIND_NET:
                     _preactivation(w1, b1, net[g, side], pieces, counts, side, squares, z0)
                     i = _net_best(w1, w2, b2, net[g, side], z0, zf, mf, mt, mc, n, squares)
@@ -519,7 +614,7 @@ def sum_segments(delta_rows, order, starts, initial, out):
                 out[a, i] += delta_rows[row, i]
 
 
-def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, max_turns, n_chunks):
+def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, max_turns, n_chunks, lookahead=1):
     """Play ``len(keys)`` games (see :func:`play_games`); returns (result, plies, delta).
 
     ``delta`` is (games, 2, P) with rows only for learning sides (others untouched),
@@ -538,8 +633,8 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
                np.ascontiguousarray(lam, dtype=np.float64), np.ascontiguousarray(kind, dtype=np.int64),
                np.ascontiguousarray(net, dtype=np.int64), np.ascontiguousarray(eps, dtype=np.float64),
                np.ascontiguousarray(learn, dtype=np.bool_), np.ascontiguousarray(keys, dtype=np.int64), mixed,
-               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, max(1, min(n_games, n_chunks)),
-               result, plies, delta)
+               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, int(lookahead),
+               max(1, min(n_games, n_chunks)), result, plies, delta)
     return result, plies, (delta if learning else None)
 
 

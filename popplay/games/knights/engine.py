@@ -37,7 +37,8 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     geo = params.geometry
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
-    if summed and backend is not None and backend.name == "torch" and np.isin(batch.kind, TORCH_KINDS).all():
+    if (summed and backend is not None and backend.name == "torch" and params.lookahead == 1
+            and np.isin(batch.kind, TORCH_KINDS).all()):
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
@@ -46,7 +47,8 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     chunks = backend.chunks(len(batch.keys)) if backend is not None and backend.name == "numba" else _chunks(len(batch.keys))
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                              batch.keys, base=base, jumps=geo.table, pieces=params.pieces,
-                                             max_turns=params.max_turns, n_chunks=chunks)
+                                             max_turns=params.max_turns, n_chunks=chunks,
+                                             lookahead=params.lookahead)
     if delta is not None and summed:
         delta = kernels.sum_by_network(delta, batch.net, batch.learn, nets.count)
     return Played(result, plies, delta)

@@ -83,6 +83,8 @@ class KnightsExperiment:
             # depends on the batch: a rank's share of the games would differ in the last bits.
             raise ValueError("knights runs on several ranks with --backend numba only (the torch engine's "
                              "sums depend on the batch, so a sharded run would not be bit-identical)")
+        if p.lookahead != 1 and backend.name == "torch":
+            raise ValueError(f"--lookahead {p.lookahead} runs on the numba engine (--backend numba) in this version")
         if p.dtype != "float64" and backend.name != "torch":
             raise ValueError(f"--dtype {p.dtype} runs on the torch engine (--backend torch); the numba engine "
                              "computes in float64")

@@ -127,6 +127,10 @@ class KnightsParams:
                                       "a random population member; half as X).", min=1)
     episodes: int = option(10000, "Learning episodes (one game per copy each).", min=1, budget=True)
     hidden: int = option(4, "Hidden sigmoid units of each value network.", min=1, max=1024)
+    lookahead: int = option(1, "Plies the agents' move chooser looks ahead: 1 plays the after-state of highest V; "
+                               "2 plays minimax over V (the move after which the opponent's best reply, valued "
+                               "by the same network, is least good for it; taking the last piece wins at once). "
+                               "Learning stays TD(λ) on the after-states played. 2: numba engine.", min=1, max=2)
     dtype: str = option("float64", "Floating point of the torch engine's games and TD(λ) sums (float32: half the "
                                    "memory traffic on a GPU; the weights stay float64). The numba engine computes "
                                    "in float64 only.", choices=DTYPES)
@@ -187,6 +191,7 @@ class KnightsParams:
             (self.games_per_agent >= 1, "games_per_agent", "must be at least 1"),
             (self.episodes >= 1, "episodes", "must be at least 1"),
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
+            (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
             (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
             (self.alpha_half_life >= 0, "alpha_half_life", "must be non-negative (0: constant step size)"),
