@@ -6,6 +6,7 @@ import sys
 import h5py
 import numpy as np
 
+from popplay.checkpoints.scalars import CSV_NAME, ScalarLog
 from popplay.cli.main import main
 
 BANDIT = ["train", "bandit", "--arms", "10", "--agents", "8", "--trials", "16", "--agent-steps", "512",
@@ -130,3 +131,15 @@ def test_log_dir_never_writes_through_a_run_file_or_a_fifo(tmp_path, capsys):
         assert len(err) == 1 and "--log-dir" in err[0] and "refused" in err[0], (name, err)
         assert not (tmp_path / "r.h5").exists()
     assert victim.read_bytes() == kept
+
+
+def test_a_log_that_goes_bad_mid_run_stops_logging_and_says_so_once(tmp_path):
+    """What the pipeline and Gorila do when --log-dir breaks during a run: the log stops,
+    the run goes on, the user is told once."""
+    log = ScalarLog(tmp_path, tensorboard=False)
+    assert log.follow([1], [0.5], {"return": [2.0]}) is None
+    (tmp_path / CSV_NAME).unlink()
+    (tmp_path / CSV_NAME).mkdir()  # the CSV can no longer be written
+    message = log.follow([1, 2], [0.5, 1.0], {"return": [2.0, 3.0]})
+    assert message is not None and message.startswith("--log-dir: stopped logging (")
+    assert log.follow([1, 2, 3], [0.5, 1.0, 1.5], {"return": [2.0, 3.0, 4.0]}) is None

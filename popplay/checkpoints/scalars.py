@@ -88,6 +88,7 @@ class ScalarLog:
 
             self._events = EventFileWriter(str(self.directory))
         self._logged = 0
+        self._stopped = False
 
     def update(self, agent_steps: Sequence[int], seconds: Sequence[float], metrics: dict[str, Sequence[float]]
                ) -> None:
@@ -105,6 +106,19 @@ class ScalarLog:
                                                        summary=summary_pb2.Summary(value=values)))
             self._events.flush()
         self._logged = len(agent_steps)
+
+    def follow(self, agent_steps: Sequence[int], seconds: Sequence[float], metrics: dict[str, Sequence[float]]
+               ) -> str | None:
+        """:meth:`update` during a run: a log that goes bad mid-run stops logging, not the
+        run. Returns what to tell the user, once, when it stops (None otherwise)."""
+        if self._stopped:
+            return None
+        try:
+            self.update(agent_steps, seconds, metrics)
+        except LogError as error:
+            self._stopped = True
+            return f"--log-dir: stopped logging ({error})"
+        return None
 
     def close(self) -> None:
         if self._events is not None:

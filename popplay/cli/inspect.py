@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +15,7 @@ from popplay.checkpoints.validation import summarize
 from popplay.cli.app import app
 from popplay.cli.common import print_json
 from popplay.core import registry
-from popplay.core.errors import UsageError
+from popplay.core.errors import UsageError, spelled_out
 
 
 @app.command("inspect")
@@ -84,13 +83,10 @@ def _budget(info: dict[str, Any]) -> str:
     return said
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def _safe(text: str) -> Text:
     """What a file says, shown as written: control characters (a crafted attribute's
     terminal escapes) spelled out, and no rich markup interpreted."""
-    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
+    return Text(spelled_out(str(text)))
 
 
 def _text(value: Any) -> str:

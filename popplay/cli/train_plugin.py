@@ -56,7 +56,7 @@ from popplay.core.errors import UsageError
 from popplay.core.experiment import RunRequest
 from popplay.core.options import Spec, budget_fields, resume_fields, show, specs, user_message
 from popplay.core.registry import DEEP, POPULATION
-from popplay.training.job import aggregate_summaries, seed_plan, stop_on_signals
+from popplay.training.job import aggregate_summaries, seed_log_dir, seed_plan, stop_on_signals
 
 #: The options every generated command has beside its domain's fields: how to run
 #: (not what to learn), in the order help lists them; ``None`` kinds: every domain.
@@ -231,8 +231,7 @@ def _hand_to_runner(ctx: typer.Context, spec: Any, params: Any, run: dict[str, A
     results = []
     with stop_on_signals() as should_stop:
         for seed_params, out in plan:
-            logs = run["log_dir"] if run["log_dir"] is None or seeds == 1 else \
-                Path(run["log_dir"]) / f"seed{seed_params.seed}"
+            logs = seed_log_dir(run["log_dir"], seeds, seed_params.seed)
             result = spec.runner_type()(seed_params, RunRequest(
                 out, stored, bool(run["overwrite"]), bool(run["json_output"]), should_stop, quiet=bool(run["quiet"]),
                 time_budget=time_budget, log_dir=logs))

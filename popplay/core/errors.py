@@ -33,16 +33,16 @@ class UsageError(PopplayError, ValueError):
     exit_code = EXIT_USAGE
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def spelled_out(text: str) -> str:
+    """``text`` with its control characters spelled out (``\\x1b``): a crafted file's names
+    or values may carry terminal escapes, which must not reach the terminal."""
+    return _CONTROL.sub(lambda match: "\\x%02x" % ord(match.group()), text)
 
 
 def error_line(message: object) -> str:
     """The one line a failure shows users: ``Error: <message>`` on a single line, its
-    control characters spelled out (a crafted file's names or values may carry terminal
-    escapes, which must not reach the terminal)."""
-    text = " ".join(str(message).split())
-    return "Error: " + _CONTROL.sub(_spelled, text)
-
-
-def _spelled(match: re.Match[str]) -> str:
-    return "\\x%02x" % ord(match.group())
+    control characters spelled out."""
+    return "Error: " + spelled_out(" ".join(str(message).split()))

@@ -103,8 +103,7 @@ def run(spec: DomainSpec, params: Any, options: JobOptions, *, resume: Any = Non
     plan = seed_plan(params, base, options.seeds, options.overwrite)
     job = JobOutcome()
     for run_params, path in plan:
-        logs = options.log_dir if options.log_dir is None or options.seeds == 1 else \
-            Path(options.log_dir) / f"seed{run_params.seed}"
+        logs = seed_log_dir(options.log_dir, options.seeds, run_params.seed)
         train_options = TrainOptions(backend=options.backend, device=options.device, compile=options.compile,
                                      time_budget=options.time_budget, out=path, overwrite=options.overwrite,
                                      checkpoint_every=every, log_dir=logs)
@@ -241,6 +240,12 @@ def seed_plan(params: Any, base: Path, seeds: int, overwrite: bool) -> list[tupl
     if clash and not overwrite:
         raise UsageError(f"--out {clash[0]}: file exists (pass --overwrite to replace it)")
     return plan
+
+
+def seed_log_dir(log_dir: Path | None, seeds: int, seed: int) -> Path | None:
+    """Where seed ``seed``'s scalar logs go: ``--log-dir`` itself for one seed, a
+    ``seedS`` directory in it for several."""
+    return log_dir if log_dir is None or seeds == 1 else Path(log_dir) / f"seed{seed}"
 
 
 def aggregated_metrics(outcomes: list[TrainOutcome]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from popplay.checkpoints import provenance, runfile
 from popplay.checkpoints.lock import RunLock as _RunLock
-from popplay.checkpoints.scalars import LogError, open_log
+from popplay.checkpoints.scalars import open_log
 from popplay.checkpoints.validation import check_before_training
 from popplay.core import registry
 from popplay.core.errors import UsageError
@@ -224,16 +224,10 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
             if reporter is not None and hasattr(reporter, "warn"):
                 reporter.warn(event)
 
-        log_failed = False
-
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:
-            nonlocal log_failed
-            if log is not None and not log_failed:
-                try:
-                    log.update(curve.agent_steps, curve.seconds, curve.metrics)
-                except LogError as error:  # the log went bad mid-run: say so once; the run file goes on
-                    on_event(f"--log-dir: stopped logging ({error})")
-                    log_failed = True
+            stopped = log.follow(curve.agent_steps, curve.seconds, curve.metrics) if log is not None else None
+            if stopped is not None:  # the run file goes on
+                on_event(stopped)
             if every is None:
                 return
             if every.unit == "seconds":

@@ -410,6 +410,9 @@ class ContinuousServer:
             raise ValueError("the actor must come first among the learner's modules")
         self.action_dim = learner.action_dim
         self._actor_size = networks.parameter_count(learner.policy)
+        # loaded in place, so the same tensors at every step
+        self._actor_params = list(learner.policy.parameters())
+        self._critic_params = [p for critic in self.online[1:] for p in critic.parameters()]
 
     def initial(self) -> torch.Tensor:
         return networks.flat_parameters(self.online)
@@ -423,13 +426,11 @@ class ContinuousServer:
     def gradient(self, batch: Batch, step: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
         learner = self.learner
         critic_loss, _, _ = learner.critic_loss(batch, None, generator)
-        critic_params = [p for critic in self.online[1:] for p in critic.parameters()]
-        critic_grads = torch.autograd.grad(critic_loss, critic_params)
-        actor_params = list(learner.policy.parameters())
+        critic_grads = torch.autograd.grad(critic_loss, self._critic_params)
         if learner.actor_due(step + 1):
-            actor_grads = torch.autograd.grad(learner.actor_loss(batch.obs), actor_params)
+            actor_grads = torch.autograd.grad(learner.actor_loss(batch.obs), self._actor_params)
         else:  # AdaGrad leaves a parameter with a zero gradient (and its accumulator) as it was
-            actor_grads = tuple(torch.zeros_like(p) for p in actor_params)
+            actor_grads = tuple(torch.zeros_like(p) for p in self._actor_params)
         grad = torch.cat([g.reshape(-1) for g in (*actor_grads, *critic_grads)])
         return grad, float(critic_loss.detach())
 

@@ -63,7 +63,6 @@ import torch.distributed as c10d
 
 from popplay.checkpoints.h5io import NoSpace, name_max
 from popplay.checkpoints.runfile import NoSpaceError, RunFileError, write_run
-from popplay.checkpoints.scalars import LogError
 from popplay.core.errors import EXIT_CANNOT_SAVE, EXIT_INTERRUPTED, EXIT_LOST
 from popplay.deep import envs
 from popplay.deep.envs.rollout import evaluate
@@ -598,18 +597,13 @@ def train_gorila(config: GorilaConfig, out: Path, *, resume_state: dict[str, np.
         raise GorilaJobLost(f"cannot write the working files in {parts} ({error.strerror or error})") from None
     started_at = time.time()
 
-    logging = {"on": scalar_log is not None}
-
     def write(summary: dict[str, Any], checkpoint: dict[str, np.ndarray] | None = None) -> None:
         curve = write_gorila_run(out, total, parts, summary, checkpoint=checkpoint, before=before,
                                  time_budget=time_budget)
-        if logging["on"]:
-            try:
-                scalar_log.update(curve["agent_steps"], curve["seconds"], {"return": curve["return"]})
-            except LogError as error:  # the log went bad mid-run: say so once; the run goes on
-                logging["on"] = False
-                (log if log is not None else sys.stderr).write(f"gorila: {error}; the run goes on without "
-                                                                f"--log-dir\n")
+        if scalar_log is not None:
+            stopped = scalar_log.follow(curve["agent_steps"], curve["seconds"], {"return": curve["return"]})
+            if stopped is not None:  # the run goes on
+                (log if log is not None else sys.stderr).write(f"gorila: {stopped}\n")
 
     def write_partial(checkpoint: dict[str, np.ndarray]) -> None:
         summary = summarize(config, parts, checkpoint, time.time() - started_at, [], True, started_at=started_at,
