@@ -21,7 +21,8 @@ trained independently (the population with its operators off is exactly that: me
 copies only a clearly better parent and starts once ε has fallen), and experience-weighted
 sharing, each ``--steps`` env-steps per member, per seed. Reported: the best member's greedy mean return over
 100 episodes at the end, and the total env-steps at which the best member's training
-mean (last 10 episodes, ε-greedy) first reached 475.
+mean (last 10 episodes, ε-greedy) first reached ``--threshold`` (default: the
+environment's own ``reward_threshold``: 475 for CartPole-v1, −100 for Acrobot-v1).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import gymnasium
 import h5py
 import numpy as np
 
@@ -124,11 +126,11 @@ def quality(args: argparse.Namespace) -> dict:
                 summary = popplay(["--agents", "16", "--env", args.env, "--env-steps", str(16 * args.steps),
                                    "--seed", str(seed), "--phase-steps", "1000", *HP, *SCHEDULE[:-2],
                                    "--eval-episodes", "100", *extra], out)
-                reached = first_reaching(out, 475.0)
+                reached = first_reaching(out, args.threshold)
             rows[name].append({"seed": seed, "best_quality": summary["quality"], "mean_quality": summary["quality_mean"],
-                               "env_steps_to_475_training": reached, "seconds": round(summary["seconds"], 1)})
+                               "env_steps_to_threshold_training": reached, "seconds": round(summary["seconds"], 1)})
             print(name, rows[name][-1], flush=True)
-    return {"env": args.env, "steps_per_member": args.steps, "members": 16, "runs": rows}
+    return {"env": args.env, "steps_per_member": args.steps, "members": 16, "threshold": args.threshold, "runs": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -142,7 +144,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--variants", type=lambda s: s.split(";"), default=None,
                         help="quality: only these variants, separated by ';'")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="quality: the training return to reach (default: the environment's reward_threshold)")
     args = parser.parse_args(argv)
+    if args.threshold is None and args.what == "quality":
+        args.threshold = float(gymnasium.spec(args.env).reward_threshold)
     if args.steps is None:
         args.steps = 3000 if args.what == "throughput" else 100_000
     result = throughput(args) if args.what == "throughput" else quality(args)
