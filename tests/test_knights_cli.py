@@ -119,7 +119,6 @@ def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, cap
     (["--backend", "jax"], "--backend"),
     (["--time-budget", "-1"], "--time-budget"),
     (["--lookahead", "3"], "--lookahead"),
-    (["--lookahead", "2", "--backend", "torch"], "--lookahead 2 runs on the numba engine"),
 ])
 def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, extra, fragment):
     out = tmp_path / "r.h5"
@@ -245,3 +244,35 @@ def test_real_subprocess_trains_and_evaluates(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("Error") and "Traceback" not in bad.stderr
     assert KnightsParams().max_turns == game.DEFAULT_MAX_TURNS
+
+
+def test_a_second_hidden_layer_trains_resumes_evaluates_and_plays_tournaments(tmp_path, capsys):
+    """``--hidden2``: the run file holds the second layer (and its snapshots); a run
+    split by a resume ends where the unbroken run does, with replication and a league
+    moving second layers; evaluate plays it two plies deep; a tournament of runs with
+    and without the layer is refused in one line, with two such runs it is played."""
+    two = SMALL + ["--hidden2", "3", "--replicate-every", "2", "--league", "2", "--mutate-weights", "0.01",
+                   "--seed", "4"]
+    whole, half = tmp_path / "whole.h5", tmp_path / "half.h5"
+    assert main(two + ["--out", str(whole), "--json"]) == 0
+    episodes = two.index("--episodes") + 1
+    assert main(two[:episodes] + ["4"] + two[episodes + 1:] + ["--out", str(half), "--json"]) == 0
+    assert main(["train", "knights", "--resume", str(half), "--episodes", "8", "--json"]) == 0
+    with h5py.File(whole) as a, h5py.File(half) as b:
+        assert a["state/wm"].shape == (3, 4, 3) and a["state/bm"].shape == (3, 3) and a["state/w2"].shape == (3, 3)
+        assert a["state/snapshot_wm"].shape == (3, 3, 4, 3)
+        for name in ("w1", "wm", "bm", "w2", "snapshot_wm"):
+            assert np.array_equal(a[f"state/{name}"][()], b[f"state/{name}"][()]), name
+        assert not np.array_equal(a["state/snapshot_wm"][0], a["state/snapshot_wm"][2])  # it learns
+    capsys.readouterr()
+    code, out, err = _run(capsys, ["evaluate", str(whole), "--games", "4", "--lookahead", "2", "--json"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["lookahead"] == 2
+    one = tmp_path / "one.h5"
+    assert main(SMALL + ["--out", str(one), "--json", "--episodes", "1"]) == 0
+    capsys.readouterr()
+    code, out, err = _run(capsys, ["tournament", str(whole), str(one), "--games", "2"])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "second hidden layer" in lines[0], err
+    code, out, err = _run(capsys, ["tournament", str(whole), str(half), "--games", "2", "--json"])
+    assert code == 0, err

@@ -33,15 +33,21 @@ def _mixed_batch(n, nets_count, seed, learn_nets=True):
 
 
 def _net(nets, q):
-    return nets.w1[q].tolist(), nets.b1[q].tolist(), nets.w2[q].tolist(), float(nets.b2[q])
+    net = nets.w1[q].tolist(), nets.b1[q].tolist(), nets.w2[q].tolist(), float(nets.b2[q])
+    return net if nets.wm is None else net + (nets.wm[q].tolist(), nets.bm[q].tolist())
 
 
-@pytest.mark.parametrize("geo", GEOMETRIES, ids=["knight-5x7", "custom-4x6"])
-def test_numba_engine_plays_and_learns_like_the_reference(geo):
+# (geometry, units of a second hidden layer): both boards with Bell's one layer, one with two
+LAYOUTS = [pytest.param(GEOMETRIES[0], 0, id="knight-5x7"), pytest.param(GEOMETRIES[1], 0, id="custom-4x6"),
+           pytest.param(GEOMETRIES[0], 3, id="knight-5x7-two-layers")]
+
+
+@pytest.mark.parametrize("geo, hidden2", LAYOUTS)
+def test_numba_engine_plays_and_learns_like_the_reference(geo, hidden2):
     params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
-                           max_turns=geo["max_turns"])
+                           max_turns=geo["max_turns"], hidden2=hidden2)
     inputs = params.inputs
-    nets = game.init_networks(3, np.arange(3), inputs, 4, 0.7)
+    nets = game.init_networks(3, np.arange(3), inputs, 4, 0.7, hidden2)
     lam = np.array([0.0, 0.6, 1.0])
     batch = _mixed_batch(48, 3, seed=4)
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn, batch.keys,
@@ -62,14 +68,14 @@ def test_numba_engine_plays_and_learns_like_the_reference(geo):
     assert outcomes == {-1, 0, 1}  # wins both ways and draws at the limit were checked
 
 
-@pytest.mark.parametrize("geo", GEOMETRIES, ids=["knight-5x7", "custom-4x6"])
-def test_the_two_ply_chooser_plays_and_learns_like_the_reference(geo):
+@pytest.mark.parametrize("geo, hidden2", LAYOUTS)
+def test_the_two_ply_chooser_plays_and_learns_like_the_reference(geo, hidden2):
     """``--lookahead 2``: the numba engine's minimax over V (incremental pre-activations)
     picks the reference's moves (dense products), and learning stays TD(λ) on the
     after-states played."""
     params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
-                           max_turns=geo["max_turns"], lookahead=2)
-    nets = game.init_networks(5, np.arange(3), params.inputs, 4, 0.7)
+                           max_turns=geo["max_turns"], lookahead=2, hidden2=hidden2)
+    nets = game.init_networks(5, np.arange(3), params.inputs, 4, 0.7, hidden2)
     lam = np.array([0.0, 0.6, 1.0])
     batch = _mixed_batch(48, 3, seed=6)
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn, batch.keys,
@@ -118,6 +124,46 @@ def test_the_two_ply_chooser_takes_a_win_and_avoids_a_loss_on_hand_made_boards()
                                     params.geometry.table) == index
 
 
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=["knight-5x7", "custom-4x6"])
+def test_the_tree_search_plays_like_the_reference(geo):
+    """``mcts<N>``: the kernel's UCT (arrays, an explicit path) picks the plain-Python
+    reference's moves (dicts), against networks, random and greedy players, up to the
+    turn limit; and a single board asked of ``mcts_choice`` gives the same move."""
+    params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
+                           max_turns=40)
+    nets = game.init_networks(2, np.arange(2), params.inputs, 3, 0.7)
+    g = np.arange(6)
+    mcts = game.KIND_MCTS_BASE + 12
+    others = np.array([game.KIND_NET, game.KIND_RANDOM, game.KIND_GREEDY])[g % 3]
+    kind = np.where((g % 2 == 0)[:, None], np.stack([np.full(6, mcts), others], 1),
+                    np.stack([others, np.full(6, mcts)], 1))
+    batch = GameBatch(kind.astype(np.int64), np.zeros((6, 2), dtype=np.int64), np.full((6, 2), 0.2),
+                      np.zeros((6, 2), dtype=bool), rng.stream_keys(3, 99, g))
+    result, plies, _ = kernels.run_games(nets, np.zeros(2), batch.kind, batch.net, batch.epsilon, batch.learn,
+                                         batch.keys, base=0, jumps=params.geometry.table, pieces=params.pieces,
+                                         max_turns=params.max_turns, n_chunks=3)
+    for i in g:
+        players = [(int(batch.kind[i, s]), _net(nets, 0), 0.2) for s in range(2)]
+        assert (result[i], plies[i]) == reference.play_game(int(batch.keys[i]), geo["rows"], geo["cols"], geo["pieces"],
+                                                            params.max_turns, players, offsets=geo["offsets"])[:2], i
+    assert (result != 0).any()  # won games were checked (on 5 x 7, draws at the turn limit too)
+    board = game.start_position(5, geo["rows"], geo["cols"], geo["pieces"])
+    index, _ = reference.mcts_choice(board.tolist(), 1, 12345, 30, 20, geo["offsets"])
+    assert kernels.mcts_choice(board.reshape(-1).astype(np.int64), 0, params.geometry.table, 30, 12345, 20) == index
+
+
+def test_the_tree_search_takes_a_win_and_beats_greedy():
+    """mcts400 takes O's last piece when it can, and wins most games against greedy."""
+    params = KnightsParams(rows=4, cols=4, pieces=1)
+    win = np.array([[1, 0, 0, 0], [0, 0, 0, 0], [0, -1, 0, 0], [0, 0, 0, 0]]).reshape(-1)
+    moves = game.legal_moves(win.reshape(4, 4), 1, "knight")
+    for word in range(5):
+        assert moves[kernels.mcts_choice(win, 0, params.geometry.table, 400, word, 50)] == (0, 9)
+    nets = game.init_networks(0, np.arange(1), KnightsParams().inputs, 1, 0.0)
+    played = engine.play_pairs(nets, np.array([[game.OPPONENTS["mcts400"], game.OPPONENTS["greedy"]]]), 20, seed=1)
+    assert played.wins[0] >= 14, (played.wins, played.draws, played.losses)
+
+
 def test_benchmark_bots_play_like_the_opponents_module():
     """The kernels' random/greedy/search choices are the single-board bot rules."""
     from popplay.games.knights.opponents import bot_move
@@ -139,9 +185,13 @@ def test_benchmark_bots_play_like_the_opponents_module():
                     break
 
 
-def test_torch_engine_agrees_with_numba():
-    params = KnightsParams(max_turns=60)
-    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6)
+@pytest.mark.parametrize("lookahead, hidden2", [(1, 0), (2, 0), (1, 3), (2, 3)])
+def test_torch_engine_agrees_with_numba(lookahead, hidden2):
+    """The same games and TD(λ) sums; with ``lookahead=2`` the torch engine's batched
+    minimax over V (all replies of all moves at once) picks the numba engine's moves;
+    with ``hidden2`` both engines evaluate and learn a second hidden layer."""
+    params = KnightsParams(max_turns=60, lookahead=lookahead, hidden2=hidden2)
+    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6, hidden2)
     lam = np.array([0.3, 0.5, 0.7, 0.9])
     g = np.arange(90)
     kind = np.stack([np.where(g % 5 == 0, game.KIND_GREEDY, game.KIND_NET), np.where(g % 7 == 0, game.KIND_RANDOM, 0)], 1)
@@ -151,6 +201,10 @@ def test_torch_engine_agrees_with_numba():
     b = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
     assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
     np.testing.assert_allclose(b.delta, a.delta, rtol=1e-9, atol=1e-12)
+    if lookahead == 2:  # the chooser is really another one, on both engines
+        one_ply = engine.run_batch(nets, lam, batch, params=dataclasses.replace(params, lookahead=1), base=5,
+                                   backend=TORCH)
+        assert not np.array_equal(one_ply.plies, b.plies)
 
 
 def test_float32_torch_engine_plays_the_same_games_within_float32_rounding():
@@ -254,7 +308,7 @@ def test_quality_uses_common_positions_and_splits_first_moves():
 
     params = KnightsParams()
     nets = game.init_networks(0, np.arange(3), params.inputs, 4, 0.1)
-    nets = game.Networks(*(np.concatenate([x, x[:1]]) for x in nets))  # agent 3 = agent 0
+    nets = game.Networks(**{name: np.concatenate([x, x[:1]]) for name, x in nets.arrays().items()})  # 3 = 0
     q = quality(nets, "random", 40, params=params)
     assert np.array_equal(q.wins + q.draws + q.losses, np.full(4, 40))
     assert q.wins[3] == q.wins[0] and q.draws[3] == q.draws[0]  # same games for every agent

@@ -140,7 +140,7 @@ def test_rungs_are_rated_once_and_cached(tmp_path, monkeypatch) -> None:
 def test_evaluate_ladder_and_ladder_curves(tmp_path, monkeypatch, cli) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(ladder_module, "RUNG_GAMES", 10)
-    monkeypatch.setattr(ladder_module.ladder, "__defaults__", (None, 10, 0))
+    monkeypatch.setattr(ladder_module.ladder, "__defaults__", (None, 10, 0, ladder_module.RUNGS))
     run = tmp_path / "run.h5"
     code, out, err = cli(["train", "knights", "--rows", "4", "--cols", "5", "--pieces", "2", "--max-turns", "30",
                           "--agents", "2", "--games-per-agent", "4", "--episodes", "2", "--eval-every", "2",
@@ -159,3 +159,25 @@ def test_evaluate_ladder_and_ladder_curves(tmp_path, monkeypatch, cli) -> None:
     assert payload["elo_best"] >= payload["elo_mean"] >= payload["elo_worst"]
     code, out, err = cli(["evaluate", str(run), "--ladder", "--opponent", "greedy"])
     assert code == 2 and "--ladder" in err and "Traceback" not in err
+    # a ladder of the user's rungs, a tree search among them: rated on its own scale, random = 0
+    code, out, err = cli(["evaluate", str(run), "--ladder", "--rungs", "random,greedy,mcts100", "--games", "4",
+                          "--json"])
+    assert code == 0, err
+    payload = json.loads(out.strip().splitlines()[-1])
+    rated = {r["name"]: r["elo"] for r in payload["ladder"]["rungs"]}
+    assert list(rated) == ["random", "greedy", "mcts100"] and rated["random"] == 0.0
+    assert rated["mcts100"] > rated["random"] and set(payload["per_agent"][0]["scores"]) == set(rated)
+    for extra, fragment in ((["--ladder", "--rungs", "random,chess"], "unknown rung 'chess'"),
+                            (["--ladder", "--rungs", "greedy,search2"], "random among them"),
+                            (["--rungs", "random,greedy"], "add --ladder")):
+        code, out, err = cli(["evaluate", str(run), *extra])
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+
+
+def test_every_benchmark_player_has_a_place_in_the_strength_order() -> None:
+    """What training evaluates as its strongest opponent is defined for every player."""
+    from popplay.games.knights import opponents
+
+    assert sorted(opponents._STRENGTH) == sorted(game.OPPONENTS)
+    assert opponents.strongest(["greedy", "mcts6400", "search2"]) == "mcts6400"

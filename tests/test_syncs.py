@@ -62,13 +62,14 @@ def test_knights_phase_waits_only_every_few_plies() -> None:
     from popplay.games.knights.experiment import KnightsExperiment
     from popplay.games.knights.rules import KnightsParams
 
-    def syncs(agents: int, games: int, max_turns: int = 40) -> int:
+    def syncs(agents: int, games: int, max_turns: int = 40, lookahead: int = 1) -> int:
         return phase_syncs(KnightsExperiment, KnightsParams(agents=agents, games_per_agent=games, episodes=3,
-                                                            max_turns=max_turns))[0]
+                                                            max_turns=max_turns, lookahead=lookahead))[0]
 
     bound = math.ceil(40 / _torch.SYNC_EVERY)
     assert syncs(4, 2) <= bound
     assert syncs(32, 2) <= bound and syncs(4, 8) <= bound
+    assert syncs(4, 2, lookahead=2) <= bound and syncs(32, 2, lookahead=2) <= bound
     assert syncs(4, 2, max_turns=400) > bound  # the check is really there (and counted)
 
 
@@ -197,12 +198,13 @@ def test_cartpole_step_is_one_graph() -> None:
     np.testing.assert_array_equal(plain.failures, compiled.failures)
 
 
-def test_knights_ply_is_one_graph() -> None:
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_knights_ply_is_one_graph(lookahead: int) -> None:
     from popplay.games.knights import engine
     from popplay.games.knights.experiment import KnightsExperiment
     from popplay.games.knights.rules import KnightsParams
 
-    params = KnightsParams(agents=3, games_per_agent=2, episodes=2, max_turns=30)
+    params = KnightsParams(agents=3, games_per_agent=2, episodes=2, max_turns=30, lookahead=lookahead)
     plain = _final_state(KnightsExperiment, params)
     torch_engine = engine._torch_engine(params.geometry.table, params.pieces, params.max_turns, "cpu")
     torch_engine._ply = _one_graph(torch_engine._one_ply)

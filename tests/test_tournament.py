@@ -13,7 +13,7 @@ PARAMS = KnightsParams(rows=4, cols=5, pieces=3, max_turns=40)
 
 def _nets(count=4, hidden=3, seed=5):
     nets = game.init_networks(seed, np.arange(count), PARAMS.inputs, hidden, 1.0)
-    return Networks(*(np.ascontiguousarray(a) for a in nets))
+    return Networks(**{name: np.ascontiguousarray(a) for name, a in nets.arrays().items()})
 
 
 def test_results_are_consistent_and_complementary():

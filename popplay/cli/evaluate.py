@@ -21,14 +21,15 @@ from popplay.core.backend import Backend
 from popplay.core.errors import UsageError
 from popplay.core.limits import MemoryLimitError, check_fits
 from popplay.games.knights import games_bytes
+from popplay.games.knights.rules import MCTS_PLAYOUTS
 
 #: The knights benchmark players, weakest first (popplay.games.knights.opponents).
 Opponent = Enum("Opponent", {name: name for name in
                              ("random", "noisy75", "noisy50", "noisy25", "greedy", "search1", "search",
-                              "search2", "search3", "search4")}, type=str)
+                              "search2", "search3", "search4", *(f"mcts{n}" for n in MCTS_PLAYOUTS))}, type=str)
 
 
-KNIGHTS_ONLY = ("--opponent", "--games", "--seed", "--ladder", "--lookahead")
+KNIGHTS_ONLY = ("--opponent", "--games", "--seed", "--ladder", "--lookahead", "--rungs")
 
 
 @app.command("evaluate")
@@ -44,6 +45,10 @@ def evaluate(
     ladder: Annotated[bool, typer.Option(
         "--ladder", help="knights: every agent's Elo on the fixed ladder of benchmark players (random = 0), "
                          "from --games games against each rung, with a 95% interval.")] = False,
+    rungs: Annotated[Optional[str], typer.Option(
+        help="knights --ladder: the rungs, comma-separated, random among them (default: random, noisy75, noisy50, "
+             "noisy25, greedy, search2, search3, search4; the tree searches mcts100 ... mcts6400 reach higher but "
+             "cost seconds a game). A new set of rungs is rated once and cached.")] = None,
     lookahead: Annotated[Optional[int], typer.Option(
         min=1, max=2, help="knights: plies the agents' move chooser looks ahead in these games (default: the "
                            "run's own; 2: minimax over each agent's V).")] = None,
@@ -71,10 +76,12 @@ def evaluate(
         raise UsageError(f"--member applies to deep populations only ({run} is a {stored.domain} run)")
     if episodes is not None:
         raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
-    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead))
+    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead, rungs))
              if value is not None]
     if ladder and opponent is not None:
         raise UsageError("--ladder plays every rung of the ladder; leave out --opponent")
+    if rungs is not None and not ladder:
+        raise UsageError("--rungs names the rungs of --ladder; add --ladder")
     if stored.domain != "knights" and given:
         raise UsageError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
     try:
@@ -87,7 +94,7 @@ def evaluate(
         raise UsageError(f"{run}: damaged run file ({error})") from None
     if stored.domain == "knights" and ladder:
         _evaluate_ladder(run, stored, params, state, games or 200, params.seed if seed is None else seed,
-                         json_output)
+                         json_output, rungs)
         return
     if stored.domain == "knights":
         _evaluate_knights(run, stored, params, state, opponent or Opponent.greedy, games or 200,
@@ -173,14 +180,18 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
 
 
 def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int, seed: int,
-                     json_output: bool) -> None:
+                     json_output: bool, rung_spec: str | None) -> None:
     """Every agent against every rung of the ladder; its ladder Elo with a 95 % interval."""
     from popplay.games.knights.opponents import quality  # defers numba
-    from popplay.tournaments.ladder import RUNGS, ladder, ladder_elo  # defers numba
+    from popplay.tournaments.ladder import ladder, ladder_elo, parse_rungs  # defers numba
 
+    try:
+        names = parse_rungs(rung_spec)
+    except ValueError as error:
+        raise UsageError(f"--rungs: {error}") from None
     games = _even_games_that_fit(params, games)
-    rungs = ladder(params)
-    results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in RUNGS}
+    rungs = ladder(params, rungs=names)
+    results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in names}
     elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
     per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "elo": round(float(elo.elo[i]), 1),
                   "elo_ci95": [round(float(elo.low[i]), 1), round(float(elo.high[i]), 1)],
@@ -201,12 +212,12 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
                      "95% interval from the agent's own games; then the score against each rung")
     for column in ("agent", "elo", "95% CI"):
         table.add_column(column, justify="right", no_wrap=True)
-    for name in RUNGS:  # short headers: the score against each rung
+    for name in names:  # short headers: the score against each rung
         table.add_column(name.replace("noisy", "n").replace("search", "s").replace("random", "rnd"), justify="right")
     for row in sorted(per_agent, key=lambda r: -r["elo"]):
         low, high = row["elo_ci95"]
         table.add_row(str(row["agent"]), f"{row['elo']:.0f}", f"{low:.0f}..{high:.0f}",
-                      *(f"{row['scores'][name]:.2f}".removeprefix("0") for name in RUNGS))
+                      *(f"{row['scores'][name]:.2f}".removeprefix("0") for name in names))
     console = Console()
     console.print(table)
     console.print("rungs: " + ", ".join(f"{r['name']} {r['elo']:.0f} ± {1.96 * r['se']:.0f}"

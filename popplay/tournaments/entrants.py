@@ -122,14 +122,17 @@ def load_field(paths: Sequence[Path], *, snapshots: bool = False, snapshot_every
                            and (snapshot_every is None or s.episode % snapshot_every == 0)]
         populations.append(state.snapshot())
         for snap in populations:
-            nets = Networks(snap.w1, snap.b1, snap.w2, snap.b2)
+            nets = snap.networks
             parts.append(nets)
             tag = f"{label}@{snap.episode}" if snapshots else label
             for slot, agent_id in enumerate(np.asarray(snap.agent_id).tolist()):
                 entrants.append(Entrant(f"{tag}#{agent_id}", "agent", str(path), int(snap.episode), slot,
                                         int(agent_id), int(nets.w1.shape[2])))
     assert first is not None
-    nets = stack_networks(parts)
+    try:
+        nets = stack_networks(parts)
+    except ValueError as error:
+        raise EntrantError(f"{error}: enter runs of one kind") from None
     players = list(range(nets.count))
     anchor_index = None
     if anchor is not None:

@@ -5,7 +5,9 @@ random (``noisy75``, ``noisy50``, ``noisy25``: greedy beats random in nearly eve
 game, so without them random = 0 would be tied to the rest by nothing but the prior);
 ``greedy`` (which plays exactly the moves of a 1-ply material search); and the
 alpha-beta material searches ``search2`` (exactly the two-ply ``search``),
-``search3`` and ``search4`` (:mod:`popplay.games.knights.opponents`).
+``search3`` and ``search4`` (:mod:`popplay.games.knights.opponents`). A ladder may
+name other rungs (:func:`parse_rungs`): the Monte-Carlo tree searches ``mcts100`` …
+``mcts6400`` reach above ``search4`` but cost seconds a game, so they are asked for.
 They are rated once, by a round robin among themselves, on the Elo scale with random
 at 0 (maximum likelihood with two virtual draws per player, standard errors from the
 fit's Fisher information). A rating depends on the game (board, pieces, jumps, turn
@@ -68,14 +70,31 @@ class LadderElo(NamedTuple):
         return {"best": float(self.elo.max()), "mean": float(self.elo.mean()), "worst": float(self.elo.min())}
 
 
-def rate_rungs(params: KnightsParams, games: int = RUNG_GAMES, seed: int = 0, backend: Any = None) -> Ladder:
+def parse_rungs(spec: str | None) -> tuple[str, ...]:
+    """The rungs named in ``spec`` (comma-separated benchmark players, ``random``
+    among them: it anchors the scale), weakest first as given; the default ladder
+    for None."""
+    if spec is None:
+        return RUNGS
+    names = tuple(name.strip() for name in spec.split(",") if name.strip())
+    unknown = [name for name in names if name not in OPPONENTS]
+    if unknown:
+        raise ValueError(f"unknown rung {unknown[0]!r} (rungs are benchmark players: {', '.join(OPPONENTS)})")
+    if len(set(names)) != len(names) or len(names) < 2 or "random" not in names:
+        raise ValueError(f"rungs must be at least two different players, random among them (got {spec!r})")
+    return names
+
+
+def rate_rungs(params: KnightsParams, games: int = RUNG_GAMES, seed: int = 0, backend: Any = None,
+               rungs: tuple[str, ...] = RUNGS) -> Ladder:
     """The rungs' round robin and their ratings (random anchored at 0)."""
-    codes = np.array([OPPONENTS[name] for name in RUNGS], dtype=np.int64)
+    codes = np.array([OPPONENTS[name] for name in rungs], dtype=np.int64)
     nets = init_networks(0, np.arange(1), params.inputs, 1, 0.0)  # bots need none; the engine takes some
     played = round_robin(nets, codes, games, params=params, seed=seed, tag=TAG_LADDER, backend=backend)
-    ratings = elo_ratings(played.wins, played.draws, anchor=0)
-    errors = elo_standard_errors(ratings, played.wins, played.draws, anchor=0)
-    return Ladder(RUNGS, ratings, errors, games)
+    anchor = rungs.index("random")
+    ratings = elo_ratings(played.wins, played.draws, anchor=anchor)
+    errors = elo_standard_errors(ratings, played.wins, played.draws, anchor=anchor)
+    return Ladder(tuple(rungs), ratings, errors, games)
 
 
 def cache_dir() -> Path:
@@ -83,38 +102,41 @@ def cache_dir() -> Path:
     return Path(base) / "popplay"
 
 
-def _cache_key(params: KnightsParams, games: int, seed: int) -> str:
+def _cache_key(params: KnightsParams, games: int, seed: int, rungs: tuple[str, ...]) -> str:
     game = {"rows": params.rows, "cols": params.cols, "pieces": params.pieces, "jumps": params.jumps,
             "max_turns": params.max_turns, "games": games, "seed": seed, "version": LADDER_VERSION,
-            "rungs": list(RUNGS)}
+            "rungs": list(rungs)}
     return hashlib.sha256(json.dumps(game, sort_keys=True).encode()).hexdigest()[:16]
 
 
 _MEMORY: dict[str, Ladder] = {}
 
 
-def ladder(params: KnightsParams | None = None, games: int = RUNG_GAMES, seed: int = 0) -> Ladder:
-    """The rated ladder of ``params``' game: from memory, the cache file, or rated now
-    (and cached; an unreadable or unwritable cache only costs the rating again)."""
+def ladder(params: KnightsParams | None = None, games: int = RUNG_GAMES, seed: int = 0,
+           rungs: tuple[str, ...] = RUNGS) -> Ladder:
+    """The rated ladder of ``params``' game with ``rungs``: from memory, the cache
+    file, or rated now (and cached; an unreadable or unwritable cache only costs the
+    rating again)."""
     params = params if params is not None else KnightsParams()
-    key = _cache_key(params, games, seed)
+    rungs = tuple(rungs)
+    key = _cache_key(params, games, seed, rungs)
     if key in _MEMORY:
         return _MEMORY[key]
     path = cache_dir() / f"ladder-{key}.json"
     found = None
     try:
         stored = json.loads(path.read_text())
-        if stored.get("names") == list(RUNGS):
-            found = Ladder(RUNGS, np.asarray(stored["ratings"], dtype=np.float64),
+        if stored.get("names") == list(rungs):
+            found = Ladder(rungs, np.asarray(stored["ratings"], dtype=np.float64),
                            np.asarray(stored["errors"], dtype=np.float64), int(stored["games"]))
     except (OSError, ValueError, KeyError, TypeError):
         found = None
-    if found is None or found.ratings.shape != (len(RUNGS),) or not np.isfinite(found.ratings).all():
-        found = rate_rungs(params, games, seed)
+    if found is None or found.ratings.shape != (len(rungs),) or not np.isfinite(found.ratings).all():
+        found = rate_rungs(params, games, seed, rungs=rungs)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"names": list(RUNGS), "ratings": found.ratings.tolist(),
+            temporary.write_text(json.dumps({"names": list(rungs), "ratings": found.ratings.tolist(),
                                              "errors": found.errors.tolist(), "games": games}))
             temporary.replace(path)  # whole or not at all: a reader never sees half a file
         except OSError:

@@ -200,23 +200,35 @@ def _tournament(players: np.ndarray, a: np.ndarray, b: np.ndarray, wins: np.ndar
     return Tournament(players, w, d, w.T.copy(), turns)
 
 
-def pad_hidden(nets: Networks, hidden: int) -> Networks:
-    """The same value functions with ``hidden`` units: extra units have zero weights
-    in and out, so they add exactly 0 to every output (networks of different sizes
-    can then play in one batch)."""
-    have = nets.w1.shape[2]
-    if hidden < have:
+def pad_hidden(nets: Networks, hidden: int, hidden2: int = 0) -> Networks:
+    """The same value functions with ``hidden`` units (and ``hidden2`` in a second
+    layer, where the networks have one): extra units have zero weights out (and in),
+    so they add exactly 0 to every output (networks of different sizes can then play
+    in one batch)."""
+    have, have2 = nets.w1.shape[2], nets.hidden2
+    if hidden < have or hidden2 < have2:
         raise ValueError(f"cannot shrink networks from {have} to {hidden} hidden units")
-    extra = hidden - have
-    if extra == 0:
+    extra, extra2 = hidden - have, hidden2 - have2
+    if extra == 0 and extra2 == 0:
         return nets
-    pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (extra,))], axis=-1)  # noqa: E731
-    return Networks(pad(nets.w1), pad(nets.b1), pad(nets.w2), np.asarray(nets.b2, dtype=np.float64).copy())
+
+    def pad(a: np.ndarray, axis: int, count: int) -> np.ndarray:
+        shape = list(a.shape)
+        shape[axis] = count
+        return np.concatenate([a, np.zeros(shape)], axis=axis)
+
+    b2 = np.asarray(nets.b2, dtype=np.float64).copy()
+    if nets.wm is None:
+        return Networks(pad(nets.w1, 2, extra), pad(nets.b1, 1, extra), pad(nets.w2, 1, extra), b2)
+    return Networks(pad(nets.w1, 2, extra), pad(nets.b1, 1, extra), pad(nets.w2, 1, extra2), b2,
+                    pad(pad(nets.wm, 1, extra), 2, extra2), pad(nets.bm, 1, extra2))
 
 
 def stack_networks(parts: list[Networks]) -> Networks:
-    """Networks of several populations in one stack (padded to the largest hidden layer)."""
-    hidden = max(p.w1.shape[2] for p in parts)
-    padded = [pad_hidden(p, hidden) for p in parts]
-    return Networks(*(np.ascontiguousarray(np.concatenate([getattr(p, f) for p in padded]))
-                      for f in ("w1", "b1", "w2", "b2")))
+    """Networks of several populations in one stack (padded to the largest hidden
+    layers); all with a second hidden layer or all without."""
+    if len({p.wm is None for p in parts}) > 1:
+        raise ValueError("networks with and without a second hidden layer (--hidden2) cannot play in one batch")
+    hidden, hidden2 = max(p.w1.shape[2] for p in parts), max(p.hidden2 for p in parts)
+    padded = [pad_hidden(p, hidden, hidden2) for p in parts]
+    return padded[0].stacked(padded[1:])

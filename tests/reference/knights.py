@@ -21,6 +21,8 @@ from popplay.xp import py
 RNG = make_rng(py)
 KNIGHT = [(-2, -1), (-2, 1), (-1, -2), (-1, 2), (1, -2), (1, 2), (2, -1), (2, 1)]
 NET, RANDOM, GREEDY, SEARCH = 0, 1, 2, 3
+MCTS = 1000  # kind MCTS + N: the tree search with N playouts
+MCTS_EXPLORATION = 0.35
 
 
 def legal_moves(board, player, offsets=KNIGHT):
@@ -75,33 +77,56 @@ def sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def forward(net, x):
-    """(hidden activations, output pre-activation, V) of ``net`` = (w1, b1, w2, b2)."""
-    w1, b1, w2, b2 = net
+def _layers(net, x):
+    """(first hidden layer, the layer under the output, output pre-activation) of
+    ``net`` = (w1, b1, w2, b2) or (w1, b1, w2, b2, wm, bm) with a second hidden layer."""
+    w1, b1, w2, b2 = net[:4]
     hidden = []
     for h in range(len(b1)):
         z = b1[h]
         for i, xi in enumerate(x):
             z += xi * w1[i][h]
         hidden.append(sigmoid(z))
-    y = b2 + sum(w2[h] * hidden[h] for h in range(len(b1)))
+    top = hidden
+    if len(net) > 4:
+        wm, bm = net[4], net[5]
+        top = [sigmoid(bm[j] + sum(hidden[h] * wm[h][j] for h in range(len(b1)))) for j in range(len(bm))]
+    y = b2 + sum(w2[j] * top[j] for j in range(len(top)))
+    return hidden, top, y
+
+
+def forward(net, x):
+    """(first hidden layer's activations, output pre-activation, V) of ``net``."""
+    hidden, _, y = _layers(net, x)
     return hidden, y, sigmoid(y)
 
 
 def gradient(net, x):
-    """dV/dθ as (dw1, db1, dw2, db2), by the chain rule written out."""
-    w1, b1, w2, b2 = net
-    hidden, _, v = forward(net, x)
+    """dV/dθ as (dw1, db1, dw2, db2), or (dw1, db1, dwm, dbm, dw2, db2) with a second
+    hidden layer, by the chain rule written out."""
+    w1, b1, w2, b2 = net[:4]
+    hidden, top, y = _layers(net, x)
+    v = sigmoid(y)
     g_out = v * (1.0 - v)
-    db1 = [g_out * w2[h] * hidden[h] * (1.0 - hidden[h]) for h in range(len(b1))]
+    dw2 = [g_out * a for a in top]
+    if len(net) == 4:
+        db1 = [g_out * w2[h] * hidden[h] * (1.0 - hidden[h]) for h in range(len(b1))]
+        dw1 = [[x[i] * db1[h] for h in range(len(b1))] for i in range(len(x))]
+        return dw1, db1, dw2, g_out
+    wm = net[4]
+    dbm = [g_out * w2[j] * top[j] * (1.0 - top[j]) for j in range(len(top))]
+    dwm = [[hidden[h] * dbm[j] for j in range(len(top))] for h in range(len(b1))]
+    db1 = [sum(dbm[j] * wm[h][j] for j in range(len(top))) * hidden[h] * (1.0 - hidden[h]) for h in range(len(b1))]
     dw1 = [[x[i] * db1[h] for h in range(len(b1))] for i in range(len(x))]
-    dw2 = [g_out * hidden[h] for h in range(len(b1))]
-    return dw1, db1, dw2, g_out
+    return dw1, db1, dwm, dbm, dw2, g_out
 
 
 def _flat(parts):
-    dw1, db1, dw2, db2 = parts
-    return [v for row in dw1 for v in row] + list(db1) + list(dw2) + [db2]
+    """The package's flat order: w1 (row-major), b1, [wm (row-major), bm,] w2, b2."""
+    out = [v for row in parts[0] for v in row] + list(parts[1])
+    if len(parts) == 6:
+        out += [v for row in parts[2] for v in row] + list(parts[3])
+    return out + list(parts[-2]) + [parts[-1]]
 
 
 def td_lambda_change(net, xs, reward, lam):
@@ -153,8 +178,76 @@ def lookahead_score(net, board, move, player, offsets):
     return 1.0 - max(forward(net, inputs(b, -player))[2] for b in later)
 
 
-def choose(kind, net, eps, board, player, word, offsets, lookahead=1):
+def _winner(board):
+    return -1 if count(board, 1) == 0 else (1 if count(board, -1) == 0 else 0)
+
+
+def mcts_choice(board, player, word, playouts, plies_left, offsets=KNIGHT):
+    """UCT written out with dicts: nodes hold the move into them, visits, the summed
+    reward of the player who made that move (win 1, draw ½, loss 0) and their children
+    (None until expanded; a pass child where the side to move has no move). A playout
+    walks the tree by UCT (unvisited children first, in move order), expands a visited
+    leaf, then plays greedy-bot moves drawn from ``word``'s stream to the end or the
+    turn limit. Returns the most visited root move (first on ties) and the moves; a
+    move that takes the opponent's last piece at once, without searching."""
+    moves = legal_moves(board, player, offsets)
+    for i, m in enumerate(moves):
+        if count(apply_move(board, m), -player) == 0:
+            return i, moves
+    new = lambda move: {"move": move, "visits": 0, "value": 0.0, "children": None, "over": False}  # noqa: E731
+    root = new(None)
+    root["children"] = [new(m) for m in moves]
+    drawn = 0
+    cols = len(board[0])
+    for _ in range(playouts):
+        b, p, ply, node, path, over = board, player, 0, root, [], False
+        while True:
+            if node["over"]:
+                over = True
+                break
+            if node["children"] is None:
+                node["children"] = [new(m) for m in legal_moves(b, p, offsets)] or [new(None)]
+            chosen, best = None, -math.inf
+            log_n = math.log(max(node["visits"], 1))
+            for child in node["children"]:
+                if child["visits"] == 0:
+                    chosen = child
+                    break
+                score = child["value"] / child["visits"] + MCTS_EXPLORATION * math.sqrt(log_n / child["visits"])
+                if score > best:
+                    best, chosen = score, child
+            if chosen["move"] is not None:
+                b = apply_move(b, chosen["move"])
+            path.append((chosen, p))
+            node, p, ply = chosen, -p, ply + 1
+            if count(b, 1) == 0 or count(b, -1) == 0 or ply >= plies_left:
+                node["over"] = over = True
+                break
+            if node["visits"] == 0:
+                break
+        while not over and count(b, 1) and count(b, -1) and ply < plies_left:
+            options = legal_moves(b, p, offsets)
+            if options:
+                u = RNG.uniform53(RNG.draw(word, RNG.mix_counter(drawn)))
+                drawn += 1
+                pool = [m for m in options if b[m[1] // cols][m[1] % cols] == -p] or options
+                b = apply_move(b, pool[math.floor(u * len(pool))])
+            p, ply = -p, ply + 1
+        winner = _winner(b)
+        root["visits"] += 1
+        for child, mover in path:
+            child["visits"] += 1
+            child["value"] += 0.5 if winner == 0 else (1.0 if winner == mover else 0.0)
+    visits = [child["visits"] for child in root["children"]]
+    return visits.index(max(visits)), moves
+
+
+def choose(kind, net, eps, board, player, word, offsets, lookahead=1, plies_left=None):
     """(move index, moves) for one ply of a player of ``kind``."""
+    if kind >= MCTS:
+        if not legal_moves(board, player, offsets):
+            return None, []
+        return mcts_choice(board, player, word, kind - MCTS, plies_left, offsets)
     moves = legal_moves(board, player, offsets)
     u = (word & 0xFFFFFFFF) / 2.0**32
     explore = ((word >> 32) & 0xFFFFFFFF) / 2.0**32 < eps
@@ -199,7 +292,7 @@ def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lo
         player = 1 - 2 * side
         word = RNG.draw(key, RNG.mix_counter(base + 2 * k + ply))
         kind, net, eps = players[side]
-        index, moves = choose(kind, net, eps, board, player, word, offsets, lookahead)
+        index, moves = choose(kind, net, eps, board, player, word, offsets, lookahead, max_plies - ply)
         if index is None:
             continue  # no legal move: the player passes
         board = apply_move(board, moves[index])

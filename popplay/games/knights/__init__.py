@@ -17,7 +17,7 @@ def games_bytes(games: int) -> int:
 def memory_bytes(p: Any, world: int = 1, local: int = 1) -> int:
     """Networks and their copies, one TD(λ) change per game copy and side, the batch
     of games, snapshots and an evaluation's games (the whole run, once per machine)."""
-    size = parameter_count(2 * int(p.rows) * int(p.cols), int(p.hidden))
+    size = parameter_count(2 * int(p.rows) * int(p.cols), int(p.hidden), int(p.hidden2))
     agents = int(p.agents)
     games = agents * int(p.games_per_agent)
     networks = agents * size * _F8 * 4  # weights, a copy for replication, deltas summed, a checkpoint copy

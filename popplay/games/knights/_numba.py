@@ -25,6 +25,7 @@ from numba import prange
 from popplay.games.knights.rules import (
     KIND_DEPTH_BASE,
     KIND_GREEDY,
+    KIND_MCTS_BASE,
     KIND_NET,
     KIND_NOISY,
     KIND_RANDOM,
@@ -32,6 +33,7 @@ from popplay.games.knights.rules import (
     MAX_SEARCH_DEPTH,
     SEARCH_WIN,
     make_rules,
+    parameter_count,
 )
 from popplay.xp import nb
 
@@ -45,6 +47,7 @@ _explores = _rules.explores
 _choice = _rules.choice
 _lambda_return_error = _rules.lambda_return_error
 _reward = _rules.reward
+MCTS_EXPLORATION = 0.35  # UCT's constant: √2 played worse against the searches (docs/knights.md)
 
 
 @numba.njit(cache=True)
@@ -120,16 +123,37 @@ def _preactivation(w1, b1, q, pieces, counts, side, squares, z):
 
 
 @numba.njit(cache=True)
-def _net_best(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
-    """Index of the move with the highest after-state value (first maximum)."""
-    return _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares)[0]
+def _head(wm, bm, w2, b2, q, a1, s2):
+    """Output pre-activation of network q from its first layer's activations ``a1``
+    through the second hidden layer (``s2``: scratch of its width, left holding its
+    activations)."""
+    hidden2 = s2.shape[0]
+    for j in range(hidden2):
+        s2[j] = bm[q, j]
+    for h in range(a1.shape[0]):
+        a = a1[h]
+        for j in range(hidden2):
+            s2[j] += a * wm[q, h, j]
+    y = b2[q]
+    for j in range(hidden2):
+        s2[j] = _sigmoid(s2[j])
+        y += w2[q, j] * s2[j]
+    return y
 
 
 @numba.njit(cache=True)
-def _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
+def _net_best(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, mf, mt, mc, n, squares):
+    """Index of the move with the highest after-state value (first maximum)."""
+    return _net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, mf, mt, mc, n, squares)[0]
+
+
+@numba.njit(cache=True)
+def _net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, mf, mt, mc, n, squares):
     """(index, output pre-activation) of the move with the highest after-state value
-    (first maximum); ``z0``: the mover's pre-activations before the move."""
+    (first maximum); ``z0``: the mover's pre-activations before the move; ``a1``, ``s2``:
+    scratch for a second hidden layer (zero columns in ``wm``: none)."""
     hidden = z0.shape[0]
+    two_layers = s2.shape[0] > 0
     best = -np.inf
     best_i = 0
     last_f = -1
@@ -140,13 +164,22 @@ def _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
                 zf[h] = z0[h] - w1[q, f, h]
             last_f = f
         t = mt[i]
-        y = b2[q]
-        if mc[i]:
-            for h in range(hidden):
-                y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h] - w1[q, squares + t, h])
+        if two_layers:
+            if mc[i]:
+                for h in range(hidden):
+                    a1[h] = _sigmoid(zf[h] + w1[q, t, h] - w1[q, squares + t, h])
+            else:
+                for h in range(hidden):
+                    a1[h] = _sigmoid(zf[h] + w1[q, t, h])
+            y = _head(wm, bm, w2, b2, q, a1, s2)
         else:
-            for h in range(hidden):
-                y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h])
+            y = b2[q]
+            if mc[i]:
+                for h in range(hidden):
+                    y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h] - w1[q, squares + t, h])
+            else:
+                for h in range(hidden):
+                    y += w2[q, h] * _sigmoid(zf[h] + w1[q, t, h])
         if y > best:
             best = y
             best_i = i
@@ -154,14 +187,14 @@ def _net_best_value(w1, w2, b2, q, z0, zf, mf, mt, mc, n, squares):
 
 
 @numba.njit(cache=True)
-def _lookahead_pick(w1, b1, w2, b2, q, board, pieces, counts, side, jumps, mf, mt, mc, n, squares, scratch):
+def _lookahead_pick(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jumps, mf, mt, mc, n, squares, scratch):
     """Index of the move whose worst reply is best for ``side`` by network q's values:
     a move that takes the opponent's last piece at once; else the highest of 1 − V of
     the opponent's best after-state (V seen from the opponent: the same network, the
     planes swapped), a reply that takes the mover's last piece counting as a loss (−1)
     and no reply (a pass) as V of the mover's own after-state. First maximum in move
     order, like the one-ply chooser."""
-    board2, pieces2, counts2, rf, rt, rc, z0, zf = scratch
+    board2, pieces2, counts2, rf, rt, rc, z0, zf, a1, s2 = scratch
     other = 1 - side
     best = -np.inf
     best_i = 0
@@ -182,10 +215,11 @@ def _lookahead_pick(w1, b1, w2, b2, q, board, pieces, counts, side, jumps, mf, m
         if lost:
             score = -1.0
         elif m == 0:
-            score = _value(w1, b1, w2, b2, q, pieces2, counts2, side, squares, z0)
+            score = _value(w1, b1, w2, b2, wm, bm, q, pieces2, counts2, side, squares, z0, s2)
         else:
             _preactivation(w1, b1, q, pieces2, counts2, other, squares, z0)
-            score = 1.0 - _sigmoid(_net_best_value(w1, w2, b2, q, z0, zf, rf, rt, rc, m, squares)[1])
+            score = 1.0 - _sigmoid(_net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, rf, rt, rc, m,
+                                                   squares)[1])
         if score > best:
             best = score
             best_i = i
@@ -193,9 +227,13 @@ def _lookahead_pick(w1, b1, w2, b2, q, board, pieces, counts, side, jumps, mf, m
 
 
 @numba.njit(cache=True)
-def _value(w1, b1, w2, b2, q, pieces, counts, side, squares, z):
-    """V of network q for the position seen by ``side``."""
+def _value(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, squares, z, s2):
+    """V of network q for the position seen by ``side`` (``z`` is overwritten)."""
     _preactivation(w1, b1, q, pieces, counts, side, squares, z)
+    if s2.shape[0] > 0:
+        for h in range(z.shape[0]):
+            z[h] = _sigmoid(z[h])
+        return _sigmoid(_head(wm, bm, w2, b2, q, z, s2))
     y = b2[q]
     for h in range(z.shape[0]):
         y += w2[q, h] * _sigmoid(z[h])
@@ -203,11 +241,12 @@ def _value(w1, b1, w2, b2, q, pieces, counts, side, squares, z):
 
 
 @numba.njit(cache=True)
-def _lookahead_scratch(squares, k, max_moves, hidden):
+def _lookahead_scratch(squares, k, max_moves, hidden, hidden2):
     """Working arrays of :func:`_lookahead_pick` (one set per thread)."""
     return (np.empty(squares, dtype=np.int8), np.empty((2, k), dtype=np.int64), np.empty(2, dtype=np.int64),
             np.empty(max_moves, dtype=np.int64), np.empty(max_moves, dtype=np.int64),
-            np.empty(max_moves, dtype=np.int64), np.empty(hidden), np.empty(hidden))
+            np.empty(max_moves, dtype=np.int64), np.empty(hidden), np.empty(hidden), np.empty(hidden),
+            np.empty(hidden2))
 
 
 @numba.njit(cache=True)
@@ -389,6 +428,126 @@ def _depth_scores(board, pieces, counts, side, jumps, mf, mt, mc, n, scores, dep
 
 
 @numba.njit(cache=True)
+def _mcts_tree(nodes, squares, k, max_moves, max_plies):
+    """Working arrays of :func:`_mcts_pick` for up to ``nodes`` tree nodes: per node its
+    first child (−1: not expanded, −2: the game is over there), child count, the move
+    into it (from −1: a pass), visits and summed reward of the player who moved into
+    it; the playout's board, pieces and counts; its moves; the path and its movers."""
+    return (np.empty(nodes, dtype=np.int64), np.empty(nodes, dtype=np.int64), np.empty(nodes, dtype=np.int64),
+            np.empty(nodes, dtype=np.int64), np.empty(nodes, dtype=np.int64), np.empty(nodes),
+            np.empty(nodes), np.empty(squares, dtype=np.int8), np.empty((2, k), dtype=np.int64),
+            np.empty(2, dtype=np.int64), np.empty(max_moves, dtype=np.int64), np.empty(max_moves, dtype=np.int64),
+            np.empty(max_moves, dtype=np.int64), np.empty(max_plies + 2, dtype=np.int64),
+            np.empty(max_plies + 2, dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _mcts_children(tree, node, free, f, t, c, n):
+    """Give ``node`` the ``n`` children (moves f, t, c in order; none: one pass child)
+    starting at node ``free``; returns the next free node."""
+    first, count, move_f, move_t, move_c, visits, value = tree[0], tree[1], tree[2], tree[3], tree[4], tree[5], tree[6]
+    first[node] = free
+    count[node] = max(n, 1)
+    for i in range(max(n, 1)):
+        ch = free + i
+        first[ch], count[ch], visits[ch], value[ch] = -1, 0, 0.0, 0.0
+        if n == 0:
+            move_f[ch], move_t[ch], move_c[ch] = -1, -1, 0
+        else:
+            move_f[ch], move_t[ch], move_c[ch] = f[i], t[i], c[i]
+    return free + max(n, 1)
+
+
+@numba.njit(cache=True)
+def _mcts_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, word, playouts, plies_left, tree):
+    """Monte-Carlo tree search (UCT, exploration constant √2, rewards win 1, draw ½,
+    loss 0) with ``playouts`` playouts from ``side``'s position: the root move visited
+    most (the first in move order on ties). Playouts play the greedy bot's rule (a
+    random capture if any, else a random move: uniform random playouts mostly reach
+    the turn limit on the default board, and a search fed draws plays at random);
+    they draw from the ply's ``word`` as a stream key, so the player repeats exactly;
+    a game still on after ``plies_left`` plies is a draw, as in the engine. A move
+    that takes the opponent's last piece is played at once (the search values a win
+    later as much as a win now, and would put it off)."""
+    first, count, move_f, move_t, move_c, visits, value, b2, p2, c2, rf, rt, rc, path, movers = tree
+    if counts[1 - side] == 1:
+        for i in range(n):
+            if mc[i]:
+                return i
+    first[0], count[0], visits[0], value[0] = -1, 0, 0.0, 0.0
+    free = _mcts_children(tree, 0, 1, mf, mt, mc, n)
+    drawn = 0
+    for _ in range(playouts):
+        b2[:] = board
+        p2[:, :] = pieces
+        c2[:] = counts
+        node, s, ply, depth = 0, side, 0, 0
+        path[0] = 0
+        over = False
+        while True:
+            if first[node] == -2:
+                over = True
+                break
+            if first[node] == -1:  # a visited leaf: expand it, then play out from its first child
+                m = _moves(b2, p2, c2, s, jumps, rf, rt, rc)
+                free = _mcts_children(tree, node, free, rf, rt, rc, m)
+            chosen = first[node]
+            best = -np.inf
+            log_n = np.log(max(visits[node], 1.0))
+            for ch in range(first[node], first[node] + count[node]):
+                if visits[ch] == 0.0:
+                    chosen = ch
+                    break
+                score = value[ch] / visits[ch] + MCTS_EXPLORATION * np.sqrt(log_n / visits[ch])
+                if score > best:
+                    best, chosen = score, ch
+            if move_f[chosen] >= 0:
+                _apply(b2, p2, c2, s, move_f[chosen], move_t[chosen], move_c[chosen])
+            depth += 1
+            path[depth], movers[depth] = chosen, s
+            node, s, ply = chosen, 1 - s, ply + 1
+            if c2[0] == 0 or c2[1] == 0 or ply >= plies_left:
+                first[node] = -2
+                over = True
+                break
+            if visits[node] == 0.0:
+                break
+        while not over:  # the random playout
+            if c2[0] == 0 or c2[1] == 0 or ply >= plies_left:
+                break
+            m = _moves(b2, p2, c2, s, jumps, rf, rt, rc)
+            if m > 0:
+                i = _greedy_pick(rc, m, _uniform53(_draw(word, _mix_counter(drawn))))
+                drawn += 1
+                _apply(b2, p2, c2, s, rf[i], rt[i], rc[i])
+            s, ply = 1 - s, ply + 1
+        winner = -1 if c2[0] == 0 else (1 if c2[1] == 0 else 0)  # +1: X (side 0) won
+        visits[0] += 1.0
+        for d in range(1, depth + 1):
+            mover_sign = 1 - 2 * movers[d]
+            visits[path[d]] += 1.0
+            value[path[d]] += 0.5 if winner == 0 else (1.0 if winner == mover_sign else 0.0)
+    best_i = 0
+    for i in range(1, n):
+        if visits[1 + i] > visits[1 + best_i]:
+            best_i = i
+    return best_i
+
+
+@numba.njit(cache=True)
+def mcts_choice(board, side, jumps, playouts, word, plies_left):
+    """The move index (in legal-move order) the ``playouts``-playout tree search plays
+    for ``side`` on one flat board (+1 X, −1 O), with stream key ``word``; −1 if
+    ``side`` has no legal move."""
+    flat, pieces, counts, mf, mt, mc, n = _one_board(board, side, jumps)
+    if n == 0:
+        return -1
+    tree = _mcts_tree(1 + n + playouts * max(mf.shape[0], 1), flat.shape[0], pieces.shape[1], mf.shape[0],
+                      plies_left)
+    return _mcts_pick(flat, pieces, counts, side, jumps, mf, mt, mc, n, word, playouts, plies_left, tree)
+
+
+@numba.njit(cache=True)
 def _one_board(board, side, jumps):
     """One flat board (+1 X, −1 O) as the kernels hold positions, with ``side``'s legal
     moves: (board, pieces, counts, from, to, captures, count)."""
@@ -423,20 +582,30 @@ def depth_search_scores(board, side, jumps, depth):
 
 
 @numba.njit(cache=True)
-def lookahead_choice(w1, b1, w2, b2, board, side, jumps):
+def lookahead_choice(w1, b1, w2, b2, board, side, jumps, wm=None, bm=None):
     """The two-ply chooser's move (its index in legal-move order; −1: no legal move) for
     ``side`` on one flat board (+1 X, −1 O), with one network (w1 (inputs, hidden), b1,
-    w2, b2): what the engine plays with ``--lookahead 2``, for tests and single boards."""
+    w2, b2, and a second layer wm (hidden, hidden2), bm if given): what the engine plays
+    with ``--lookahead 2``, for tests and single boards."""
+    hidden = b1.shape[0]
+    if wm is None:
+        wm, bm = np.zeros((hidden, 0)), np.zeros(0)
+    return _lookahead_one(w1, b1, w2, b2, wm, bm, board, side, jumps)
+
+
+@numba.njit(cache=True)
+def _lookahead_one(w1, b1, w2, b2, wm, bm, board, side, jumps):
     flat, pieces, counts, mf, mt, mc, n = _one_board(board, side, jumps)
     squares, k, max_moves = flat.shape[0], pieces.shape[1], mf.shape[0]
     if n == 0:
         return -1
     bank_b2 = np.empty(1)
     bank_b2[0] = b2
-    hidden = b1.shape[0]
-    return _lookahead_pick(w1.reshape(1, w1.shape[0], hidden), b1.reshape(1, hidden), w2.reshape(1, hidden),
-                           bank_b2, 0, flat, pieces, counts, side, jumps, mf, mt, mc, n, squares,
-                           _lookahead_scratch(squares, k, max_moves, hidden))
+    hidden, hidden2 = b1.shape[0], bm.shape[0]
+    return _lookahead_pick(w1.reshape(1, w1.shape[0], hidden), b1.reshape(1, hidden),
+                           w2.reshape(1, w2.shape[0]), bank_b2, wm.reshape(1, hidden, hidden2),
+                           bm.reshape(1, hidden2), 0, flat, pieces, counts, side, jumps, mf, mt, mc, n, squares,
+                           _lookahead_scratch(squares, k, max_moves, hidden, hidden2))
 
 
 @numba.njit(cache=True)
@@ -469,15 +638,25 @@ def _apply(board, pieces, counts, side, f, t, cap):
 
 
 @numba.njit(cache=True)
-def _record(w1, b1, w2, b2, q, pieces, counts, side, squares, z, slot, hist_v, hist_h, hist_x, hist_n):
-    """Store the learner's after-state: its value, hidden activations, active inputs."""
+def _record(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, squares, z, s2, slot, hist_v, hist_h, hist_h2,
+            hist_x, hist_n):
+    """Store the learner's after-state: its value, hidden activations (both layers),
+    active inputs."""
     _preactivation(w1, b1, q, pieces, counts, side, squares, z)
     hidden = z.shape[0]
-    y = b2[q]
-    for h in range(hidden):
-        a = _sigmoid(z[h])
-        hist_h[side, slot, h] = a
-        y += w2[q, h] * a
+    if s2.shape[0] > 0:
+        for h in range(hidden):
+            z[h] = _sigmoid(z[h])
+            hist_h[side, slot, h] = z[h]
+        y = _head(wm, bm, w2, b2, q, z, s2)
+        for j in range(s2.shape[0]):
+            hist_h2[side, slot, j] = s2[j]
+    else:
+        y = b2[q]
+        for h in range(hidden):
+            a = _sigmoid(z[h])
+            hist_h[side, slot, h] = a
+            y += w2[q, h] * a
     hist_v[side, slot] = _sigmoid(y)
     m = 0
     for p in range(counts[side]):
@@ -491,10 +670,15 @@ def _record(w1, b1, w2, b2, q, pieces, counts, side, squares, z, slot, hist_v, h
 
 
 @numba.njit(cache=True)
-def _td_accumulate(w2, q, lam, side, steps, result, hist_v, hist_h, hist_x, hist_n, out):
-    """out = Σ_t c_t ∇V(s_t) over the side's after-states (flat w1, b1, w2, b2)."""
-    hidden = hist_h.shape[2]
-    n_w1 = out.shape[0] - 2 * hidden - 1
+def _td_accumulate(w2, wm, q, lam, side, steps, result, hist_v, hist_h, hist_h2, hist_x, hist_n, g2, out):
+    """out = Σ_t c_t ∇V(s_t) over the side's after-states (flat w1, b1, [wm, bm,] w2,
+    b2); ``g2``: scratch of the second layer's width (none: zero)."""
+    hidden, hidden2 = hist_h.shape[2], g2.shape[0]
+    at_b2 = out.shape[0] - 1
+    at_w2 = at_b2 - (hidden2 if hidden2 else hidden)
+    at_bm = at_w2 - hidden2
+    at_wm = at_bm - hidden * hidden2
+    n_w1 = at_wm - hidden
     for i in range(out.shape[0]):
         out[i] = 0.0
     r = _reward(result, 1 - 2 * side)
@@ -504,7 +688,24 @@ def _td_accumulate(w2, q, lam, side, steps, result, hist_v, hist_h, hist_x, hist
         target = r if t == steps - 1 else hist_v[side, t + 1]
         c = _lambda_return_error(c, target, v, lam)
         g_out = c * v * (1.0 - v)
-        out[n_w1 + 2 * hidden] += g_out
+        out[at_b2] += g_out
+        if hidden2 > 0:
+            for j in range(hidden2):
+                a2 = hist_h2[side, t, j]
+                out[at_w2 + j] += g_out * a2
+                g2[j] = g_out * w2[q, j] * a2 * (1.0 - a2)
+                out[at_bm + j] += g2[j]
+            for h in range(hidden):
+                a = hist_h[side, t, h]
+                back = 0.0
+                for j in range(hidden2):
+                    out[at_wm + h * hidden2 + j] += g2[j] * a
+                    back += g2[j] * wm[q, h, j]
+                g_h = back * a * (1.0 - a)
+                out[n_w1 + h] += g_h
+                for m in range(hist_n[side, t]):
+                    out[hist_x[side, t, m] * hidden + h] += g_h
+            continue
         for h in range(hidden):
             a = hist_h[side, t, h]
             out[n_w1 + hidden + h] += g_out * a
@@ -515,20 +716,27 @@ def _td_accumulate(w2, q, lam, side, steps, result, hist_v, hist_h, hist_x, hist
 
 
 @numba.njit(cache=True, parallel=True)
-def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, lookahead, n_chunks,
-               out_result, out_plies, out_delta):
+def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, lookahead,
+               n_chunks, out_result, out_plies, out_delta):
     """Play every game to its end; accumulate learners' TD(λ) sums into out_delta.
 
     kind, net, eps, learn: (games, 2) per side (side 0 = X, moves first).
+    wm, bm: the networks' second hidden layer, (P, hidden, hidden2) and (P, hidden2);
+    hidden2 = 0 for none.
     lookahead: plies the networks' move chooser looks ahead (1 or 2).
     out_result: +1 X won, -1 O won, 0 draw; out_plies: plies played;
     out_delta[g, side]: Σ c_t ∇V(s_t) for learning sides (unscaled by α).
     """
     n_games = keys.shape[0]
     squares = w1.shape[1] // 2
-    hidden = b1.shape[1]
+    hidden, hidden2 = b1.shape[1], bm.shape[1]
     max_moves = k * jumps.shape[1]
     max_steps = (max_plies + 1) // 2
+    max_playouts = 0  # sizes the tree search's arrays (none without such players)
+    for g in range(n_games):
+        for side in range(2):
+            if kind[g, side] >= KIND_MCTS_BASE:
+                max_playouts = max(max_playouts, kind[g, side] - KIND_MCTS_BASE)
     for chunk in prange(n_chunks):
         lo = chunk * n_games // n_chunks
         hi = (chunk + 1) * n_games // n_chunks
@@ -541,11 +749,15 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
         mc = np.empty(max_moves, dtype=np.int64)
         scores = np.empty(max_moves)
         stack = _search_stack(squares, k, max_moves)
-        scratch = _lookahead_scratch(squares, k, max_moves, hidden)
+        scratch = _lookahead_scratch(squares, k, max_moves, hidden, hidden2)
+        tree = _mcts_tree(1 + max_moves + max_playouts * max_moves, squares, k, max_moves, max_plies)
         z0 = np.empty(hidden)
         zf = np.empty(hidden)
+        a1 = np.empty(hidden)
+        s2 = np.empty(hidden2)
         hist_v = np.empty((2, max_steps))
         hist_h = np.empty((2, max_steps, hidden))
+        hist_h2 = np.empty((2, max_steps, hidden2))
         hist_x = np.empty((2, max_steps, 2 * k), dtype=np.int64)
         hist_n = np.empty((2, max_steps), dtype=np.int64)
         steps = np.zeros(2, dtype=np.int64)
@@ -567,24 +779,27 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
                 if (kd == KIND_NET or kd == KIND_NOISY) and _explores(word, eps[g, side]):
                     i = _pick(u, n)
                 elif kd == KIND_NET and lookahead == 2:
-                    i = _lookahead_pick(w1, b1, w2, b2, net[g, side], board, pieces, counts, side, jumps, mf, mt,
-                                        mc, n, squares, scratch)
+                    i = _lookahead_pick(w1, b1, w2, b2, wm, bm, net[g, side], board, pieces, counts, side, jumps,
+                                        mf, mt, mc, n, squares, scratch)
                 elif kd == KIND_NET:
                     _preactivation(w1, b1, net[g, side], pieces, counts, side, squares, z0)
-                    i = _net_best(w1, w2, b2, net[g, side], z0, zf, mf, mt, mc, n, squares)
+                    i = _net_best(w1, w2, b2, wm, bm, net[g, side], z0, zf, a1, s2, mf, mt, mc, n, squares)
                 elif kd == KIND_RANDOM:
                     i = _pick(u, n)
                 elif kd == KIND_GREEDY or kd == KIND_NOISY:
                     i = _greedy_pick(mc, n, u)
                 elif kd == KIND_SEARCH:
                     i = _search_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores)
+                elif kd >= KIND_MCTS_BASE:
+                    i = _mcts_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, word, kd - KIND_MCTS_BASE,
+                                   max_plies - ply, tree)
                 else:
                     i = _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores,
                                     kd - KIND_DEPTH_BASE, stack)
                 _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
                 if learn[g, side]:
-                    _record(w1, b1, w2, b2, net[g, side], pieces, counts, side, squares, z0, steps[side],
-                            hist_v, hist_h, hist_x, hist_n)
+                    _record(w1, b1, w2, b2, wm, bm, net[g, side], pieces, counts, side, squares, z0, s2,
+                            steps[side], hist_v, hist_h, hist_h2, hist_x, hist_n)
                     steps[side] += 1
                 if counts[1 - side] == 0:
                     result = 1 - 2 * side
@@ -595,8 +810,8 @@ def play_games(w1, b1, w2, b2, lam, kind, net, eps, learn, keys, mixed, jumps, k
             for side in range(2):
                 if learn[g, side]:
                     q = net[g, side]
-                    _td_accumulate(w2, q, lam[q], side, steps[side], result, hist_v, hist_h, hist_x, hist_n,
-                                   out_delta[g, side])
+                    _td_accumulate(w2, wm, q, lam[q], side, steps[side], result, hist_v, hist_h, hist_h2, hist_x,
+                                   hist_n, s2, out_delta[g, side])
 
 
 @numba.njit(cache=True, parallel=True)
@@ -622,7 +837,8 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
     """
     n_games = keys.shape[0]
     inputs, hidden = nets.w1.shape[1], nets.w1.shape[2]
-    size = inputs * hidden + 2 * hidden + 1
+    wm, bm = nets.middle()
+    size = parameter_count(inputs, hidden, bm.shape[1])
     learning = bool(learn.any())
     delta = np.empty((n_games, 2, size) if learning else (1, 2, size))
     result = np.empty(n_games, dtype=np.int8)
@@ -630,6 +846,7 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
     mixed = mixed_counters(base, 2 * pieces + max_turns)
     play_games(np.ascontiguousarray(nets.w1, dtype=np.float64), np.ascontiguousarray(nets.b1, dtype=np.float64),
                np.ascontiguousarray(nets.w2, dtype=np.float64), np.ascontiguousarray(nets.b2, dtype=np.float64),
+               np.ascontiguousarray(wm, dtype=np.float64), np.ascontiguousarray(bm, dtype=np.float64),
                np.ascontiguousarray(lam, dtype=np.float64), np.ascontiguousarray(kind, dtype=np.int64),
                np.ascontiguousarray(net, dtype=np.int64), np.ascontiguousarray(eps, dtype=np.float64),
                np.ascontiguousarray(learn, dtype=np.bool_), np.ascontiguousarray(keys, dtype=np.int64), mixed,

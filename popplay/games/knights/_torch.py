@@ -12,6 +12,10 @@ It draws the same words and lists moves in the same order as the numba engine, s
 games agree exactly unless two after-state values differ only in the last bits
 (library ``exp`` and summation order differ between the engines).
 
+With ``lookahead=2`` every move's score is the numba engine's minimax over V: all
+replies of every move of every game are evaluated at once, (games, moves, replies,
+hidden), in blocks of games that keep that tensor under ``LOOKAHEAD_ELEMENTS``.
+
 Benchmark players: random and greedy; the material search runs on the numba engine.
 """
 from __future__ import annotations
@@ -27,6 +31,9 @@ from popplay.xp import th
 _rules = make_rules(th)
 _rng = _rules.rng
 SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
+# The two-ply chooser's largest (games, moves, replies, hidden) block: 2^24 numbers,
+# 128 MiB in float64, so a GPU-sized batch is evaluated in a few blocks, not at once.
+LOOKAHEAD_ELEMENTS = 1 << 24
 
 
 class TorchKnightsEngine:
@@ -47,9 +54,11 @@ class TorchKnightsEngine:
         return torch.as_tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
 
     def play(self, nets: Any, lam: Any, kind: Any, net: Any, eps: Any, learn: Any, keys: Any, *,
-             base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+             base: int, lookahead: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Like :func:`popplay.games.knights._numba.run_games`, but returns the learners'
         TD(λ) sums already added up per network: (result, plies, (networks, P) or None)."""
+        if lookahead not in (1, 2):
+            raise ValueError(f"lookahead must be 1 or 2, not {lookahead}")
         dev = self.device
         S, k = self.squares, self.k
         # Which sides have network players or learners is asked of the host's arrays,
@@ -68,6 +77,7 @@ class TorchKnightsEngine:
         b1 = self._tensor(nets.b1, self.dtype)
         w2 = self._tensor(nets.w2, self.dtype)
         b2 = self._tensor(nets.b2, self.dtype)
+        wm, bm = (self._tensor(a, self.dtype) for a in nets.middle())  # zero columns: no second layer
         lam_t = self._tensor(lam, self.dtype)
         net_t = self._tensor(net, torch.int64)
         eps_t = self._tensor(eps, self.dtype)
@@ -97,7 +107,7 @@ class TorchKnightsEngine:
         plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
         history: list[list[tuple]] = [[], []]
         learning = any(learn_side)
-        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs)
+        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm)
         plies_done = torch.arange(1, self.max_turns + 1, device=dev)  # as tensors: one graph for every ply
         for ply in range(self.max_turns):
             # The one question a ply loop asks the device, every SYNC_EVERY plies:
@@ -107,27 +117,30 @@ class TorchKnightsEngine:
                 break
             side = ply % 2
             pieces, board, active, result, plies, record = self._ply(
-                side, net_side[side], learn_side[side], plies_done[ply], _rng.draw(keys_t, mixed[2 * k + ply]),
+                side, net_side[side], learn_side[side], lookahead, plies_done[ply],
+                _rng.draw(keys_t, mixed[2 * k + ply]),
                 pieces, board, active, result, plies, tables)
             if record is not None:
                 history[side].append(record)
         delta = None
         if learning:
-            delta = torch.zeros(n_nets * rows * hidden + n_nets * (2 * hidden + 1), dtype=self.dtype, device=dev)
+            rest = b1.shape[1] + wm.shape[1] * wm.shape[2] + bm.shape[1] + w2.shape[1] + 1  # b1, wm, bm, w2, b2
+            delta = torch.zeros(n_nets * rows * hidden + n_nets * rest, dtype=self.dtype, device=dev)
             d_w1 = delta[:n_nets * rows * hidden].view(n_nets * rows, hidden)
-            d_rest = delta[n_nets * rows * hidden:].view(n_nets, 2 * hidden + 1)
+            d_rest = delta[n_nets * rows * hidden:].view(n_nets, rest)
             for side in range(2):
-                self._td(history[side], side, result, net_t[:, side], lam_t, w2, rows, d_w1, d_rest)
+                self._td(history[side], side, result, net_t[:, side], lam_t, w2, wm, rows, d_w1, d_rest)
             d_w1 = d_w1.view(n_nets, rows, hidden)[:, :inputs].reshape(n_nets, -1)
             delta = torch.cat([d_w1, d_rest], dim=1).cpu().numpy()
         return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
 
-    def _one_ply(self, side: int, net_here: bool, learn_here: bool, ply_done: torch.Tensor, word: torch.Tensor,
+    def _one_ply(self, side: int, net_here: bool, learn_here: bool, lookahead: int, ply_done: torch.Tensor,
+                 word: torch.Tensor,
                  pieces: torch.Tensor, board: torch.Tensor, active: torch.Tensor, result: torch.Tensor,
                  plies: torch.Tensor, tables: tuple) -> tuple:
         """One ply of every game: the mover (``side``) picks its move, the position and
         results advance; the learner's after-state record when ``learn_here``."""
-        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs = tables
+        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm = tables
         S = self.squares
         n = pieces.shape[0]
         mover = 1 - 2 * side
@@ -153,7 +166,9 @@ class TorchKnightsEngine:
             z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
                  + w1flat[base_row + t_clamped]
                  - capture[..., None] * w1flat[base_row + S + t_clamped])
-            y = b2[q][:, None] + (_rules.sigmoid(z) * w2[q][:, None, :]).sum(dim=-1)
+            y = _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
+            if lookahead == 2:
+                y = self._two_ply_scores(y, q, own, opp, board, mover, origin, targets, capture, tables)
             best_slot = torch.where(legal, y, -torch.inf).argmax(dim=1)
             explore = _rules.explores(word, eps_t[:, side])
             slot = torch.where(is_net & ~explore, best_slot, slot)
@@ -174,14 +189,64 @@ class TorchKnightsEngine:
             q = net_t[:, side]
             z = self._preactivation(w1flat, b1, q, own, opp, rows)
             h = _rules.sigmoid(z)
-            v = _rules.sigmoid(b2[q] + (h * w2[q]).sum(dim=-1))
+            y, h2 = _output(h, q, w2, b2, wm, bm)
+            v = _rules.sigmoid(y)
             index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
-            record = (records, index, h, v)
+            record = (records, index, h, h2, v)
         won = moving & ((opp < S).sum(dim=1) == 0)
         result = torch.where(won, mover, result)
         plies = torch.where(won, ply_done, plies)
         active = active & ~won
         return pieces, board, active, result, plies, record
+
+    def _two_ply_scores(self, y_own: torch.Tensor, q: torch.Tensor, own: torch.Tensor, opp: torch.Tensor,
+                        board: torch.Tensor, mover: int, origin: torch.Tensor, targets: torch.Tensor,
+                        capture: torch.Tensor, tables: tuple) -> torch.Tensor:
+        """(games, moves): every move's score under the numba engine's two-ply rule: +inf
+        for taking the opponent's last piece (played at once: the first maximum), −1 if
+        a reply takes the mover's last piece, V of the mover's after-state (from
+        ``y_own``, its output pre-activations) if there is no reply, else 1 − V of the
+        opponent's best reply (the same network, planes swapped). Illegal slots carry
+        junk; the caller masks them."""
+        w1flat, b1, w2, b2, rows, wm, bm = tables[0], tables[1], tables[2], tables[3], tables[8], tables[10], tables[11]
+        S, k, J = self.squares, self.k, self.jumps.shape[1]
+        n, moves = targets.shape
+        t = targets.clamp(min=0)
+        # every move's after-state: the moved piece on its target, a taken piece off the board
+        moved_piece = (torch.arange(moves, device=own.device) // J)[None, :, None].expand(n, -1, 1)
+        own2 = own[:, None, :].expand(-1, moves, -1).scatter(2, moved_piece, t[:, :, None])
+        opp2 = torch.where(capture[:, :, None] & (opp[:, None, :] == t[:, :, None]), S, opp[:, None, :])
+        wins_now = capture & ((opp2 < S).sum(dim=2) == 0)
+        last_piece = ((own < S).sum(dim=1) == 1)[:, None]
+        step = max(1, LOOKAHEAD_ELEMENTS // max(1, moves * moves * w1flat.shape[1]))
+        best_reply, any_reply, takes_last = [], [], []
+        for lo in range(0, n, step):  # a fixed trip count for given shapes: no device question
+            hi = min(n, lo + step)
+            m = hi - lo
+            q_block = q[lo:hi, None].expand(-1, moves).reshape(-1)
+            # the opponent's pre-activations before its reply: its pieces in the first plane
+            z0 = self._preactivation(w1flat, b1, q_block, opp2[lo:hi].reshape(m * moves, k),
+                                     own2[lo:hi].reshape(m * moves, k), rows).view(m, moves, 1, -1)
+            reply_origin = opp2[lo:hi, :, :, None].expand(-1, -1, -1, J).reshape(m, moves, -1)
+            reply_target = self.jumps[opp2[lo:hi]].reshape(m, moves, -1)
+            rt = reply_target.clamp(min=0)
+            occupant = board[lo:hi].gather(1, rt.reshape(m, -1)).view(m, moves, -1)
+            occupant = torch.where(rt == origin[lo:hi, :, None], 0, occupant)
+            occupant = torch.where(rt == t[lo:hi, :, None], mover, occupant)
+            legal = (reply_target >= 0) & (occupant != -mover)
+            takes = legal & (occupant == mover)
+            base_row = (q[lo:hi] * rows)[:, None, None]
+            z = (z0 - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
+                 - takes[..., None] * w1flat[base_row + S + rt])
+            y = _output(_rules.sigmoid(z), q[lo:hi], w2, b2, wm, bm)[0]
+            best_reply.append(torch.where(legal, y, -torch.inf).amax(dim=2))
+            any_reply.append(legal.any(dim=2))
+            takes_last.append(takes.any(dim=2))
+        best_reply, any_reply = torch.cat(best_reply), torch.cat(any_reply)
+        loses = last_piece & torch.cat(takes_last)
+        score = torch.where(any_reply, 1.0 - _rules.sigmoid(best_reply), _rules.sigmoid(y_own))
+        score = torch.where(loses, -1.0, score)
+        return torch.where(wins_now, torch.inf, score)
 
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
@@ -191,23 +256,43 @@ class TorchKnightsEngine:
         opp_rows = base_row + torch.where(opp < S, S + opp, rows - 1)
         return b1[q] + w1flat[own_rows].sum(dim=1) + w1flat[opp_rows].sum(dim=1)
 
-    def _td(self, steps, side, result, q, lam_t, w2, rows, d_w1, d_rest):
-        """Backward over one side's after-states: c_t = δ_t + λ c_{t+1}, Σ c_t ∇V(s_t)."""
+    def _td(self, steps, side, result, q, lam_t, w2, wm, rows, d_w1, d_rest):
+        """Backward over one side's after-states: c_t = δ_t + λ c_{t+1}, Σ c_t ∇V(s_t)
+        (``d_rest``: b1, then wm and bm of a second layer, w2, b2)."""
         if not steps:
             return
-        hidden = w2.shape[1]
+        hidden = wm.shape[1]
         target = _rules.reward(result, 1 - 2 * side).to(w2.dtype)
         c = torch.zeros_like(target)
         lam = lam_t[q]
-        for records, index, h, v in reversed(steps):
+        for records, index, h, h2, v in reversed(steps):
             c = torch.where(records, _rules.lambda_return_error(c, target, v, lam), c)
             target = torch.where(records, v, target)
             g_out = torch.where(records, c * v * (1.0 - v), torch.zeros_like(c))
-            g_h = g_out[:, None] * w2[q] * h * (1.0 - h)
-            d_rest.index_add_(0, q, torch.cat([g_h, g_out[:, None] * h, g_out[:, None]], dim=1))
+            if h2 is None:
+                g_h = g_out[:, None] * w2[q] * h * (1.0 - h)
+                parts = [g_h, g_out[:, None] * h, g_out[:, None]]
+            else:
+                g2 = g_out[:, None] * w2[q] * h2 * (1.0 - h2)
+                g_h = (wm[q] * g2[:, None, :]).sum(dim=-1) * h * (1.0 - h)
+                parts = [g_h, (h[:, :, None] * g2[:, None, :]).flatten(1), g2, g_out[:, None] * h2, g_out[:, None]]
+            d_rest.index_add_(0, q, torch.cat(parts, dim=1))
             flat_rows = (q * rows)[:, None] + index
             d_w1.index_add_(0, flat_rows.reshape(-1),
                             g_h[:, None, :].expand(-1, index.shape[1], -1).reshape(-1, hidden))
+
+
+def _output(a1: torch.Tensor, q: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, wm: torch.Tensor,
+            bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Output pre-activations of networks ``q`` (games,) from first-layer activations
+    ``a1`` (games, ..., hidden), through the second hidden layer where there is one
+    (``bm`` with columns); and that layer's activations (None without it)."""
+    lead = (q.shape[0],) + (1,) * (a1.dim() - 2)
+    if bm.shape[1] == 0:
+        return b2[q].view(lead) + (a1 * w2[q].view(*lead, -1)).sum(dim=-1), None
+    flat = a1.reshape(q.shape[0], -1, a1.shape[-1])
+    a2 = _rules.sigmoid(torch.bmm(flat, wm[q]) + bm[q][:, None, :]).view(*a1.shape[:-1], -1)
+    return b2[q].view(lead) + (a2 * w2[q].view(*lead, -1)).sum(dim=-1), a2
 
 
 def _nth(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:

@@ -37,12 +37,11 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     geo = params.geometry
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
-    if (summed and backend is not None and backend.name == "torch" and params.lookahead == 1
-            and np.isin(batch.kind, TORCH_KINDS).all()):
+    if summed and backend is not None and backend.name == "torch" and np.isin(batch.kind, TORCH_KINDS).all():
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
-                                           batch.keys, base=base)
+                                           batch.keys, base=base, lookahead=params.lookahead)
         return Played(result, plies, delta)
     chunks = backend.chunks(len(batch.keys)) if backend is not None and backend.name == "numba" else _chunks(len(batch.keys))
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
@@ -64,9 +63,11 @@ def _check_networks(nets: Networks, params: KnightsParams) -> None:
     if w1.ndim != 3 or w1.shape[1] != params.inputs:
         raise ValueError(f"networks take {w1.shape[1] if w1.ndim == 3 else '?'} inputs; a {params.rows}x{params.cols} "
                          f"board gives {params.inputs}")
-    hidden = w1.shape[2]
-    if (np.shape(nets.b1) != (w1.shape[0], hidden) or np.shape(nets.w2) != (w1.shape[0], hidden)
-            or np.shape(nets.b2) != (w1.shape[0],)):
+    count, hidden, hidden2 = w1.shape[0], w1.shape[2], nets.hidden2
+    if (np.shape(nets.b1) != (count, hidden) or np.shape(nets.w2) != (count, hidden2 or hidden)
+            or np.shape(nets.b2) != (count,)
+            or (nets.wm is not None and (np.shape(nets.wm) != (count, hidden, hidden2)
+                                         or np.shape(nets.bm) != (count, hidden2)))):
         raise ValueError("network arrays disagree in agents or hidden units")
 
 

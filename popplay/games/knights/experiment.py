@@ -58,6 +58,7 @@ _VARIED = ("alpha", "lam", "epsilon")
 _LINEAGE_PREFIX = "lineage_"
 
 _SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id")
+_MIDDLE = ("wm", "bm")  # a second hidden layer's arrays (only with --hidden2)
 _STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "score", "eval_record",
                  "eval_episode")
 
@@ -83,8 +84,6 @@ class KnightsExperiment:
             # depends on the batch: a rank's share of the games would differ in the last bits.
             raise ValueError("knights runs on several ranks with --backend numba only (the torch engine's "
                              "sums depend on the batch, so a sharded run would not be bit-identical)")
-        if p.lookahead != 1 and backend.name == "torch":
-            raise ValueError(f"--lookahead {p.lookahead} runs on the numba engine (--backend numba) in this version")
         if p.dtype != "float64" and backend.name != "torch":
             raise ValueError(f"--dtype {p.dtype} runs on the torch engine (--backend torch); the numba engine "
                              "computes in float64")
@@ -116,6 +115,7 @@ class KnightsExperiment:
         p = self.params
         tiny = KnightsParams(rows=p.rows, cols=p.cols, pieces=p.pieces, jumps=p.jumps,
                              max_turns=min(p.max_turns, 8), agents=2, games_per_agent=2, hidden=p.hidden,
+                             hidden2=p.hidden2, lookahead=p.lookahead,
                              eval_games=2, snapshot_every=0, eval_opponents=p.eval_opponents,
                              replicate_every=1 if p.replicate_every else 0,
                              tournament_games=min(p.tournament_games, 2), mutate_weights=p.mutate_weights,
@@ -145,7 +145,7 @@ class KnightsExperiment:
         self.backend.synchronize()
         change = self.step_sizes(state)[:, None] * played.delta[:p.agents]  # league members never learn
         flat = game.pack(state.networks) + change
-        nets = game.unpack(flat, p.inputs, p.hidden)
+        nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2)
         sign = np.where(self.home_side == 0, 1, -1)
         points = np.where(played.result == 0, 0.5, np.where(played.result == sign, 1.0, 0.0))
         score = points.reshape(p.agents, p.games_per_agent).mean(axis=1)
@@ -157,10 +157,8 @@ class KnightsExperiment:
             first = len(state.snapshots) - len(self.league_members(state))
             met = np.where(league >= 0, first + league // p.agents, -1)
             league_score = league_ops.updated_scores(league_score, met, points)
-        new = state._replace(w1=np.ascontiguousarray(nets.w1), b1=np.ascontiguousarray(nets.b1),
-                             w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), score=score,
-                             episode=state.episode + 1, turns=state.turns + turns,
-                             score_history=state.score_history + (score,), league_score=league_score)
+        new = state.with_networks(nets, score=score, episode=state.episode + 1, turns=state.turns + turns,
+                                  score_history=state.score_history + (score,), league_score=league_score)
         if p.replicate_every and new.episode % p.replicate_every == 0:
             new = self.replicate(new)
         if p.snapshot_every and new.episode % p.snapshot_every == 0:
@@ -194,9 +192,7 @@ class KnightsExperiment:
         members = self.league_members(state)
         if not members:
             return state.networks, state.lam
-        nets = Networks(*(np.ascontiguousarray(np.concatenate([getattr(state, name)]
-                                                              + [getattr(s, name) for s in members]))
-                          for name in ("w1", "b1", "w2", "b2")))
+        nets = state.networks.stacked([s.networks for s in members])
         return nets, np.concatenate([state.lam] + [s.lam for s in members])
 
     def league_opponents(self, state: KnightsState) -> np.ndarray:
@@ -239,7 +235,7 @@ class KnightsExperiment:
             rows, learning = played.delta, engine.learning_sides(local)
             delta = collectives.chain(
                 lambda partial: kernels.sum_by_network(rows, local.net, learning, p.agents, initial=partial),
-                np.zeros((p.agents, game.parameter_count(p.inputs, p.hidden))), dist=self.dist)
+                np.zeros((p.agents, game.parameter_count(p.inputs, p.hidden, p.hidden2))), dist=self.dist)
         elif played.delta is not None:
             mine = np.ascontiguousarray(np.asarray(played.delta)[self._mine])
             delta = collectives.all_gather_axis(mine, 0, dist=self.dist)
@@ -281,10 +277,8 @@ class KnightsExperiment:
             state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
                                  values={"alpha": alpha[children], "lam": lam[children],
                                          "epsilon": epsilon[children], "noise": p.mutate_weights})
-        nets = game.unpack(flat, p.inputs, p.hidden)
-        return state._replace(w1=np.ascontiguousarray(nets.w1), b1=np.ascontiguousarray(nets.b1),
-                              w2=np.ascontiguousarray(nets.w2), b2=np.ascontiguousarray(nets.b2), alpha=alpha,
-                              lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
+        nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2)
+        return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
 
     def fitness(self, state: KnightsState, flat: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """What selection ranks by (NaN for agents that may not be parents).
@@ -299,7 +293,7 @@ class KnightsExperiment:
         if p.tournament_games > 0:
             safe = np.where(eligible[:, None], flat, 0.0)  # diverged agents play (and rank) as blanks
             play = adaptive_round_robin if p.tournament_pairing == "adaptive" else round_robin
-            result = play(game.unpack(safe, p.inputs, p.hidden), np.arange(p.agents), p.tournament_games,
+            result = play(game.unpack(safe, p.inputs, p.hidden, p.hidden2), np.arange(p.agents), p.tournament_games,
                           params=p, seed=p.seed, tag=TAG_SELECTION, base=state.episode * self.words_per_game,
                           backend=self.backend)
             self.ranking_turns += int(result.turns)
@@ -412,8 +406,9 @@ class KnightsExperiment:
         if not bad.any():
             return []
         slots = np.flatnonzero(bad)
-        fresh = game.init_networks(p.seed, slots, p.inputs, p.hidden, p.init_scale)
-        state.w1[slots], state.b1[slots], state.w2[slots], state.b2[slots] = fresh
+        fresh = game.init_networks(p.seed, slots, p.inputs, p.hidden, p.init_scale, p.hidden2)
+        for name, values in fresh.arrays().items():
+            getattr(state, name)[slots] = values
         state.alpha[slots], state.lam[slots], state.epsilon[slots] = p.alpha, p.lam, p.epsilon
         # A reset agent shares nothing learned with the diverged one: a new founder.
         old = state.agent_id[slots].copy()
@@ -446,8 +441,12 @@ class KnightsExperiment:
 
     # -- run files --------------------------------------------------------------
 
+    def _network_fields(self) -> tuple[str, ...]:
+        """The state's per-agent arrays in a run file (a second layer's only where there is one)."""
+        return _STATE_FIELDS + (_MIDDLE if self.params.hidden2 else ())
+
     def state_arrays(self, state: KnightsState) -> dict[str, Any]:
-        arrays: dict[str, Any] = {name: getattr(state, name) for name in _STATE_FIELDS}
+        arrays: dict[str, Any] = {name: getattr(state, name) for name in self._network_fields()}
         arrays["fitness"] = state.fitness
         for name, values in state.lineage.to_arrays().items():
             arrays[_LINEAGE_PREFIX + name] = values
@@ -456,7 +455,7 @@ class KnightsExperiment:
         snaps = state.snapshots
         arrays["league_score"] = self.league_scores(state)
         arrays["snapshot_episode"] = np.array([s.episode for s in snaps], dtype=np.int64)
-        for name in _SNAPSHOT_FIELDS:
+        for name in _SNAPSHOT_FIELDS + (_MIDDLE if self.params.hidden2 else ()):
             template = getattr(state, name)
             arrays[f"snapshot_{name}"] = (np.stack([getattr(s, name) for s in snaps]) if snaps
                                           else np.zeros((0,) + template.shape, dtype=template.dtype))
@@ -468,10 +467,12 @@ class KnightsExperiment:
     def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, int]) -> KnightsState:
         """Rebuild a state from :meth:`state_arrays`; every shape is checked."""
         p = self.params
-        a, inputs, hidden = p.agents, p.inputs, p.hidden
-        shapes = {"w1": (a, inputs, hidden), "b1": (a, hidden), "w2": (a, hidden), "b2": (a,), "alpha": (a,),
-                  "lam": (a,), "epsilon": (a,), "agent_id": (a,), "score": (a,),
+        a, inputs, hidden, hidden2 = p.agents, p.inputs, p.hidden, p.hidden2
+        shapes = {"w1": (a, inputs, hidden), "b1": (a, hidden), "w2": (a, hidden2 or hidden), "b2": (a,),
+                  "alpha": (a,), "lam": (a,), "epsilon": (a,), "agent_id": (a,), "score": (a,),
                   "eval_record": (len(self.eval_opponents), a, 3), "eval_episode": (1,)}
+        if hidden2:
+            shapes.update(wm=(a, hidden, hidden2), bm=(a, hidden2))
         integer = ("agent_id", "eval_record", "eval_episode")
         values = {}
         for name, shape in shapes.items():
@@ -484,7 +485,7 @@ class KnightsExperiment:
         snaps = []
         for i, episode in enumerate(episodes.tolist()):
             fields = {}
-            for name in _SNAPSHOT_FIELDS:
+            for name in _SNAPSHOT_FIELDS + (_MIDDLE if hidden2 else ()):
                 stack = np.asarray(arrays[f"snapshot_{name}"])
                 if stack.shape != (len(episodes),) + shapes[name]:
                     raise ValueError(f"state snapshot_{name} has shape {stack.shape}")

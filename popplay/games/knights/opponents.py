@@ -9,7 +9,10 @@
   the horizon, a side with no pieces lost, a side with no move passes; equal best
   scores broken at random in move order, from the game's own draws). ``search1``
   plays exactly greedy's moves and ``search2`` exactly search's; the deeper ones are
-  the upper rungs of the ladder (:mod:`popplay.tournaments.ladder`).
+  the upper rungs of the ladder (:mod:`popplay.tournaments.ladder`);
+* ``mcts100`` … ``mcts6400``: Monte-Carlo tree search (UCT) with that many playouts
+  a move, the playouts played by greedy's rule, a win in one taken at once; its
+  random draws come from the ply's own word, so its games repeat exactly.
 
 Quality of an agent = (wins + draws/2) / games against an opponent, the games split
 evenly between moving first and second. All agents meet the same starting positions
@@ -33,8 +36,8 @@ __all__ = ["OPPONENTS", "Quality", "quality", "bot_move", "strongest"]
 # Weakest first, as the ladder rates them on the default board (docs/knights.md):
 # search1 plays greedy's moves and search2 the search's (same rule, same tie-breaks);
 # search3, whose horizon ends on its own move, rates a little below search2.
-_STRENGTH = ("random", "noisy75", "noisy50", "noisy25", "search1", "greedy", "search3", "search2", "search",
-             "search4")
+_STRENGTH = ("random", "noisy75", "noisy50", "noisy25", "search1", "greedy", "mcts100", "mcts400", "search3",
+             "search2", "search", "mcts1600", "search4", "mcts6400")
 
 
 class Quality(NamedTuple):
@@ -72,9 +75,10 @@ def strongest(names: tuple[str, ...] | list[str]) -> str:
 
 
 def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
-             jumps: str = "knight") -> tuple[int, int] | None:
+             jumps: str = "knight", plies_left: int = game.DEFAULT_MAX_TURNS) -> tuple[int, int] | None:
     """The move bot ``opponent`` plays on ``board`` with uniform draw ``u`` in [0, 1)
-    (None: no legal move, pass)."""
+    (None: no legal move, pass); the tree searches key their playouts by ``u`` and
+    count a game still on after ``plies_left`` plies a draw."""
     moves = game.legal_moves(board, player, jumps)
     if not moves:
         return None
@@ -87,8 +91,13 @@ def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
         return pool[math.floor(u * len(pool))]
     if opponent not in OPPONENTS:
         raise ValueError(f"opponent must be one of {', '.join(OPPONENTS)} (got {opponent!r})")
+    rows, cols = np.asarray(board).shape
+    if opponent.startswith("mcts"):
+        index = _numba.mcts_choice(np.ascontiguousarray(flat, dtype=np.int64), 0 if player == 1 else 1,
+                                   game.geometry(rows, cols, jumps).table, int(opponent[len("mcts"):]),
+                                   int(u * 2.0**53), int(plies_left))
+        return moves[index]
     if opponent != "search":  # search<d>: the engines' alpha-beta kernel, on this board
-        rows, cols = np.asarray(board).shape
         depth = int(opponent[len("search"):])
         scores = _numba.depth_search_scores(np.ascontiguousarray(flat, dtype=np.int64), 0 if player == 1 else 1,
                                             game.geometry(rows, cols, jumps).table, depth)

@@ -16,8 +16,8 @@ to_square)``. Legal moves are listed in canonical order: by from-square, then by
 the order of the jump offsets.
 
 The agents. V(s) is a network with two binary input planes (the pieces of the
-player who just moved, then the opponent's), one hidden layer of H sigmoid units and
-a sigmoid output: the player's estimated chance of winning (win 1, draw 0.5, loss 0)
+player who just moved, then the opponent's), one hidden layer of H sigmoid units (a
+second of H2 with ``hidden2``) and a sigmoid output: the player's estimated chance of winning (win 1, draw 0.5, loss 0)
 in the after-state ``s``, with the opponent to move. An agent plays the legal move
 whose after-state has the highest value (ε-greedy while learning) and learns by
 TD(λ) over its own after-states.
@@ -68,12 +68,18 @@ MAX_SEARCH_DEPTH = 4
 # Noisy greedy bots: greedy, but a uniformly random move with probability ε (the
 # ladder's rungs between random and greedy).
 NOISY = {"noisy75": (-21, 0.75), "noisy50": (-22, 0.5), "noisy25": (-23, 0.25)}
+# Kind KIND_MCTS_BASE + N: Monte-Carlo tree search with N random playouts a move
+# (code -(KIND_MCTS_BASE + N), name "mcts<N>"); numba engine only.
+KIND_MCTS_BASE = 1000
+MCTS_PLAYOUTS = (100, 400, 1600, 6400)
 OPPONENTS: dict[str, int] = {"random": -1, "greedy": -2, "search": -3,
                              **{f"search{d}": -(KIND_DEPTH_BASE + d) for d in range(1, MAX_SEARCH_DEPTH + 1)},
-                             **{name: code for name, (code, _) in NOISY.items()}}
+                             **{name: code for name, (code, _) in NOISY.items()},
+                             **{f"mcts{n}": -(KIND_MCTS_BASE + n) for n in MCTS_PLAYOUTS}}
 KIND_OF_CODE = {-1: KIND_RANDOM, -2: KIND_GREEDY, -3: KIND_SEARCH,
                 **{-(KIND_DEPTH_BASE + d): KIND_DEPTH_BASE + d for d in range(1, MAX_SEARCH_DEPTH + 1)},
-                **{code: KIND_NOISY for code, _ in NOISY.values()}}
+                **{code: KIND_NOISY for code, _ in NOISY.values()},
+                **{-(KIND_MCTS_BASE + n): KIND_MCTS_BASE + n for n in MCTS_PLAYOUTS}}
 BOT_EPSILON = {code: eps for code, eps in NOISY.values()}  # bots not listed never explore
 # The ladder's rungs, weakest first (popplay.tournaments.ladder rates them);
 # ``--eval-opponents ladder`` evaluates against all of them.
@@ -127,6 +133,8 @@ class KnightsParams:
                                       "a random population member; half as X).", min=1)
     episodes: int = option(10000, "Learning episodes (one game per copy each).", min=1, budget=True)
     hidden: int = option(4, "Hidden sigmoid units of each value network.", min=1, max=1024)
+    hidden2: int = option(0, "Units of a second sigmoid hidden layer after the first (0: none, Bell's one layer).",
+                          min=0, max=1024)
     lookahead: int = option(1, "Plies the agents' move chooser looks ahead: 1 plays the after-state of highest V; "
                                "2 plays minimax over V (the move after which the opponent's best reply, valued "
                                "by the same network, is least good for it; taking the last piece wins at once). "
@@ -144,7 +152,8 @@ class KnightsParams:
     eval_every: int = option(20, "Episodes between evaluations against the benchmark opponents.", min=1)
     eval_games: int = option(100, "Games per agent and opponent in an evaluation.", min=2)
     eval_opponents: str = option("random,greedy", "Benchmark opponents to evaluate against: some of random, "
-                                                  "noisy75, noisy50, noisy25, greedy, search, search1 ... search4; "
+                                                  "noisy75, noisy50, noisy25, greedy, search, search1 ... search4, "
+                                                  "mcts100, mcts400, mcts1600, mcts6400 (tree searches); "
                                                   "ladder: every rung of the ladder, and the population's ladder "
                                                   "Elo in the curves.")
     snapshot_every: int = option(100, "Episodes between snapshots of the population kept in the run file "
@@ -191,6 +200,7 @@ class KnightsParams:
             (self.games_per_agent >= 1, "games_per_agent", "must be at least 1"),
             (self.episodes >= 1, "episodes", "must be at least 1"),
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
+            (0 <= self.hidden2 <= 1024, "hidden2", "must lie in [0, 1024] (0: no second layer)"),
             (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
             (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
@@ -437,12 +447,15 @@ def parse_square(text: str, rows: int, cols: int) -> int:
 
 
 class Network(NamedTuple):
-    """One agent's value network: V = σ(b2 + w2 · σ(b1 + x w1))."""
+    """One agent's value network: V = σ(b2 + w2 · σ(b1 + x w1)); with a second hidden
+    layer, V = σ(b2 + w2 · σ(bm + σ(b1 + x w1) wm))."""
 
     w1: np.ndarray  # (2 · squares, hidden)
     b1: np.ndarray  # (hidden,)
-    w2: np.ndarray  # (hidden,)
+    w2: np.ndarray  # (hidden,) or (hidden2,)
     b2: np.ndarray  # () float
+    wm: np.ndarray | None = None  # (hidden, hidden2): the second hidden layer's weights (None: no such layer)
+    bm: np.ndarray | None = None  # (hidden2,)
 
 
 class Networks(NamedTuple):
@@ -450,33 +463,69 @@ class Networks(NamedTuple):
 
     w1: np.ndarray  # (agents, 2 · squares, hidden)
     b1: np.ndarray  # (agents, hidden)
-    w2: np.ndarray  # (agents, hidden)
+    w2: np.ndarray  # (agents, hidden), or (agents, hidden2) with a second hidden layer
     b2: np.ndarray  # (agents,)
+    wm: np.ndarray | None = None  # (agents, hidden, hidden2): the second hidden layer (None: none)
+    bm: np.ndarray | None = None  # (agents, hidden2)
 
     def agent(self, index: int) -> Network:
-        return Network(self.w1[index], self.b1[index], self.w2[index], np.asarray(self.b2[index]))
+        middle = (None, None) if self.wm is None else (self.wm[index], self.bm[index])
+        return Network(self.w1[index], self.b1[index], self.w2[index], np.asarray(self.b2[index]), *middle)
 
     @property
     def count(self) -> int:
         return int(self.b2.shape[0])
 
+    @property
+    def hidden2(self) -> int:
+        """Units of the second hidden layer (0: none)."""
+        return 0 if self.wm is None else int(self.wm.shape[2])
 
-def parameter_count(inputs: int, hidden: int) -> int:
-    """Weights of one network, in the flat order w1 (row-major), b1, w2, b2."""
-    return inputs * hidden + 2 * hidden + 1
+    def middle(self) -> tuple[np.ndarray, np.ndarray]:
+        """(wm, bm) as arrays for the engines: zero columns where there is no second layer."""
+        if self.wm is not None:
+            return self.wm, self.bm
+        count, hidden = self.b1.shape
+        return np.zeros((count, hidden, 0)), np.zeros((count, 0))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The named arrays, the second layer's only where there is one."""
+        out = {"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}
+        if self.wm is not None:
+            out.update(wm=self.wm, bm=self.bm)
+        return out
+
+    def stacked(self, others: Sequence["Networks"]) -> "Networks":
+        """These networks, then ``others``' (of the same shape), in one bank."""
+        return Networks(**{name: np.ascontiguousarray(np.concatenate([value] + [o.arrays()[name] for o in others]))
+                           for name, value in self.arrays().items()})
 
 
-def unpack(flat: np.ndarray, inputs: int, hidden: int) -> Networks:
+def parameter_count(inputs: int, hidden: int, hidden2: int = 0) -> int:
+    """Weights of one network, in the flat order w1 (row-major), b1, [wm (row-major),
+    bm,] w2, b2."""
+    return inputs * hidden + hidden + hidden * hidden2 + hidden2 + (hidden2 or hidden) + 1
+
+
+def unpack(flat: np.ndarray, inputs: int, hidden: int, hidden2: int = 0) -> Networks:
     """Split flat parameter rows (agents, P) into a :class:`Networks`."""
     n = inputs * hidden
-    return Networks(flat[:, :n].reshape(-1, inputs, hidden), flat[:, n:n + hidden],
-                    flat[:, n + hidden:n + 2 * hidden], flat[:, n + 2 * hidden])
+    w1, b1 = flat[:, :n].reshape(-1, inputs, hidden), flat[:, n:n + hidden]
+    at = n + hidden
+    middle = {}
+    if hidden2:
+        middle = {"wm": flat[:, at:at + hidden * hidden2].reshape(-1, hidden, hidden2),
+                  "bm": flat[:, at + hidden * hidden2:at + hidden * hidden2 + hidden2]}
+        at += hidden * hidden2 + hidden2
+    out = hidden2 or hidden
+    return Networks(w1, b1, flat[:, at:at + out], flat[:, at + out], **middle)
 
 
 def pack(nets: Networks) -> np.ndarray:
     """The inverse of :func:`unpack`: (agents, P) float64."""
     agents = nets.b2.shape[0]
-    return np.concatenate([nets.w1.reshape(agents, -1), nets.b1, nets.w2, nets.b2[:, None]], axis=1)
+    middle = [] if nets.wm is None else [nets.wm.reshape(agents, -1), nets.bm]
+    return np.concatenate([nets.w1.reshape(agents, -1), nets.b1, *middle, nets.w2, nets.b2[:, None]], axis=1)
 
 
 def _sigmoid(x: Any) -> Any:
@@ -488,6 +537,8 @@ def value(net: Network, board: np.ndarray, player: int) -> float:
     x = encode(board, player)
     _check_network(net, x.size)
     hidden = _sigmoid(np.asarray(net.b1) + x @ np.asarray(net.w1))
+    if net.wm is not None:
+        hidden = _sigmoid(np.asarray(net.bm) + hidden @ np.asarray(net.wm))
     return float(_sigmoid(float(net.b2) + hidden @ np.asarray(net.w2)))
 
 
@@ -514,14 +565,16 @@ def _check_network(net: Network, inputs: int) -> None:
         raise ValueError(f"network expects {w1.shape[0] if w1.ndim == 2 else '?'} inputs, board gives {inputs}")
 
 
-def init_networks(seed: int, agent_slots: np.ndarray, inputs: int, hidden: int, scale: float) -> Networks:
-    """Initial weights, uniform on [−scale, scale], from each agent slot's own stream."""
+def init_networks(seed: int, agent_slots: np.ndarray, inputs: int, hidden: int, scale: float,
+                  hidden2: int = 0) -> Networks:
+    """Initial weights, uniform on [−scale, scale], from each agent slot's own stream
+    (word i of a slot's stream is flat parameter i)."""
     r = _rng._numpy_rng()
-    count = parameter_count(inputs, hidden)
+    count = parameter_count(inputs, hidden, hidden2)
     keys = _rng.stream_keys(seed, TAG_INIT, agent_slots)[:, None]
     counters = np.arange(count, dtype=np.int64)[None, :]
     u = r.uniform53(r.draw(keys, r.mix_counter(counters)))
-    return unpack(scale * (2.0 * u - 1.0), inputs, hidden)
+    return unpack(scale * (2.0 * u - 1.0), inputs, hidden, hidden2)
 
 
 # ---------------------------------------------------------------------------
@@ -588,6 +641,12 @@ class Snapshot(NamedTuple):
     lam: np.ndarray
     epsilon: np.ndarray
     agent_id: np.ndarray
+    wm: np.ndarray | None = None  # the second hidden layer (None: none)
+    bm: np.ndarray | None = None
+
+    @property
+    def networks(self) -> Networks:
+        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm)
 
 
 class KnightsState(NamedTuple):
@@ -611,14 +670,23 @@ class KnightsState(NamedTuple):
     fitness: np.ndarray | None = None  # (agents,) what the last selection ranked by (NaN before any)
     lineage: Any = None  # popplay.operators.evolution.Lineage: every operator applied to the agents
     league_score: np.ndarray | None = None  # (snapshots,) the population's recent score against each snapshot
+    wm: np.ndarray | None = None  # (agents, hidden, hidden2): the second hidden layer (None: none)
+    bm: np.ndarray | None = None  # (agents, hidden2)
 
     @property
     def networks(self) -> Networks:
-        return Networks(self.w1, self.b1, self.w2, self.b2)
+        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm)
+
+    def with_networks(self, nets: Networks, **changes: Any) -> "KnightsState":
+        """This state with ``nets`` as its networks (contiguous copies) and ``changes``."""
+        arrays = {name: np.ascontiguousarray(value) for name, value in nets.arrays().items()}
+        return self._replace(**arrays, **changes)
 
     def snapshot(self) -> Snapshot:
+        copy = lambda a: None if a is None else a.copy()  # noqa: E731
         return Snapshot(self.episode, self.w1.copy(), self.b1.copy(), self.w2.copy(), self.b2.copy(),
-                        self.alpha.copy(), self.lam.copy(), self.epsilon.copy(), self.agent_id.copy())
+                        self.alpha.copy(), self.lam.copy(), self.epsilon.copy(), self.agent_id.copy(),
+                        copy(self.wm), copy(self.bm))
 
 
 # Parameters the lineage records for knights agents (values after each event;
@@ -628,7 +696,8 @@ LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise")
 
 def initial_state(params: KnightsParams) -> KnightsState:
     agents = params.agents
-    nets = init_networks(params.seed, np.arange(agents), params.inputs, params.hidden, params.init_scale)
+    nets = init_networks(params.seed, np.arange(agents), params.inputs, params.hidden, params.init_scale,
+                         params.hidden2)
     full = lambda v: np.full(agents, v, dtype=np.float64)  # noqa: E731
     opponents = len(parse_opponents(params.eval_opponents))
     ids = np.arange(agents, dtype=np.int64)
@@ -639,7 +708,7 @@ def initial_state(params: KnightsParams) -> KnightsState:
         np.ascontiguousarray(nets.b2), full(params.alpha), full(params.lam), full(params.epsilon),
         ids, full(0.5), np.zeros((opponents, agents, 3), dtype=np.int64),
         np.full(1, -1, dtype=np.int64), 0, 0, (), (), full(np.nan), lineage,
-    )
+    ).with_networks(nets)
     return state._replace(snapshots=(state.snapshot(),)) if params.snapshot_every else state
 
 
