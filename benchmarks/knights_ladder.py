@@ -19,7 +19,8 @@ learning (evaluation excluded). Then every final population is placed on the lad
 `--final-games` games against the two-ply search (the issue's goal: a score of 0.5).
 Reported per setting and seed: the ladder Elo curve (best, mean, worst), the slope of
 the mean over the last third of the run with its 95 % interval (least squares), the
-final ladder Elo and the best agent's score against search with its Wilson interval.
+final ladder Elo and the best agent's score against search with its Wilson interval,
+also with the agents choosing two plies deep (``evaluate --lookahead 2``).
 """
 from __future__ import annotations
 
@@ -96,6 +97,10 @@ def run_study(args: argparse.Namespace) -> dict:
             search = popplay("evaluate", str(path), "--opponent", "search", "--games", str(args.final_games),
                              "--json", env=env)
             versus = json.loads(search.stdout.strip().splitlines()[-1])
+            # the same agents choosing by minimax over their V two plies deep (docs/knights.md)
+            deeper = popplay("evaluate", str(path), "--opponent", "search", "--games", str(args.final_games),
+                             "--lookahead", "2", "--json", env=env)
+            versus2 = json.loads(deeper.stdout.strip().splitlines()[-1])
             report["runs"][f"{name}-{seed}"] = {
                 "setting": name, "seed": seed, "episodes": summary["phases"],
                 "learning_seconds": summary["seconds"],
@@ -108,6 +113,9 @@ def run_study(args: argparse.Namespace) -> dict:
                 "best_ladder_agent_ci95": ladder_final["per_agent"][best]["elo_ci95"],
                 "versus_search": {"games": versus["games"], "best": versus["best"], "best_agent": versus["best_agent"],
                                   "best_ci95": versus["best_ci95"], "mean": versus["mean"]},
+                "versus_search_two_plies": {"best": versus2["best"], "best_agent": versus2["best_agent"],
+                                            "best_ci95": versus2["best_ci95"], "mean": versus2["mean"],
+                                            "worst": versus2["worst"]},
             }
             print(f"{name}-{seed}: {report['runs'][f'{name}-{seed}']['final_ladder']}, vs search best "
                   f"{versus['best']:.3f} {versus['best_ci95']}", file=sys.stderr, flush=True)

@@ -186,7 +186,7 @@ def test_benchmark_bots_play_like_the_opponents_module():
 
 
 @pytest.mark.parametrize("lookahead, hidden2", [(1, 0), (2, 0), (1, 3), (2, 3)])
-def test_torch_engine_agrees_with_numba(lookahead, hidden2):
+def test_torch_engine_agrees_with_numba(lookahead, hidden2, monkeypatch):
     """The same games and TD(λ) sums; with ``lookahead=2`` the torch engine's batched
     minimax over V (all replies of all moves at once) picks the numba engine's moves;
     with ``hidden2`` both engines evaluate and learn a second hidden layer."""
@@ -205,6 +205,11 @@ def test_torch_engine_agrees_with_numba(lookahead, hidden2):
         one_ply = engine.run_batch(nets, lam, batch, params=dataclasses.replace(params, lookahead=1), base=5,
                                    backend=TORCH)
         assert not np.array_equal(one_ply.plies, b.plies)
+        from popplay.games.knights import _torch
+
+        monkeypatch.setattr(_torch, "LOOKAHEAD_ELEMENTS", 40 * 40 * 5 * 7)  # blocks of 7 games: the same
+        blocks = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+        assert np.array_equal(blocks.plies, b.plies) and np.array_equal(blocks.delta, b.delta)
 
 
 def test_float32_torch_engine_plays_the_same_games_within_float32_rounding():

@@ -31,7 +31,7 @@ from popplay.xp import th
 _rules = make_rules(th)
 _rng = _rules.rng
 SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
-# The two-ply chooser's largest (games, moves, replies, hidden) block: 2^24 numbers,
+# The two-ply chooser's largest (games, moves, replies, widest layer) block: 2^24 numbers,
 # 128 MiB in float64, so a GPU-sized batch is evaluated in a few blocks, not at once.
 LOOKAHEAD_ELEMENTS = 1 << 24
 
@@ -218,7 +218,7 @@ class TorchKnightsEngine:
         opp2 = torch.where(capture[:, :, None] & (opp[:, None, :] == t[:, :, None]), S, opp[:, None, :])
         wins_now = capture & ((opp2 < S).sum(dim=2) == 0)
         last_piece = ((own < S).sum(dim=1) == 1)[:, None]
-        step = max(1, LOOKAHEAD_ELEMENTS // max(1, moves * moves * w1flat.shape[1]))
+        step = max(1, LOOKAHEAD_ELEMENTS // max(1, moves * moves * max(w1flat.shape[1], bm.shape[1])))
         best_reply, any_reply, takes_last = [], [], []
         for lo in range(0, n, step):  # a fixed trip count for given shapes: no device question
             hi = min(n, lo + step)
