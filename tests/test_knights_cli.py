@@ -119,6 +119,8 @@ def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, cap
     (["--backend", "jax"], "--backend"),
     (["--time-budget", "-1"], "--time-budget"),
     (["--lookahead", "3"], "--lookahead"),
+    (["--td-leaf"], "add --lookahead 2"),
+    (["--hidden2", "-1"], "--hidden2"),
 ])
 def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, extra, fragment):
     out = tmp_path / "r.h5"

@@ -98,6 +98,39 @@ def test_the_two_ply_chooser_plays_and_learns_like_the_reference(geo, hidden2):
                 np.testing.assert_allclose(delta[g, s], expected, rtol=1e-11, atol=1e-14)
 
 
+@pytest.mark.parametrize("geo, hidden2", LAYOUTS[1:])
+def test_td_leaf_learns_from_the_reference_leaves(geo, hidden2):
+    """``--td-leaf``: the numba engine's TD(λ) sums over the two-ply search's leaves
+    (1 − V after the opponent's best reply, the after-state with no reply, ends without
+    a gradient) equal the reference's, whose leaves are found by dense products; the
+    games are those of the two-ply chooser."""
+    params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
+                           max_turns=geo["max_turns"], lookahead=2, td_leaf=True, hidden2=hidden2)
+    nets = game.init_networks(7, np.arange(3), params.inputs, 4, 0.7, hidden2)
+    lam = np.array([0.0, 0.6, 1.0])
+    batch = _mixed_batch(48, 3, seed=8)
+    run = lambda leaf: kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,  # noqa: E731
+                                         batch.keys, base=3, jumps=params.geometry.table, pieces=params.pieces,
+                                         max_turns=params.max_turns, n_chunks=5, lookahead=2, td_leaf=leaf)
+    (result, plies, delta), played = run(True), run(False)
+    assert np.array_equal(result, played[0]) and np.array_equal(plies, played[1])  # learning, not playing
+    assert not np.allclose(delta[batch.learn], played[2][batch.learn])
+    signs = set()
+    for g in range(48):
+        players = [(int(batch.kind[g, s]), _net(nets, batch.net[g, s]), 0.25) for s in range(2)]
+        r, p, histories = reference.play_game(int(batch.keys[g]), geo["rows"], geo["cols"], geo["pieces"],
+                                              geo["max_turns"], players, base=3, offsets=geo["offsets"],
+                                              lookahead=2, td_leaf=True)
+        assert (result[g], plies[g]) == (r, p), g
+        for s in range(2):
+            if batch.learn[g, s]:
+                signs |= {sign for _, sign, _ in histories[s]}
+                expected = reference.td_leaf_change(players[s][1], histories[s], reference.reward(r, s),
+                                                    lam[batch.net[g, s]])
+                np.testing.assert_allclose(delta[g, s], expected, rtol=1e-10, atol=1e-13)
+    assert {-1, 0} <= signs  # leaves after a reply, and ends the search saw, were checked
+
+
 def test_the_two_ply_chooser_takes_a_win_and_avoids_a_loss_on_hand_made_boards():
     """Replayed positions: X takes O's last piece when it can, whatever V says; and X
     does not step where O's reply takes X's last piece."""
@@ -185,12 +218,14 @@ def test_benchmark_bots_play_like_the_opponents_module():
                     break
 
 
-@pytest.mark.parametrize("lookahead, hidden2", [(1, 0), (2, 0), (1, 3), (2, 3)])
-def test_torch_engine_agrees_with_numba(lookahead, hidden2, monkeypatch):
+@pytest.mark.parametrize("lookahead, hidden2, td_leaf", [(1, 0, False), (2, 0, False), (1, 3, False),
+                                                       (2, 3, False), (2, 0, True), (2, 3, True)])
+def test_torch_engine_agrees_with_numba(lookahead, hidden2, td_leaf, monkeypatch):
     """The same games and TD(λ) sums; with ``lookahead=2`` the torch engine's batched
     minimax over V (all replies of all moves at once) picks the numba engine's moves;
-    with ``hidden2`` both engines evaluate and learn a second hidden layer."""
-    params = KnightsParams(max_turns=60, lookahead=lookahead, hidden2=hidden2)
+    with ``hidden2`` both engines evaluate and learn a second hidden layer; with
+    ``td_leaf`` both learn from the same leaves."""
+    params = KnightsParams(max_turns=60, lookahead=lookahead, hidden2=hidden2, td_leaf=td_leaf)
     nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6, hidden2)
     lam = np.array([0.3, 0.5, 0.7, 0.9])
     g = np.arange(90)
@@ -202,8 +237,8 @@ def test_torch_engine_agrees_with_numba(lookahead, hidden2, monkeypatch):
     assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
     np.testing.assert_allclose(b.delta, a.delta, rtol=1e-9, atol=1e-12)
     if lookahead == 2:  # the chooser is really another one, on both engines
-        one_ply = engine.run_batch(nets, lam, batch, params=dataclasses.replace(params, lookahead=1), base=5,
-                                   backend=TORCH)
+        one_ply = engine.run_batch(nets, lam, batch, params=dataclasses.replace(params, lookahead=1, td_leaf=False),
+                                   base=5, backend=TORCH)
         assert not np.array_equal(one_ply.plies, b.plies)
         from popplay.games.knights import _torch
 

@@ -33,7 +33,7 @@ ADDED = {name: {"learners", "selection", "queue_capacity"} | (POPULATION_KEYS if
 #: Knights options added since the pins (their defaults leave a run as it was): the torch
 #: engine's dtype, the league, significance-based replacement, adaptive pairing.
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",
-                    "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2"}
+                    "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf"}
 
 
 def _same(got: object, expected: object) -> bool:

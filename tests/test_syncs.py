@@ -198,13 +198,14 @@ def test_cartpole_step_is_one_graph() -> None:
     np.testing.assert_array_equal(plain.failures, compiled.failures)
 
 
-@pytest.mark.parametrize("lookahead", [1, 2])
-def test_knights_ply_is_one_graph(lookahead: int) -> None:
+@pytest.mark.parametrize("lookahead, td_leaf", [(1, False), (2, False), (2, True)])
+def test_knights_ply_is_one_graph(lookahead: int, td_leaf: bool) -> None:
     from popplay.games.knights import engine
     from popplay.games.knights.experiment import KnightsExperiment
     from popplay.games.knights.rules import KnightsParams
 
-    params = KnightsParams(agents=3, games_per_agent=2, episodes=2, max_turns=30, lookahead=lookahead)
+    params = KnightsParams(agents=3, games_per_agent=2, episodes=2, max_turns=30, lookahead=lookahead,
+                           td_leaf=td_leaf, hidden2=3 if td_leaf else 0)
     plain = _final_state(KnightsExperiment, params)
     torch_engine = engine._torch_engine(params.geometry.table, params.pieces, params.max_turns, "cpu")
     torch_engine._ply = _one_graph(torch_engine._one_ply)

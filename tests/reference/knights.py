@@ -242,6 +242,41 @@ def mcts_choice(board, player, word, playouts, plies_left, offsets=KNIGHT):
     return visits.index(max(visits)), moves
 
 
+def leaf(net, board, move, player, offsets):
+    """TD-Leaf's record of ``move``: (inputs, gradient sign, J) where J is the mover's
+    estimate at the two-ply search's leaf: 1 − V(the position after the opponent's best
+    reply, seen by the opponent) (sign −1); V of the after-state where the opponent has
+    no reply (+1); 1 for a win at once and 0 where a reply takes the last piece (no
+    inputs, sign 0)."""
+    after = apply_move(board, move)
+    if count(after, -player) == 0:
+        return None, 0, 1.0
+    replies = legal_moves(after, -player, offsets)
+    if not replies:
+        x = inputs(after, player)
+        return x, 1, forward(net, x)[2]
+    later = [apply_move(after, r) for r in replies]
+    if any(count(b, player) == 0 for b in later):
+        return None, 0, 0.0
+    ys = [forward(net, inputs(b, -player))[1] for b in later]
+    x = inputs(later[ys.index(max(ys))], -player)
+    return x, -1, 1.0 - forward(net, x)[2]
+
+
+def td_leaf_change(net, leaves, reward, lam):
+    """TD(λ) over TD-Leaf's records (:func:`leaf`): Σ_t δ_t e_t with δ_t = J_{t+1} − J_t
+    (the last followed by the reward) and e_t = λ e_{t−1} + sign_t ∇V(x_t), flat."""
+    size = len(_flat(gradient(net, [0.0] * len(net[0]))))
+    trace = [0.0] * size
+    change = [0.0] * size
+    for t, (x, sign, value) in enumerate(leaves):
+        g = [sign * gi for gi in _flat(gradient(net, x))] if sign else [0.0] * size
+        trace = [lam * e + gi for e, gi in zip(trace, g)]
+        target = leaves[t + 1][2] if t + 1 < len(leaves) else reward
+        change = [c + (target - value) * e for c, e in zip(change, trace)]
+    return change
+
+
 def choose(kind, net, eps, board, player, word, offsets, lookahead=1, plies_left=None):
     """(move index, moves) for one ply of a player of ``kind``."""
     if kind >= MCTS:
@@ -278,11 +313,11 @@ def choose(kind, net, eps, board, player, word, offsets, lookahead=1, plies_left
     return values.index(max(values)), moves  # first maximum
 
 
-def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lookahead=1):
+def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lookahead=1, td_leaf=False):
     """One game; ``players`` = [(kind, net, eps)] for X (moves first) and O.
 
     Returns (result: +1 X won, -1 O won, 0 draw; plies; per side the inputs of its
-    after-states, in order).
+    after-states, in order: with ``td_leaf``, a network's :func:`leaf` records).
     """
     board = start_board(key, rows, cols, k, base)
     histories = [[], []]
@@ -295,8 +330,11 @@ def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lo
         index, moves = choose(kind, net, eps, board, player, word, offsets, lookahead, max_plies - ply)
         if index is None:
             continue  # no legal move: the player passes
+        if td_leaf and kind == NET:
+            histories[side].append(leaf(net, board, moves[index], player, offsets))
         board = apply_move(board, moves[index])
-        histories[side].append(inputs(board, player))
+        if not (td_leaf and kind == NET):
+            histories[side].append(inputs(board, player))
         if count(board, -player) == 0:
             result, plies = player, ply + 1
             break

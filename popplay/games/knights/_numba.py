@@ -638,41 +638,81 @@ def _apply(board, pieces, counts, side, f, t, cap):
 
 
 @numba.njit(cache=True)
-def _record(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, squares, z, s2, slot, hist_v, hist_h, hist_h2,
-            hist_x, hist_n):
-    """Store the learner's after-state: its value, hidden activations (both layers),
-    active inputs."""
+def _record(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, row, squares, z, s2, slot, hist_v, hist_s, hist_h,
+            hist_h2, hist_x, hist_n):
+    """Store in history ``row`` the position seen by ``side`` (the learner's after-state:
+    ``row`` = ``side``): its value V, hidden activations (both layers), active inputs;
+    the sign of V's gradient in the learner's estimate is +1."""
     _preactivation(w1, b1, q, pieces, counts, side, squares, z)
     hidden = z.shape[0]
     if s2.shape[0] > 0:
         for h in range(hidden):
             z[h] = _sigmoid(z[h])
-            hist_h[side, slot, h] = z[h]
+            hist_h[row, slot, h] = z[h]
         y = _head(wm, bm, w2, b2, q, z, s2)
         for j in range(s2.shape[0]):
-            hist_h2[side, slot, j] = s2[j]
+            hist_h2[row, slot, j] = s2[j]
     else:
         y = b2[q]
         for h in range(hidden):
             a = _sigmoid(z[h])
-            hist_h[side, slot, h] = a
+            hist_h[row, slot, h] = a
             y += w2[q, h] * a
-    hist_v[side, slot] = _sigmoid(y)
+    hist_v[row, slot] = _sigmoid(y)
+    hist_s[row, slot] = 1.0
     m = 0
     for p in range(counts[side]):
-        hist_x[side, slot, m] = pieces[side, p]
+        hist_x[row, slot, m] = pieces[side, p]
         m += 1
     other = 1 - side
     for p in range(counts[other]):
-        hist_x[side, slot, m] = squares + pieces[other, p]
+        hist_x[row, slot, m] = squares + pieces[other, p]
         m += 1
-    hist_n[side, slot] = m
+    hist_n[row, slot] = m
 
 
 @numba.njit(cache=True)
-def _td_accumulate(w2, wm, q, lam, side, steps, result, hist_v, hist_h, hist_h2, hist_x, hist_n, g2, out):
-    """out = Σ_t c_t ∇V(s_t) over the side's after-states (flat w1, b1, [wm, bm,] w2,
-    b2); ``g2``: scratch of the second layer's width (none: zero)."""
+def _record_leaf(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jumps, squares, scratch, slot, hist_v,
+                 hist_s, hist_h, hist_h2, hist_x, hist_n):
+    """TD-Leaf: store, for the learner's move that led to ``board`` (its after-state),
+    the leaf of the two-ply search's principal line instead of the after-state: the
+    position after the opponent's best reply by the learner's network, valued J = 1 − V
+    (V seen from the opponent; gradient sign −1); V of the after-state itself where the
+    opponent has no reply (sign +1); and J = 1 (a win) or 0 (a reply takes the last
+    piece) without a gradient (sign 0) where the search sees the end."""
+    board2, pieces2, counts2, rf, rt, rc, z0, zf, a1, s2 = scratch
+    other = 1 - side
+    if counts[other] == 0:
+        hist_v[side, slot], hist_s[side, slot], hist_n[side, slot] = 1.0, 0.0, 0
+        return
+    m = _moves(board, pieces, counts, other, jumps, rf, rt, rc)
+    if counts[side] == 1:
+        for j in range(m):
+            if rc[j]:
+                hist_v[side, slot], hist_s[side, slot], hist_n[side, slot] = 0.0, 0.0, 0
+                return
+    if m == 0:
+        _record(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, side, squares, z0, s2, slot, hist_v, hist_s,
+                hist_h, hist_h2, hist_x, hist_n)
+        return
+    _preactivation(w1, b1, q, pieces, counts, other, squares, z0)
+    j = _net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, rf, rt, rc, m, squares)[0]
+    board2[:] = board
+    pieces2[:, :] = pieces
+    counts2[:] = counts
+    _apply(board2, pieces2, counts2, other, rf[j], rt[j], rc[j])
+    _record(w1, b1, w2, b2, wm, bm, q, pieces2, counts2, other, side, squares, z0, s2, slot, hist_v, hist_s,
+            hist_h, hist_h2, hist_x, hist_n)
+    hist_v[side, slot] = 1.0 - hist_v[side, slot]
+    hist_s[side, slot] = -1.0
+
+
+@numba.njit(cache=True)
+def _td_accumulate(w2, wm, q, lam, side, steps, result, hist_v, hist_s, hist_h, hist_h2, hist_x, hist_n, g2, out):
+    """out = Σ_t c_t ∇J_t over the side's recorded estimates J_t (flat w1, b1, [wm, bm,]
+    w2, b2): J_t = V(s_t) of its after-states, or TD-Leaf's leaf values, whose gradient
+    is ±∇V or none (``hist_s``: +1, −1, 0; J(1 − J) = V(1 − V) either way); ``g2``:
+    scratch of the second layer's width (none: zero)."""
     hidden, hidden2 = hist_h.shape[2], g2.shape[0]
     at_b2 = out.shape[0] - 1
     at_w2 = at_b2 - (hidden2 if hidden2 else hidden)
@@ -687,7 +727,10 @@ def _td_accumulate(w2, wm, q, lam, side, steps, result, hist_v, hist_h, hist_h2,
         v = hist_v[side, t]
         target = r if t == steps - 1 else hist_v[side, t + 1]
         c = _lambda_return_error(c, target, v, lam)
-        g_out = c * v * (1.0 - v)
+        sign = hist_s[side, t]
+        if sign == 0.0:  # an end the search saw: a known value, nothing to differentiate
+            continue
+        g_out = c * sign * v * (1.0 - v)
         out[at_b2] += g_out
         if hidden2 > 0:
             for j in range(hidden2):
@@ -717,13 +760,15 @@ def _td_accumulate(w2, wm, q, lam, side, steps, result, hist_v, hist_h, hist_h2,
 
 @numba.njit(cache=True, parallel=True)
 def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, jumps, k, max_plies, lookahead,
-               n_chunks, out_result, out_plies, out_delta):
+               td_leaf, n_chunks, out_result, out_plies, out_delta):
     """Play every game to its end; accumulate learners' TD(λ) sums into out_delta.
 
     kind, net, eps, learn: (games, 2) per side (side 0 = X, moves first).
     wm, bm: the networks' second hidden layer, (P, hidden, hidden2) and (P, hidden2);
     hidden2 = 0 for none.
     lookahead: plies the networks' move chooser looks ahead (1 or 2).
+    td_leaf: learners learn from the leaves of the two-ply search (TD-Leaf) instead of
+    the after-states played.
     out_result: +1 X won, -1 O won, 0 draw; out_plies: plies played;
     out_delta[g, side]: Σ c_t ∇V(s_t) for learning sides (unscaled by α).
     """
@@ -756,6 +801,7 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
         a1 = np.empty(hidden)
         s2 = np.empty(hidden2)
         hist_v = np.empty((2, max_steps))
+        hist_s = np.empty((2, max_steps))
         hist_h = np.empty((2, max_steps, hidden))
         hist_h2 = np.empty((2, max_steps, hidden2))
         hist_x = np.empty((2, max_steps, 2 * k), dtype=np.int64)
@@ -797,9 +843,13 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
                     i = _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores,
                                     kd - KIND_DEPTH_BASE, stack)
                 _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
-                if learn[g, side]:
-                    _record(w1, b1, w2, b2, wm, bm, net[g, side], pieces, counts, side, squares, z0, s2,
-                            steps[side], hist_v, hist_h, hist_h2, hist_x, hist_n)
+                if learn[g, side] and td_leaf:
+                    _record_leaf(w1, b1, w2, b2, wm, bm, net[g, side], board, pieces, counts, side, jumps, squares,
+                                 scratch, steps[side], hist_v, hist_s, hist_h, hist_h2, hist_x, hist_n)
+                    steps[side] += 1
+                elif learn[g, side]:
+                    _record(w1, b1, w2, b2, wm, bm, net[g, side], pieces, counts, side, side, squares, z0, s2,
+                            steps[side], hist_v, hist_s, hist_h, hist_h2, hist_x, hist_n)
                     steps[side] += 1
                 if counts[1 - side] == 0:
                     result = 1 - 2 * side
@@ -810,8 +860,8 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
             for side in range(2):
                 if learn[g, side]:
                     q = net[g, side]
-                    _td_accumulate(w2, wm, q, lam[q], side, steps[side], result, hist_v, hist_h, hist_h2, hist_x,
-                                   hist_n, s2, out_delta[g, side])
+                    _td_accumulate(w2, wm, q, lam[q], side, steps[side], result, hist_v, hist_s, hist_h, hist_h2,
+                                   hist_x, hist_n, s2, out_delta[g, side])
 
 
 @numba.njit(cache=True, parallel=True)
@@ -829,7 +879,8 @@ def sum_segments(delta_rows, order, starts, initial, out):
                 out[a, i] += delta_rows[row, i]
 
 
-def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, max_turns, n_chunks, lookahead=1):
+def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, max_turns, n_chunks, lookahead=1,
+              td_leaf=False):
     """Play ``len(keys)`` games (see :func:`play_games`); returns (result, plies, delta).
 
     ``delta`` is (games, 2, P) with rows only for learning sides (others untouched),
@@ -850,7 +901,7 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
                np.ascontiguousarray(lam, dtype=np.float64), np.ascontiguousarray(kind, dtype=np.int64),
                np.ascontiguousarray(net, dtype=np.int64), np.ascontiguousarray(eps, dtype=np.float64),
                np.ascontiguousarray(learn, dtype=np.bool_), np.ascontiguousarray(keys, dtype=np.int64), mixed,
-               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, int(lookahead),
+               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, int(lookahead), bool(td_leaf),
                max(1, min(n_games, n_chunks)), result, plies, delta)
     return result, plies, (delta if learning else None)
 

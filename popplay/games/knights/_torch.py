@@ -54,11 +54,13 @@ class TorchKnightsEngine:
         return torch.as_tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
 
     def play(self, nets: Any, lam: Any, kind: Any, net: Any, eps: Any, learn: Any, keys: Any, *,
-             base: int, lookahead: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+             base: int, lookahead: int = 1, td_leaf: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Like :func:`popplay.games.knights._numba.run_games`, but returns the learners'
         TD(λ) sums already added up per network: (result, plies, (networks, P) or None)."""
         if lookahead not in (1, 2):
             raise ValueError(f"lookahead must be 1 or 2, not {lookahead}")
+        if td_leaf and lookahead != 2:
+            raise ValueError("TD-Leaf learns from the leaves of a two-ply search (lookahead 2)")
         dev = self.device
         S, k = self.squares, self.k
         # Which sides have network players or learners is asked of the host's arrays,
@@ -117,7 +119,7 @@ class TorchKnightsEngine:
                 break
             side = ply % 2
             pieces, board, active, result, plies, record = self._ply(
-                side, net_side[side], learn_side[side], lookahead, plies_done[ply],
+                side, net_side[side], learn_side[side], lookahead, td_leaf, plies_done[ply],
                 _rng.draw(keys_t, mixed[2 * k + ply]),
                 pieces, board, active, result, plies, tables)
             if record is not None:
@@ -134,8 +136,8 @@ class TorchKnightsEngine:
             delta = torch.cat([d_w1, d_rest], dim=1).cpu().numpy()
         return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
 
-    def _one_ply(self, side: int, net_here: bool, learn_here: bool, lookahead: int, ply_done: torch.Tensor,
-                 word: torch.Tensor,
+    def _one_ply(self, side: int, net_here: bool, learn_here: bool, lookahead: int, td_leaf: bool,
+                 ply_done: torch.Tensor, word: torch.Tensor,
                  pieces: torch.Tensor, board: torch.Tensor, active: torch.Tensor, result: torch.Tensor,
                  plies: torch.Tensor, tables: tuple) -> tuple:
         """One ply of every game: the mover (``side``) picks its move, the position and
@@ -192,7 +194,9 @@ class TorchKnightsEngine:
             y, h2 = _output(h, q, w2, b2, wm, bm)
             v = _rules.sigmoid(y)
             index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
-            record = (records, index, h, h2, v)
+            record = (records, index, h, h2, v, torch.ones_like(v))
+            if td_leaf:
+                record = self._leaf_record(record, q, own, opp, board, mover, tables)
         won = moving & ((opp < S).sum(dim=1) == 0)
         result = torch.where(won, mover, result)
         plies = torch.where(won, ply_done, plies)
@@ -248,6 +252,51 @@ class TorchKnightsEngine:
         score = torch.where(loses, -1.0, score)
         return torch.where(wins_now, torch.inf, score)
 
+    def _leaf_record(self, after: tuple, q: torch.Tensor, own: torch.Tensor, opp: torch.Tensor,
+                     board: torch.Tensor, mover: int, tables: tuple) -> tuple:
+        """TD-Leaf's record of every game's move (the numba engine's ``_record_leaf``):
+        from ``after`` (the after-state's record, used where the opponent has no reply),
+        the position after the opponent's best reply by the learner's network, with
+        J = 1 − V seen from the opponent (sign −1); J = 1 for a win at once and 0 where a
+        reply takes the last piece, without a gradient (sign 0). ``board`` holds the
+        after-states."""
+        w1flat, b1, w2, b2, rows, inputs, wm, bm = (tables[0], tables[1], tables[2], tables[3], tables[8],
+                                                    tables[9], tables[10], tables[11])
+        S, J = self.squares, self.jumps.shape[1]
+        records, own_index, own_h, own_h2, own_v, _ = after
+        n = own.shape[0]
+        reply_target = self.jumps[opp].reshape(n, -1)
+        reply_origin = opp[:, :, None].expand(-1, -1, J).reshape(n, -1)
+        rt = reply_target.clamp(min=0)
+        occupant = board.gather(1, rt)
+        legal = (reply_target >= 0) & (occupant != -mover)
+        takes = legal & (occupant == mover)
+        base_row = (q * rows)[:, None]
+        z0 = self._preactivation(w1flat, b1, q, opp, own, rows)  # the opponent's view: its pieces first
+        z = (z0[:, None, :] - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
+             - takes[..., None] * w1flat[base_row + S + rt])
+        y = _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
+        best = torch.where(legal, y, -torch.inf).argmax(dim=1, keepdim=True)
+        origin, target = reply_origin.gather(1, best), rt.gather(1, best)
+        taken = takes.gather(1, best)
+        opp2 = torch.where(opp == origin, target, opp)
+        own2 = torch.where(taken & (own == target), S, own)
+        h = _rules.sigmoid(self._preactivation(w1flat, b1, q, opp2, own2, rows))
+        y_leaf, h2 = _output(h, q, w2, b2, wm, bm)
+        leaf_value = 1.0 - _rules.sigmoid(y_leaf)
+        index = torch.cat([torch.where(opp2 < S, opp2, inputs), torch.where(own2 < S, S + own2, inputs)], 1)
+        has_reply = legal.any(dim=1)
+        won = (opp < S).sum(dim=1) == 0
+        lost = ((own < S).sum(dim=1) == 1) & takes.any(dim=1)
+        value = torch.where(has_reply, leaf_value, own_v)
+        value = torch.where(lost, 0.0, value)
+        value = torch.where(won, 1.0, value)
+        sign = torch.where(has_reply, -1.0, 1.0)
+        sign = torch.where(won | lost, 0.0, sign).to(own_v.dtype)
+        pick = has_reply[:, None]
+        return (records, torch.where(pick, index, own_index), torch.where(pick, h, own_h),
+                None if h2 is None else torch.where(pick, h2, own_h2), value, sign)
+
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
         S = self.squares
@@ -265,10 +314,10 @@ class TorchKnightsEngine:
         target = _rules.reward(result, 1 - 2 * side).to(w2.dtype)
         c = torch.zeros_like(target)
         lam = lam_t[q]
-        for records, index, h, h2, v in reversed(steps):
+        for records, index, h, h2, v, sign in reversed(steps):  # v: the estimate J (V, or a TD-Leaf value)
             c = torch.where(records, _rules.lambda_return_error(c, target, v, lam), c)
             target = torch.where(records, v, target)
-            g_out = torch.where(records, c * v * (1.0 - v), torch.zeros_like(c))
+            g_out = torch.where(records, c * sign * v * (1.0 - v), torch.zeros_like(c))
             if h2 is None:
                 g_h = g_out[:, None] * w2[q] * h * (1.0 - h)
                 parts = [g_h, g_out[:, None] * h, g_out[:, None]]

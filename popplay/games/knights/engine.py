@@ -41,13 +41,14 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
-                                           batch.keys, base=base, lookahead=params.lookahead)
+                                           batch.keys, base=base, lookahead=params.lookahead,
+                                           td_leaf=params.td_leaf)
         return Played(result, plies, delta)
     chunks = backend.chunks(len(batch.keys)) if backend is not None and backend.name == "numba" else _chunks(len(batch.keys))
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                              batch.keys, base=base, jumps=geo.table, pieces=params.pieces,
                                              max_turns=params.max_turns, n_chunks=chunks,
-                                             lookahead=params.lookahead)
+                                             lookahead=params.lookahead, td_leaf=params.td_leaf)
     if delta is not None and summed:
         delta = kernels.sum_by_network(delta, batch.net, batch.learn, nets.count)
     return Played(result, plies, delta)

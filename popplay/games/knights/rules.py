@@ -138,7 +138,10 @@ class KnightsParams:
     lookahead: int = option(1, "Plies the agents' move chooser looks ahead: 1 plays the after-state of highest V; "
                                "2 plays minimax over V (the move after which the opponent's best reply, valued "
                                "by the same network, is least good for it; taking the last piece wins at once). "
-                               "Learning stays TD(λ) on the after-states played. 2: numba engine.", min=1, max=2)
+                               "Learning stays TD(λ) on the after-states played unless --td-leaf.", min=1, max=2)
+    td_leaf: bool = option(False, "With --lookahead 2: learn TD-Leaf(λ) from the leaves of each move's two-ply "
+                                  "search (the position after the opponent's best reply) instead of the "
+                                  "after-states played.")
     dtype: str = option("float64", "Floating point of the torch engine's games and TD(λ) sums (float32: half the "
                                    "memory traffic on a GPU; the weights stay float64). The numba engine computes "
                                    "in float64 only.", choices=DTYPES)
@@ -202,6 +205,8 @@ class KnightsParams:
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
             (0 <= self.hidden2 <= 1024, "hidden2", "must lie in [0, 1024] (0: no second layer)"),
             (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
+            (not self.td_leaf or self.lookahead == 2, "td_leaf", "learns from the leaves of a two-ply search: "
+                                                                "add --lookahead 2"),
             (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
             (self.alpha_half_life >= 0, "alpha_half_life", "must be non-negative (0: constant step size)"),
