@@ -197,6 +197,25 @@ def test_the_tree_search_takes_a_win_and_beats_greedy():
     assert played.wins[0] >= 14, (played.wins, played.draws, played.losses)
 
 
+@pytest.mark.parametrize("hidden2", [0, 3])
+def test_an_agent_plays_single_boards_as_the_engine_does(hidden2):
+    """``opponents.agent_move`` (``popplay play``, the PettingZoo policy): one ply, the
+    after-state of highest V; two plies, the reference's minimax over V."""
+    from popplay.games.knights.opponents import agent_move
+
+    params = KnightsParams(hidden2=hidden2)
+    nets = game.init_networks(4, np.arange(1), params.inputs, 4, 0.8, hidden2)
+    net = _net(nets, 0)
+    for key in range(6):
+        board = game.start_position(key, 5, 7, 5)
+        for player in (1, -1):
+            moves = game.legal_moves(board, player)
+            for lookahead in (1, 2):
+                index, _ = reference.choose(reference.NET, net, 0.0, board.tolist(), player, 0, reference.KNIGHT,
+                                            lookahead=lookahead)
+                assert agent_move(nets.agent(0), board, player, "knight", lookahead) == moves[index]
+
+
 def test_benchmark_bots_play_like_the_opponents_module():
     """The kernels' random/greedy/search choices are the single-board bot rules."""
     from popplay.games.knights.opponents import bot_move

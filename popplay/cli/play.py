@@ -96,7 +96,8 @@ class Session:
         self.moves: list[tuple[int, int]] = []
 
     def run(self, ask: Callable[[str], str]) -> None:
-        """Play games until the person quits (or input ends); never raises on bad input."""
+        """Play games until the person quits (or input ends); never raises on bad input.
+        The agent chooses its moves as it learned to (the run's ``--lookahead``)."""
         game_number = 0
         self.console.print(f"Playing agent {self.agent} of the run. You are "
                            f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. "
@@ -119,9 +120,11 @@ class Session:
 
     def play_one(self, ask: Callable[[str], str], game_number: int) -> bool:
         """One game; False if the person quit."""
+        from popplay.games.knights.opponents import agent_move  # defers numba (the two-ply chooser)
 
         p = self.params
         board = game.random_board(p.rows, p.cols, p.pieces, seed=self.seed, game=game_number)
+
         last: tuple[int, int] | None = None
         for ply in range(p.max_turns):
             player = 1 if ply % 2 == 0 else -1
@@ -136,7 +139,7 @@ class Session:
                 if move is None:
                     return False
             else:
-                move = game.best_move(self.net, board, player, p.jumps)
+                move = agent_move(self.net, board, player, p.jumps, p.lookahead)
                 self.console.print(f"Agent plays {_move_name(move, p.cols)}")
             captured = int(board.flat[move[1]]) == -player
             board = game.apply_move(board, move, p.jumps)

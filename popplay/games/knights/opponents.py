@@ -31,7 +31,7 @@ from popplay.games.knights import _numba, engine
 from popplay.games.knights import rules as game
 from popplay.games.knights.rules import OPPONENTS, KnightsParams, Networks
 
-__all__ = ["OPPONENTS", "Quality", "quality", "bot_move", "strongest"]
+__all__ = ["OPPONENTS", "Quality", "quality", "bot_move", "agent_move", "strongest"]
 
 # Weakest first, as the ladder rates them on the default board (docs/knights.md):
 # search1 plays greedy's moves and search2 the search's (same rule, same tie-breaks);
@@ -108,6 +108,26 @@ def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
     scores = [_search_score(board, m, player, jumps) for m in moves]
     tied = [m for m, s in zip(moves, scores) if s == max(scores)]
     return tied[math.floor(u * len(tied))]
+
+
+def agent_move(net: game.Network, board: np.ndarray, player: int, jumps: str = "knight",
+               lookahead: int = 1) -> tuple[int, int] | None:
+    """The move an agent with ``net`` plays on ``board`` without exploring (None: pass):
+    the after-state of highest V with ``lookahead`` 1, the engines' minimax over its V
+    with 2 (``--lookahead 2``)."""
+    if lookahead == 1:
+        return game.best_move(net, board, player, jumps)
+    moves = game.legal_moves(board, player, jumps)
+    if not moves:
+        return None
+    rows, cols = np.asarray(board).shape
+    index = _numba.lookahead_choice(np.asarray(net.w1, dtype=np.float64), np.asarray(net.b1, dtype=np.float64),
+                                    np.asarray(net.w2, dtype=np.float64), float(net.b2),
+                                    np.ascontiguousarray(np.asarray(board).reshape(-1), dtype=np.int64),
+                                    0 if player == 1 else 1, game.geometry(rows, cols, jumps).table,
+                                    None if net.wm is None else np.asarray(net.wm, dtype=np.float64),
+                                    None if net.bm is None else np.asarray(net.bm, dtype=np.float64))
+    return moves[index]
 
 
 def _search_score(board: np.ndarray, move: tuple[int, int], player: int, jumps: str) -> float:

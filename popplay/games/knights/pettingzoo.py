@@ -162,16 +162,19 @@ def move_action(table: np.ndarray, move: tuple[int, int]) -> int:
     return start * table.shape[1] + int(np.flatnonzero(table[start] == target)[0])
 
 
-def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight") -> Callable[[dict[str, Any]], int]:
+def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight",
+                 lookahead: int = 1) -> Callable[[dict[str, Any]], int]:
     """A popplay agent as a policy for this environment: ``policy(observation) ->
     action``. ``net``: one agent's network, e.g. from ``net, params =
     popplay.api.knights_agent("runs/latest-knights.h5", 3)`` (then pass
-    ``cols=params.cols, jumps=params.jumps``: the board it learned on)."""
+    ``cols=params.cols, jumps=params.jumps, lookahead=params.lookahead``: the board it
+    learned on and how it chooses its moves)."""
+    from popplay.games.knights.opponents import agent_move  # defers numba
 
     def policy(observation: dict[str, Any]) -> int:
         planes = np.asarray(observation["observation"])
         board = (planes[0].astype(np.int8) - planes[1].astype(np.int8)).reshape(-1, cols)
-        move = game.best_move(net, board, 1, jumps)  # the agent is +1 on its own view of the board
+        move = agent_move(net, board, 1, jumps, lookahead)  # the agent is +1 on its own view of the board
         mask = np.asarray(observation["action_mask"])
         if move is None:
             return len(mask) - 1
