@@ -165,8 +165,9 @@ def replication_comparison(seconds: float, agents: int = 16, seed: int = 1, game
         command = [sys.executable, "-m", "popplay", "train", "knights", "--agents", str(agents), "--episodes",
                    str(10**9), "--time-budget", str(seconds), "--seed", str(seed), "--out",
                    str(workdir / f"{name}.h5"), "--overwrite", "--json", *options]
-        procs[name] = (command, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                 text=True, env=env))
+        # to files, not pipes: progress lines would fill an undrained pipe and block a long run
+        logs = (open(workdir / f"{name}.out", "w"), open(workdir / f"{name}.err", "w"))
+        procs[name] = (command, subprocess.Popen(command, stdout=logs[0], stderr=logs[1], text=True, env=env))
     loads = []
     while any(p.poll() is None for _, p in procs.values()):
         loads.append(os.getloadavg()[0])
@@ -175,7 +176,8 @@ def replication_comparison(seconds: float, agents: int = 16, seed: int = 1, game
                     "load_average_1min": {"before": load_before[0], "during_mean": float(np.mean(loads or [0])),
                                           "during_max": float(np.max(loads or [0]))}, "runs": {}}
     for name, (command, proc) in procs.items():
-        out, err = proc.communicate()
+        proc.wait()
+        out, err = (workdir / f"{name}.out").read_text(), (workdir / f"{name}.err").read_text()
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed: {err.strip().splitlines()[-1:]}")
         summary = json.loads(out.strip().splitlines()[-1])

@@ -73,15 +73,19 @@ def run_study(args: argparse.Namespace) -> dict:
             out = workdir / f"{name}-{seed}.h5"
             command = [sys.executable, "-m", "popplay", *common, "--seed", str(seed), "--out", str(out),
                        *SETTINGS[name]]
-            running.append((name, seed, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                         text=True, env=env, cwd=ROOT)))
+            # Output goes to files, not pipes: a run prints a progress line every few episodes,
+            # and an undrained pipe (64 KiB) once blocked both runs of a 30-minute study at 17.
+            logs = (open(workdir / f"{name}-{seed}.out", "w"), open(workdir / f"{name}-{seed}.err", "w"))
+            running.append((name, seed, subprocess.Popen(command, stdout=logs[0], stderr=logs[1], text=True, env=env,
+                                                         cwd=ROOT)))
         time.sleep(5)
         for item in list(running):
             name, seed, proc = item
             if proc.poll() is None:
                 continue
             running.remove(item)
-            out, err = proc.communicate()
+            out = (workdir / f"{name}-{seed}.out").read_text()
+            err = (workdir / f"{name}-{seed}.err").read_text()
             if proc.returncode != 0:
                 raise RuntimeError(f"setting {name} seed {seed} failed: {err.strip().splitlines()[-1:]}")
             path = workdir / f"{name}-{seed}.h5"
