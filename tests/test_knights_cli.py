@@ -270,6 +270,11 @@ def test_a_second_hidden_layer_trains_resumes_evaluates_and_plays_tournaments(tm
     code, out, err = _run(capsys, ["evaluate", str(whole), "--games", "4", "--lookahead", "2", "--json"])
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["lookahead"] == 2
+    leaf = tmp_path / "leaf.h5"  # a TD-Leaf run played one ply deep: how it learned does not matter
+    assert main(SMALL + ["--out", str(leaf), "--json", "--episodes", "1", "--lookahead", "2", "--td-leaf"]) == 0
+    capsys.readouterr()
+    code, out, err = _run(capsys, ["evaluate", str(leaf), "--games", "4", "--lookahead", "1", "--json"])
+    assert code == 0, err
     one = tmp_path / "one.h5"
     assert main(SMALL + ["--out", str(one), "--json", "--episodes", "1"]) == 0
     capsys.readouterr()

@@ -86,8 +86,8 @@ def evaluate(
         raise UsageError(f"{given[0]} applies to knights runs only ({run} is a {stored.domain} run)")
     try:
         params = params_from_config(stored.domain, stored.config, run_options=False)
-        if lookahead is not None:  # how the agents choose their moves, not what they learned
-            params = dataclasses.replace(params, lookahead=lookahead)
+        if lookahead is not None:  # how the agents choose their moves, not what they learned (nor how)
+            params = dataclasses.replace(params, lookahead=lookahead, td_leaf=params.td_leaf and lookahead == 2)
         experiment = registry.get(stored.domain).build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
     except (TypeError, ValueError, KeyError) as error:
