@@ -53,7 +53,8 @@ def test_the_learners_written_out_gradient_is_equation_1_with_huber() -> None:
             p.add_(0.3)  # make the target differ from the online network
     g = torch.Generator().manual_seed(5)  # its own stream: the global one depends on what ran before
     batch = Batch(torch.randn(16, 2, generator=g), torch.randint(3, (16,), generator=g),
-                  4 * torch.randn(16, generator=g), torch.randn(16, 2, generator=g), (torch.arange(16) % 4 == 0).float())
+                  4 * torch.randn(16, generator=g), torch.randn(16, 2, generator=g),
+                  (torch.arange(16) % 4 == 0).float())
     reference = dqn.dqn_loss(batch, agent.online, dqn.double_dqn_targets(batch, agent.online, agent.target, 0.99))
     reference.backward()
     grad, errors = dqn.double_dqn_gradient(batch, agent._online, agent._target, 0.99)
