@@ -186,6 +186,26 @@ def _net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, mf, mt, mc, n, square
     return best_i, best
 
 
+_REPLY, _WIN, _LOSS, _PASS = 0, 1, 2, 3  # what the two-ply search sees after a move
+
+
+@numba.njit(cache=True)
+def _reply_outcome(board, pieces, counts, side, jumps, rf, rt, rc):
+    """(outcome, replies) after ``side``'s move, the opponent's replies in rf, rt, rc:
+    _WIN when the move took the opponent's last piece, _LOSS when a reply takes the
+    mover's last piece, _PASS when the opponent has no reply, else _REPLY. The end rules
+    of the two-ply chooser and of TD-Leaf's leaf, kept in one place so they agree."""
+    other = 1 - side
+    if counts[other] == 0:
+        return _WIN, 0
+    m = _moves(board, pieces, counts, other, jumps, rf, rt, rc)
+    if counts[side] == 1:
+        for j in range(m):
+            if rc[j]:
+                return _LOSS, m
+    return (_PASS if m == 0 else _REPLY), m
+
+
 @numba.njit(cache=True)
 def _lookahead_pick(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jumps, mf, mt, mc, n, squares, scratch):
     """Index of the move whose worst reply is best for ``side`` by network q's values:
@@ -195,7 +215,6 @@ def _lookahead_pick(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jump
     and no reply (a pass) as V of the mover's own after-state. First maximum in move
     order, like the one-ply chooser."""
     board2, pieces2, counts2, rf, rt, rc, z0, zf, a1, s2 = scratch
-    other = 1 - side
     best = -np.inf
     best_i = 0
     for i in range(n):
@@ -203,21 +222,15 @@ def _lookahead_pick(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jump
         pieces2[:, :] = pieces
         counts2[:] = counts
         _apply(board2, pieces2, counts2, side, mf[i], mt[i], mc[i])
-        if counts2[other] == 0:
+        outcome, m = _reply_outcome(board2, pieces2, counts2, side, jumps, rf, rt, rc)
+        if outcome == _WIN:
             return i
-        m = _moves(board2, pieces2, counts2, other, jumps, rf, rt, rc)
-        lost = False
-        if counts2[side] == 1:
-            for j in range(m):
-                if rc[j]:
-                    lost = True
-                    break
-        if lost:
+        if outcome == _LOSS:
             score = -1.0
-        elif m == 0:
+        elif outcome == _PASS:
             score = _value(w1, b1, w2, b2, wm, bm, q, pieces2, counts2, side, squares, z0, s2)
         else:
-            _preactivation(w1, b1, q, pieces2, counts2, other, squares, z0)
+            _preactivation(w1, b1, q, pieces2, counts2, 1 - side, squares, z0)
             score = 1.0 - _sigmoid(_net_best_value(w1, w2, b2, wm, bm, q, z0, zf, a1, s2, rf, rt, rc, m,
                                                    squares)[1])
         if score > best:
@@ -682,16 +695,11 @@ def _record_leaf(w1, b1, w2, b2, wm, bm, q, board, pieces, counts, side, jumps, 
     piece) without a gradient (sign 0) where the search sees the end."""
     board2, pieces2, counts2, rf, rt, rc, z0, zf, a1, s2 = scratch
     other = 1 - side
-    if counts[other] == 0:
-        hist_v[side, slot], hist_s[side, slot], hist_n[side, slot] = 1.0, 0.0, 0
+    outcome, m = _reply_outcome(board, pieces, counts, side, jumps, rf, rt, rc)
+    if outcome == _WIN or outcome == _LOSS:
+        hist_v[side, slot], hist_s[side, slot], hist_n[side, slot] = (1.0 if outcome == _WIN else 0.0), 0.0, 0
         return
-    m = _moves(board, pieces, counts, other, jumps, rf, rt, rc)
-    if counts[side] == 1:
-        for j in range(m):
-            if rc[j]:
-                hist_v[side, slot], hist_s[side, slot], hist_n[side, slot] = 0.0, 0.0, 0
-                return
-    if m == 0:
+    if outcome == _PASS:
         _record(w1, b1, w2, b2, wm, bm, q, pieces, counts, side, side, squares, z0, s2, slot, hist_v, hist_s,
                 hist_h, hist_h2, hist_x, hist_n)
         return

@@ -212,8 +212,8 @@ class TorchKnightsEngine:
         ``y_own``, its output pre-activations) if there is no reply, else 1 − V of the
         opponent's best reply (the same network, planes swapped). Illegal slots carry
         junk; the caller masks them."""
-        w1flat, b1, w2, b2, rows, wm, bm = tables[0], tables[1], tables[2], tables[3], tables[8], tables[10], tables[11]
-        S, k, J = self.squares, self.k, self.jumps.shape[1]
+        widest = max(tables[0].shape[1], tables[11].shape[1])  # w1flat's hidden, bm's hidden2
+        S, J = self.squares, self.jumps.shape[1]
         n, moves = targets.shape
         t = targets.clamp(min=0)
         # every move's after-state: the moved piece on its target, a taken piece off the board
@@ -222,30 +222,18 @@ class TorchKnightsEngine:
         opp2 = torch.where(capture[:, :, None] & (opp[:, None, :] == t[:, :, None]), S, opp[:, None, :])
         wins_now = capture & ((opp2 < S).sum(dim=2) == 0)
         last_piece = ((own < S).sum(dim=1) == 1)[:, None]
-        step = max(1, LOOKAHEAD_ELEMENTS // max(1, moves * moves * max(w1flat.shape[1], bm.shape[1])))
+        # the board after each move, for the replies' targets (illegal slots: junk, masked later)
+        board_after = (board[:, None, :].expand(-1, moves, -1)
+                       .scatter(2, origin[:, :, None], 0).scatter(2, t[:, :, None], mover))
+        step = max(1, LOOKAHEAD_ELEMENTS // max(1, moves * moves * widest))
         best_reply, any_reply, takes_last = [], [], []
         for lo in range(0, n, step):  # a fixed trip count for given shapes: no device question
             hi = min(n, lo + step)
-            m = hi - lo
-            q_block = q[lo:hi, None].expand(-1, moves).reshape(-1)
-            # the opponent's pre-activations before its reply: its pieces in the first plane
-            z0 = self._preactivation(w1flat, b1, q_block, opp2[lo:hi].reshape(m * moves, k),
-                                     own2[lo:hi].reshape(m * moves, k), rows).view(m, moves, 1, -1)
-            reply_origin = opp2[lo:hi, :, :, None].expand(-1, -1, -1, J).reshape(m, moves, -1)
-            reply_target = self.jumps[opp2[lo:hi]].reshape(m, moves, -1)
-            rt = reply_target.clamp(min=0)
-            occupant = board[lo:hi].gather(1, rt.reshape(m, -1)).view(m, moves, -1)
-            occupant = torch.where(rt == origin[lo:hi, :, None], 0, occupant)
-            occupant = torch.where(rt == t[lo:hi, :, None], mover, occupant)
-            legal = (reply_target >= 0) & (occupant != -mover)
-            takes = legal & (occupant == mover)
-            base_row = (q[lo:hi] * rows)[:, None, None]
-            z = (z0 - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
-                 - takes[..., None] * w1flat[base_row + S + rt])
-            y = _output(_rules.sigmoid(z), q[lo:hi], w2, b2, wm, bm)[0]
-            best_reply.append(torch.where(legal, y, -torch.inf).amax(dim=2))
-            any_reply.append(legal.any(dim=2))
-            takes_last.append(takes.any(dim=2))
+            _, _, legal, takes, y = self._replies(q[lo:hi], opp2[lo:hi], own2[lo:hi], board_after[lo:hi], mover,
+                                                  tables)
+            best_reply.append(torch.where(legal, y, -torch.inf).amax(dim=-1))
+            any_reply.append(legal.any(dim=-1))
+            takes_last.append(takes.any(dim=-1))
         best_reply, any_reply = torch.cat(best_reply), torch.cat(any_reply)
         loses = last_piece & torch.cat(takes_last)
         score = torch.where(any_reply, 1.0 - _rules.sigmoid(best_reply), _rules.sigmoid(y_own))
@@ -262,20 +250,9 @@ class TorchKnightsEngine:
         after-states."""
         w1flat, b1, w2, b2, rows, inputs, wm, bm = (tables[0], tables[1], tables[2], tables[3], tables[8],
                                                     tables[9], tables[10], tables[11])
-        S, J = self.squares, self.jumps.shape[1]
+        S = self.squares
         records, own_index, own_h, own_h2, own_v, _ = after
-        n = own.shape[0]
-        reply_target = self.jumps[opp].reshape(n, -1)
-        reply_origin = opp[:, :, None].expand(-1, -1, J).reshape(n, -1)
-        rt = reply_target.clamp(min=0)
-        occupant = board.gather(1, rt)
-        legal = (reply_target >= 0) & (occupant != -mover)
-        takes = legal & (occupant == mover)
-        base_row = (q * rows)[:, None]
-        z0 = self._preactivation(w1flat, b1, q, opp, own, rows)  # the opponent's view: its pieces first
-        z = (z0[:, None, :] - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
-             - takes[..., None] * w1flat[base_row + S + rt])
-        y = _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
+        reply_origin, rt, legal, takes, y = self._replies(q, opp, own, board, mover, tables)
         best = torch.where(legal, y, -torch.inf).argmax(dim=1, keepdim=True)
         origin, target = reply_origin.gather(1, best), rt.gather(1, best)
         taken = takes.gather(1, best)
@@ -296,6 +273,29 @@ class TorchKnightsEngine:
         pick = has_reply[:, None]
         return (records, torch.where(pick, index, own_index), torch.where(pick, h, own_h),
                 None if h2 is None else torch.where(pick, h2, own_h2), value, sign)
+
+    def _replies(self, q: torch.Tensor, replier: torch.Tensor, mover_pieces: torch.Tensor, board: torch.Tensor,
+                 mover: int, tables: tuple) -> tuple:
+        """Every reply of the side to reply (``replier``'s pieces, (games, ..., k); the
+        mover's are ``mover_pieces`` and ``board`` (games, ..., squares + 1) is the
+        position it replies to), valued by networks ``q`` (games,) from the replier's
+        view: (origin, clamped target, legal, takes, output pre-activation), each
+        (games, ..., replies). The two-ply chooser and TD-Leaf share it."""
+        w1flat, b1, w2, b2, rows, wm, bm = tables[0], tables[1], tables[2], tables[3], tables[8], tables[10], tables[11]
+        S, k, J = self.squares, self.k, self.jumps.shape[1]
+        lead = replier.shape[:-1]
+        reply_target = self.jumps[replier].reshape(*lead, -1)
+        reply_origin = replier[..., None].expand(*lead, k, J).reshape(*lead, -1)
+        rt = reply_target.clamp(min=0)
+        occupant = board.gather(-1, rt)
+        legal = (reply_target >= 0) & (occupant != -mover)
+        takes = legal & (occupant == mover)
+        q_flat = q.view(-1, *(1,) * (len(lead) - 1)).expand(lead).reshape(-1)
+        z0 = self._preactivation(w1flat, b1, q_flat, replier.reshape(-1, k), mover_pieces.reshape(-1, k), rows)
+        base_row = (q * rows).view(-1, *(1,) * len(lead))
+        z = (z0.view(*lead, 1, -1) - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
+             - takes[..., None] * w1flat[base_row + S + rt])
+        return reply_origin, rt, legal, takes, _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
 
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
