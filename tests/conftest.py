@@ -20,6 +20,43 @@ ROOT = Path(__file__).resolve().parents[1]
 WAIT = 180
 
 
+#: Small real runs whose warm-ups compile the numba kernels most tests use (the knights
+#: kernel alone takes about 30 s on a cold cache).
+WARM_RUNS = (
+    ["train", "knights", "--agents", "4", "--games-per-agent", "4", "--episodes", "2", "--eval-every", "1",
+     "--eval-games", "4", "--replicate-every", "1", "--max-turns", "40"],
+    ["train", "cartpole", "--agents", "4", "--trials", "2", "--agent-steps", "64", "--share-every", "16",
+     "--test-steps", "50", "--replicate-every", "1"],
+    ["train", "bandit", "--agents", "4", "--trials", "4", "--agent-steps", "64", "--share-every", "16"],
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fill numba's on-disk cache once, before any test runs: otherwise every worker and
+    every process a test starts on a cold cache (ranks, CLI subprocesses) compiles the
+    same kernels again, side by side on two cores. Only the controller does it (xdist
+    workers have ``workerinput``); POPPLAY_TEST_NO_WARM=1 skips it."""
+    if hasattr(config, "workerinput") or os.environ.get("POPPLAY_TEST_NO_WARM") == "1":
+        return
+    import tempfile
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with tempfile.TemporaryDirectory(prefix="popplay-warm-") as tmp:
+        # knights alone on one core, the others one after the other on the second
+        chains = [[WARM_RUNS[0]], list(WARM_RUNS[1:])]
+        scripts = [" && ".join(" ".join([sys.executable, "-m", "popplay", *run, "--out",
+                                         str(Path(tmp) / f"{run[1]}.h5")]) for run in chain)
+                   for chain in chains]
+        started = [subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True) for script in scripts]
+        for process in started:  # a failed warm-up only costs time: the tests themselves report errors
+            try:
+                process.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                _kill(process)
+                process.wait()
+
+
 class Jobs:
     """``python -m popplay ARGS`` as real processes, each in its own session so that a
     job that hangs is killed with all of its ranks; every job a test leaves running is
