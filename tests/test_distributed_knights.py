@@ -29,6 +29,22 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
     assert_same_run(one, out)
 
 
+def test_stronger_agents_on_two_ranks_equal_one_process(tmp_path: Path) -> None:
+    """A second hidden layer, the two-ply chooser, TD-Leaf, a step-size schedule and
+    copies that switch their depth are per-game choices of the kernels and per-agent
+    state: sharding the games changes nothing."""
+    from popplay.cli.main import main
+
+    args = [*TINY, "--hidden2", "3", "--lookahead", "2", "--td-leaf", "--alpha-half-life", "2",
+            "--mutate-lookahead", "0.5"]
+    one = tmp_path / "one.h5"
+    assert main([*args, "--out", str(one)]) == 0
+    out = tmp_path / "n2.h5"
+    done = popplay(*args, "--nproc", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, out)
+
+
 def test_learning_opponents_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
     """Both sides learn: a network's change sums games played on several ranks, which
     continue one running sum in game order (collectives.chain); a league of frozen past

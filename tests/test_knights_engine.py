@@ -131,6 +131,43 @@ def test_td_leaf_learns_from_the_reference_leaves(geo, hidden2):
     assert {-1, 0} <= signs  # leaves after a reply, and ends the search saw, were checked
 
 
+@pytest.mark.parametrize("hidden2", [0, 3])
+def test_every_network_chooses_as_deep_as_its_own_plies(hidden2):
+    """A bank whose networks look one or two plies deep (``Networks.plies``, what
+    --mutate-lookahead varies): each side of each game chooses, and with TD-Leaf
+    learns, at its own network's depth, as the reference does with per-side depths; the
+    torch engine plays the same games with the same sums."""
+    geo = GEOMETRIES[1]
+    params = KnightsParams(rows=geo["rows"], cols=geo["cols"], pieces=geo["pieces"], jumps=geo["jumps"],
+                           max_turns=geo["max_turns"], lookahead=2, td_leaf=True, hidden2=hidden2)
+    nets = game.init_networks(7, np.arange(3), params.inputs, 4, 0.7, hidden2).choosing([2, 1, 2])
+    lam = np.array([0.0, 0.6, 1.0])
+    batch = _mixed_batch(48, 3, seed=8)
+    batch = batch._replace(kind=np.where(batch.kind == game.KIND_SEARCH, game.KIND_NET, batch.kind))
+    played = engine.run_batch(nets, lam, batch, params=params, base=3, backend=NUMBA, summed=False)
+    learn = engine.learning_sides(batch)
+    depths = nets.plies[batch.net]
+    networks = batch.kind == game.KIND_NET
+    assert (networks & (depths == 1)).any() and (networks & (depths == 2)).any()
+    for g in range(48):
+        players = [(int(batch.kind[g, s]), _net(nets, batch.net[g, s]), 0.25) for s in range(2)]
+        r, p, histories = reference.play_game(int(batch.keys[g]), geo["rows"], geo["cols"], geo["pieces"],
+                                              geo["max_turns"], players, base=3, offsets=geo["offsets"],
+                                              lookahead=tuple(int(d) for d in depths[g]), td_leaf=True)
+        assert (played.result[g], played.plies[g]) == (r, p), g
+        for s in range(2):
+            if learn[g, s]:
+                change = reference.td_leaf_change if depths[g, s] == 2 else reference.td_lambda_change
+                expected = change(players[s][1], histories[s], reference.reward(r, s), lam[batch.net[g, s]])
+                np.testing.assert_allclose(played.delta[g, s], expected, rtol=1e-10, atol=1e-13)
+    summed = engine.run_batch(nets, lam, batch, params=params, base=3, backend=NUMBA)
+    on_torch = engine.run_batch(nets, lam, batch, params=params, base=3, backend=TORCH)
+    assert np.array_equal(on_torch.result, summed.result) and np.array_equal(on_torch.plies, summed.plies)
+    np.testing.assert_allclose(on_torch.delta, summed.delta, rtol=1e-9, atol=1e-12)
+    uniform = engine.run_batch(nets.choosing(2), lam, batch, params=params, base=3, backend=NUMBA)
+    assert not np.array_equal(uniform.plies, summed.plies)  # the depths really differ
+
+
 def test_the_two_ply_chooser_takes_a_win_and_avoids_a_loss_on_hand_made_boards():
     """Replayed positions: X takes O's last piece when it can, whatever V says; and X
     does not step where O's reply takes X's last piece."""

@@ -33,14 +33,18 @@ ADDED = {name: {"learners", "selection", "queue_capacity"} | (POPULATION_KEYS if
 #: Knights options added since the pins (their defaults leave a run as it was): the torch
 #: engine's dtype, the league, significance-based replacement, adaptive pairing.
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",
-                    "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf"}
+                    "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf",
+                    "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies"}
 
 
 def _same(got: object, expected: object) -> bool:
     """Equal, where a float (pinned as its repr) may differ in its last bits: linear
-    algebra (the tournament's rating errors) rounds differently across BLAS builds."""
+    algebra (the tournament's rating errors) rounds differently across BLAS builds; a
+    nested object (a per-agent row) may have gained fields."""
     if isinstance(expected, list) and isinstance(got, list):
         return len(got) == len(expected) and all(_same(g, e) for g, e in zip(got, expected))
+    if isinstance(expected, dict) and isinstance(got, dict):  # e.g. per-agent rows: fields may be added
+        return all(name in got and _same(got[name], value) for name, value in expected.items())
     if isinstance(expected, str) and isinstance(got, str) and got != expected:
         try:
             return math.isclose(float(got), float(expected), rel_tol=1e-12, abs_tol=1e-300)

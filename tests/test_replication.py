@@ -99,7 +99,7 @@ def test_resume_with_replication_is_bit_identical(tmp_path, capsys):
     argv = ["train", "knights", "--agents", "5", "--games-per-agent", "4", "--rows", "4", "--cols", "5", "--pieces",
             "3", "--max-turns", "40", "--eval-every", "3", "--eval-games", "4", "--snapshot-every", "3",
             "--replicate-every", "2", "--replicate-fraction", "0.4", "--mutate-weights", "0.05",
-            "--mutate-params", "1.5", "--tournament-games", "1", "--seed", "7", "--json"]
+            "--mutate-params", "1.5", "--mutate-lookahead", "0.5", "--tournament-games", "1", "--seed", "7", "--json"]
     half, whole = tmp_path / "half.h5", tmp_path / "whole.h5"
     assert main(argv + ["--episodes", "5", "--out", str(half)]) == 0
     assert main(["train", "knights", "--resume", str(half), "--episodes", "10", "--json"]) == 0
@@ -155,3 +155,48 @@ def test_old_run_files_without_lineage_still_load():
     bad = {**experiment.state_arrays(state), "lineage_next_id": np.array([2])}
     with pytest.raises(ValueError, match="lineage|ids"):
         experiment.restore(bad, experiment.state_counters(state))
+
+
+def test_copies_switch_their_chooser_depth_with_mutate_lookahead():
+    """--mutate-lookahead: a copy takes its parent's depth and switches it (1 <-> 2) where
+    its own stream says so; survivors keep theirs; the lineage records the depths, and
+    the next episode's games are chosen at them (the bank carries them)."""
+    params = dataclasses.replace(REPLICATING, mutate_lookahead=0.5, agents=8, replicate_fraction=0.5)
+    _, before = _episodes(dataclasses.replace(params, replicate_every=0), 2)
+    replicating, after = _episodes(params, 2)
+    parents = after.lineage.records["parent"][after.lineage.records["event"] == evo.EVENTS["copy"]]
+    children = after.lineage.records["slot"][after.lineage.records["event"] == evo.EVENTS["copy"]]
+    assert len(children) == 4 and (before.plies == 1).all()
+    switch = evo.switches(params.seed, 2, after.agent_id[children], params.mutate_lookahead)
+    assert switch.any() and not switch.all()  # both outcomes are exercised
+    np.testing.assert_array_equal(after.plies[children], np.where(switch, 2, 1))
+    survivors = np.setdiff1d(np.arange(8), children)
+    assert (after.plies[survivors] == 1).all()
+    assert len(parents) == 4
+    mutations = after.lineage.records["event"] == evo.EVENTS["mutation"]
+    np.testing.assert_array_equal(after.lineage.records["plies"][mutations], after.plies[children])
+    assert np.array_equal(replicating.bank(after)[0].plies, after.plies)
+    # the state's depths are what the games use: forcing all to 1 changes the next episode
+    nxt = replicating.phase(after, time_left=None)
+    flat = replicating.phase(after._replace(plies=np.ones_like(after.plies)), time_left=None)
+    assert not np.array_equal(game.pack(nxt.networks), game.pack(flat.networks))
+
+
+def test_evo_switches_draw_each_id_with_its_probability():
+    ids = np.arange(4000)
+    drawn = evo.switches(3, 5, ids, 0.25)
+    assert abs(drawn.mean() - 0.25) < 0.03
+    assert np.array_equal(drawn, evo.switches(3, 5, ids, 0.25))  # from the ids' own streams
+    assert not evo.switches(3, 5, ids, 0.0).any() and evo.switches(3, 5, ids, 1.0).all()
+    with pytest.raises(ValueError):
+        evo.switches(3, 5, ids, 1.5)
+
+
+def test_old_run_files_without_chooser_depths_load_with_the_runs_lookahead():
+    params = dataclasses.replace(REPLICATING, lookahead=2)
+    experiment, state = _episodes(params, 2)
+    arrays = {k: v for k, v in experiment.state_arrays(state).items()
+              if k not in ("plies", "snapshot_plies", "lineage_plies")}
+    restored = experiment.restore(arrays, experiment.state_counters(state))
+    assert (restored.plies == 2).all() and all((s.plies == 2).all() for s in restored.snapshots)
+    assert np.isnan(restored.lineage.records["plies"]).all()

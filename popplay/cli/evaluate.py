@@ -6,6 +6,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -90,6 +91,8 @@ def evaluate(
             params = dataclasses.replace(params, lookahead=lookahead, td_leaf=params.td_leaf and lookahead == 2)
         experiment = registry.get(stored.domain).build(params, Backend("numba", "cpu"))
         state = experiment.restore(stored.state, stored.state_counters)
+        if lookahead is not None:  # every agent, whatever depth it chose while learning
+            state = state._replace(plies=np.full_like(state.plies, lookahead))
     except (TypeError, ValueError, KeyError) as error:
         raise UsageError(f"{run}: damaged run file ({error})") from None
     if stored.domain == "knights" and ladder:
@@ -143,7 +146,8 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     best, worst = int(q.score.argmax()), int(q.score.argmin())
     played = q.wins + q.draws + q.losses
     low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
-    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "quality": float(q.score[i]),
+    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
+                  "quality": float(q.score[i]),
                   "quality_ci95": [float(low[i]), float(high[i])],
                   "wins": int(q.wins[i]), "draws": int(q.draws[i]), "losses": int(q.losses[i])}
                  for i in range(len(q.score))]
@@ -193,7 +197,8 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     rungs = ladder(params, rungs=names)
     results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in names}
     elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
-    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "elo": round(float(elo.elo[i]), 1),
+    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
+                  "elo": round(float(elo.elo[i]), 1),
                   "elo_ci95": [round(float(elo.low[i]), 1), round(float(elo.high[i]), 1)],
                   "scores": {name: float(q.score[i]) for name, q in results.items()}}
                  for i in range(params.agents)]

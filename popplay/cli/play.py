@@ -97,7 +97,7 @@ class Session:
 
     def run(self, ask: Callable[[str], str]) -> None:
         """Play games until the person quits (or input ends); never raises on bad input.
-        The agent chooses its moves as it learned to (the run's ``--lookahead``)."""
+        The agent chooses its moves as it learned to (as deep as it chose to look)."""
         game_number = 0
         self.console.print(f"Playing agent {self.agent} of the run. You are "
                            f"{'X (moving first)' if self.human == 1 else 'O (moving second)'}. "
@@ -139,7 +139,7 @@ class Session:
                 if move is None:
                     return False
             else:
-                move = agent_move(self.net, board, player, p.jumps, p.lookahead)
+                move = agent_move(self.net, board, player, p.jumps)
                 self.console.print(f"Agent plays {_move_name(move, p.cols)}")
             captured = int(board.flat[move[1]]) == -player
             board = game.apply_move(board, move, p.jumps)

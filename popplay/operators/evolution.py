@@ -39,6 +39,7 @@ BIRTH_EVENTS = (EVENTS["initial"], EVENTS["copy"], EVENTS["reset"])
 
 _SLOT_VARIATION_FACTORS = 1
 _SLOT_WEIGHT_NOISE = 2
+_SLOT_SWITCHES = 3
 
 
 def replacement_count(agents: int, fraction: float) -> int:
@@ -226,6 +227,19 @@ def vary_factors(seed: int, generation: int, agent_ids: np.ndarray, names: tuple
     u = (words.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     factors = spread ** (2.0 * u - 1.0)
     return {name: factors[:, i].reshape(agent_ids.shape) for i, name in enumerate(names)}
+
+
+def switches(seed: int, generation: int, agent_ids: np.ndarray, probability: float) -> np.ndarray:
+    """Which agent ids switch a discrete choice (e.g. a chooser's depth), each with
+    ``probability``, from its own stream; shaped like ``agent_ids``."""
+    if not 0.0 <= probability <= 1.0:
+        raise ValueError(f"probability must lie in [0, 1] (got {probability})")
+    agent_ids = np.asarray(agent_ids, dtype=np.int64)
+    if probability == 0.0 or agent_ids.size == 0:
+        return np.zeros(agent_ids.shape, dtype=bool)
+    _, _, words = _words(seed, generation, agent_ids, _SLOT_SWITCHES, 1)
+    u = (words[:, 0].view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return (u < probability).reshape(agent_ids.shape)
 
 
 def gaussian_noise(seed: int, generation: int, agent_ids: np.ndarray, size: int, std: float) -> np.ndarray:

@@ -219,9 +219,9 @@ def pad_hidden(nets: Networks, hidden: int, hidden2: int = 0) -> Networks:
 
     b2 = np.asarray(nets.b2, dtype=np.float64).copy()
     if nets.wm is None:
-        return Networks(pad(nets.w1, 2, extra), pad(nets.b1, 1, extra), pad(nets.w2, 1, extra), b2)
+        return Networks(pad(nets.w1, 2, extra), pad(nets.b1, 1, extra), pad(nets.w2, 1, extra), b2, plies=nets.plies)
     return Networks(pad(nets.w1, 2, extra), pad(nets.b1, 1, extra), pad(nets.w2, 1, extra2), b2,
-                    pad(pad(nets.wm, 1, extra), 2, extra2), pad(nets.bm, 1, extra2))
+                    pad(pad(nets.wm, 1, extra), 2, extra2), pad(nets.bm, 1, extra2), nets.plies)
 
 
 def stack_networks(parts: list[Networks]) -> Networks:

@@ -314,11 +314,13 @@ def choose(kind, net, eps, board, player, word, offsets, lookahead=1, plies_left
 
 
 def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lookahead=1, td_leaf=False):
-    """One game; ``players`` = [(kind, net, eps)] for X (moves first) and O.
+    """One game; ``players`` = [(kind, net, eps)] for X (moves first) and O;
+    ``lookahead``: one depth for both sides' networks, or (X's, O's).
 
     Returns (result: +1 X won, -1 O won, 0 draw; plies; per side the inputs of its
-    after-states, in order: with ``td_leaf``, a network's :func:`leaf` records).
+    after-states, in order: with ``td_leaf``, a two-ply network's :func:`leaf` records).
     """
+    depths = tuple(lookahead) if isinstance(lookahead, (tuple, list)) else (lookahead, lookahead)
     board = start_board(key, rows, cols, k, base)
     histories = [[], []]
     result, plies = 0, max_plies
@@ -327,13 +329,14 @@ def play_game(key, rows, cols, k, max_plies, players, base=0, offsets=KNIGHT, lo
         player = 1 - 2 * side
         word = RNG.draw(key, RNG.mix_counter(base + 2 * k + ply))
         kind, net, eps = players[side]
-        index, moves = choose(kind, net, eps, board, player, word, offsets, lookahead, max_plies - ply)
+        index, moves = choose(kind, net, eps, board, player, word, offsets, depths[side], max_plies - ply)
         if index is None:
             continue  # no legal move: the player passes
-        if td_leaf and kind == NET:
+        leaves = td_leaf and kind == NET and depths[side] == 2
+        if leaves:
             histories[side].append(leaf(net, board, moves[index], player, offsets))
         board = apply_move(board, moves[index])
-        if not (td_leaf and kind == NET):
+        if not leaves:
             histories[side].append(inputs(board, player))
         if count(board, -player) == 0:
             result, plies = player, ply + 1

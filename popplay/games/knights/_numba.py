@@ -774,9 +774,9 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
     kind, net, eps, learn: (games, 2) per side (side 0 = X, moves first).
     wm, bm: the networks' second hidden layer, (P, hidden, hidden2) and (P, hidden2);
     hidden2 = 0 for none.
-    lookahead: plies the networks' move chooser looks ahead (1 or 2).
-    td_leaf: learners learn from the leaves of the two-ply search (TD-Leaf) instead of
-    the after-states played.
+    lookahead: (games, 2) plies each side's network chooser looks ahead (1 or 2).
+    td_leaf: learners choosing two plies deep learn from the leaves of their search
+    (TD-Leaf) instead of the after-states played.
     out_result: +1 X won, -1 O won, 0 draw; out_plies: plies played;
     out_delta[g, side]: Σ c_t ∇V(s_t) for learning sides (unscaled by α).
     """
@@ -832,7 +832,7 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
                 kd = kind[g, side]
                 if (kd == KIND_NET or kd == KIND_NOISY) and _explores(word, eps[g, side]):
                     i = _pick(u, n)
-                elif kd == KIND_NET and lookahead == 2:
+                elif kd == KIND_NET and lookahead[g, side] == 2:
                     i = _lookahead_pick(w1, b1, w2, b2, wm, bm, net[g, side], board, pieces, counts, side, jumps,
                                         mf, mt, mc, n, squares, scratch)
                 elif kd == KIND_NET:
@@ -851,7 +851,7 @@ def play_games(w1, b1, w2, b2, wm, bm, lam, kind, net, eps, learn, keys, mixed, 
                     i = _depth_pick(board, pieces, counts, side, jumps, mf, mt, mc, n, u, scores,
                                     kd - KIND_DEPTH_BASE, stack)
                 _apply(board, pieces, counts, side, mf[i], mt[i], mc[i])
-                if learn[g, side] and td_leaf:
+                if learn[g, side] and td_leaf and lookahead[g, side] == 2:
                     _record_leaf(w1, b1, w2, b2, wm, bm, net[g, side], board, pieces, counts, side, jumps, squares,
                                  scratch, steps[side], hist_v, hist_s, hist_h, hist_h2, hist_x, hist_n)
                     steps[side] += 1
@@ -891,6 +891,8 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
               td_leaf=False):
     """Play ``len(keys)`` games (see :func:`play_games`); returns (result, plies, delta).
 
+    ``lookahead``: one depth for every network side, or (games, 2) per side.
+
     ``delta`` is (games, 2, P) with rows only for learning sides (others untouched),
     or None when no side learns.
     """
@@ -909,7 +911,9 @@ def run_games(nets, lam, kind, net, eps, learn, keys, *, base, jumps, pieces, ma
                np.ascontiguousarray(lam, dtype=np.float64), np.ascontiguousarray(kind, dtype=np.int64),
                np.ascontiguousarray(net, dtype=np.int64), np.ascontiguousarray(eps, dtype=np.float64),
                np.ascontiguousarray(learn, dtype=np.bool_), np.ascontiguousarray(keys, dtype=np.int64), mixed,
-               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns, int(lookahead), bool(td_leaf),
+               np.ascontiguousarray(jumps, dtype=np.int64), pieces, max_turns,
+               np.ascontiguousarray(np.broadcast_to(np.asarray(lookahead, dtype=np.int64), (n_games, 2))),
+               bool(td_leaf),
                max(1, min(n_games, n_chunks)), result, plies, delta)
     return result, plies, (delta if learning else None)
 

@@ -54,13 +54,14 @@ class TorchKnightsEngine:
         return torch.as_tensor(np.ascontiguousarray(a), device=self.device).to(dtype)
 
     def play(self, nets: Any, lam: Any, kind: Any, net: Any, eps: Any, learn: Any, keys: Any, *,
-             base: int, lookahead: int = 1, td_leaf: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+             base: int, lookahead: Any = 1, td_leaf: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Like :func:`popplay.games.knights._numba.run_games`, but returns the learners'
-        TD(λ) sums already added up per network: (result, plies, (networks, P) or None)."""
-        if lookahead not in (1, 2):
-            raise ValueError(f"lookahead must be 1 or 2, not {lookahead}")
-        if td_leaf and lookahead != 2:
-            raise ValueError("TD-Leaf learns from the leaves of a two-ply search (lookahead 2)")
+        TD(λ) sums already added up per network: (result, plies, (networks, P) or None).
+        ``lookahead``: one chooser depth for all, or (games, 2) per side; TD-Leaf applies
+        to the learners that look two plies deep."""
+        depth = np.broadcast_to(np.asarray(lookahead, dtype=np.int64), np.shape(kind))
+        if not np.isin(depth, (1, 2)).all():
+            raise ValueError(f"lookahead must be 1 or 2, not {np.unique(depth).tolist()}")
         dev = self.device
         S, k = self.squares, self.k
         # Which sides have network players or learners is asked of the host's arrays,
@@ -69,6 +70,7 @@ class TorchKnightsEngine:
         if not np.isin(kind_np, TORCH_KINDS).all():
             raise ValueError("the torch engine plays networks, random and greedy only; use the numba engine")
         net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
+        deep_side = [bool(((kind_np[:, side] == KIND_NET) & (depth[:, side] == 2)).any()) for side in range(2)]
         learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
         kind_t = self._tensor(kind_np, torch.int64)
         w1 = self._tensor(nets.w1, self.dtype)
@@ -84,6 +86,7 @@ class TorchKnightsEngine:
         net_t = self._tensor(net, torch.int64)
         eps_t = self._tensor(eps, self.dtype)
         learn_t = self._tensor(learn, torch.bool)
+        deep_t = self._tensor(depth == 2, torch.bool)
         keys_t = self._tensor(keys, torch.int64)
         n = keys_t.shape[0]
         games = torch.arange(n, device=dev)
@@ -109,7 +112,7 @@ class TorchKnightsEngine:
         plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
         history: list[list[tuple]] = [[], []]
         learning = any(learn_side)
-        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm)
+        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t)
         plies_done = torch.arange(1, self.max_turns + 1, device=dev)  # as tensors: one graph for every ply
         for ply in range(self.max_turns):
             # The one question a ply loop asks the device, every SYNC_EVERY plies:
@@ -119,7 +122,7 @@ class TorchKnightsEngine:
                 break
             side = ply % 2
             pieces, board, active, result, plies, record = self._ply(
-                side, net_side[side], learn_side[side], lookahead, td_leaf, plies_done[ply],
+                side, net_side[side], learn_side[side], deep_side[side], td_leaf, plies_done[ply],
                 _rng.draw(keys_t, mixed[2 * k + ply]),
                 pieces, board, active, result, plies, tables)
             if record is not None:
@@ -136,13 +139,15 @@ class TorchKnightsEngine:
             delta = torch.cat([d_w1, d_rest], dim=1).cpu().numpy()
         return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
 
-    def _one_ply(self, side: int, net_here: bool, learn_here: bool, lookahead: int, td_leaf: bool,
+    def _one_ply(self, side: int, net_here: bool, learn_here: bool, deep_here: bool, td_leaf: bool,
                  ply_done: torch.Tensor, word: torch.Tensor,
                  pieces: torch.Tensor, board: torch.Tensor, active: torch.Tensor, result: torch.Tensor,
                  plies: torch.Tensor, tables: tuple) -> tuple:
         """One ply of every game: the mover (``side``) picks its move, the position and
-        results advance; the learner's after-state record when ``learn_here``."""
-        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm = tables
+        results advance; the learner's after-state record when ``learn_here``. Where
+        ``deep_here``, some networks look two plies deep (``deep_t``)."""
+        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t = tables
+        deep = deep_t[:, side]
         S = self.squares
         n = pieces.shape[0]
         mover = 1 - 2 * side
@@ -169,8 +174,9 @@ class TorchKnightsEngine:
                  + w1flat[base_row + t_clamped]
                  - capture[..., None] * w1flat[base_row + S + t_clamped])
             y = _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
-            if lookahead == 2:
-                y = self._two_ply_scores(y, q, own, opp, board, mover, origin, targets, capture, tables)
+            if deep_here:
+                y = torch.where(deep[:, None],
+                                self._two_ply_scores(y, q, own, opp, board, mover, origin, targets, capture, tables), y)
             best_slot = torch.where(legal, y, -torch.inf).argmax(dim=1)
             explore = _rules.explores(word, eps_t[:, side])
             slot = torch.where(is_net & ~explore, best_slot, slot)
@@ -195,8 +201,11 @@ class TorchKnightsEngine:
             v = _rules.sigmoid(y)
             index = torch.cat([torch.where(own < S, own, inputs), torch.where(opp < S, S + opp, inputs)], 1)
             record = (records, index, h, h2, v, torch.ones_like(v))
-            if td_leaf:
-                record = self._leaf_record(record, q, own, opp, board, mover, tables)
+            if td_leaf and deep_here:
+                leaf = self._leaf_record(record, q, own, opp, board, mover, tables)
+                record = tuple(None if mine is None else torch.where(deep.view(-1, *(1,) * (mine.dim() - 1)),
+                                                                     mine, kept)
+                               for mine, kept in zip(leaf, record))
         won = moving & ((opp < S).sum(dim=1) == 0)
         result = torch.where(won, mover, result)
         plies = torch.where(won, ply_done, plies)

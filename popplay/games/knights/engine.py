@@ -33,22 +33,25 @@ def run_batch(nets: Networks, lam: np.ndarray, batch: GameBatch, *, params: Knig
     (numba only) it holds every (game, side)'s own change, shaped (games, 2, P), with
     rows only for learning sides (:func:`learning_sides`), for a caller that continues
     a running sum (sharded populations).
+
+    Each network chooses its moves as deep as ``nets.plies`` says (the run's
+    ``--lookahead`` where the bank carries no depths).
     """
     geo = params.geometry
     _check_networks(nets, params)
     batch = batch._replace(learn=learning_sides(batch))
+    depth = params.lookahead if nets.plies is None else np.ascontiguousarray(nets.plies[batch.net])
     if summed and backend is not None and backend.name == "torch" and np.isin(batch.kind, TORCH_KINDS).all():
         engine = _torch_engine(geo.table, params.pieces, params.max_turns, backend.device, backend.compile,
                                params.dtype)
         result, plies, delta = engine.play(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
-                                           batch.keys, base=base, lookahead=params.lookahead,
-                                           td_leaf=params.td_leaf)
+                                           batch.keys, base=base, lookahead=depth, td_leaf=params.td_leaf)
         return Played(result, plies, delta)
     chunks = backend.chunks(len(batch.keys)) if backend is not None and backend.name == "numba" else _chunks(len(batch.keys))
     result, plies, delta = kernels.run_games(nets, lam, batch.kind, batch.net, batch.epsilon, batch.learn,
                                              batch.keys, base=base, jumps=geo.table, pieces=params.pieces,
                                              max_turns=params.max_turns, n_chunks=chunks,
-                                             lookahead=params.lookahead, td_leaf=params.td_leaf)
+                                             lookahead=depth, td_leaf=params.td_leaf)
     if delta is not None and summed:
         delta = kernels.sum_by_network(delta, batch.net, batch.learn, nets.count)
     return Played(result, plies, delta)
@@ -70,6 +73,8 @@ def _check_networks(nets: Networks, params: KnightsParams) -> None:
             or (nets.wm is not None and (np.shape(nets.wm) != (count, hidden, hidden2)
                                          or np.shape(nets.bm) != (count, hidden2)))):
         raise ValueError("network arrays disagree in agents or hidden units")
+    if nets.plies is not None and (np.shape(nets.plies) != (count,) or not np.isin(nets.plies, (1, 2)).all()):
+        raise ValueError("networks' chooser depths must be one per network, each 1 or 2")
 
 
 def _chunks(items: int) -> int:

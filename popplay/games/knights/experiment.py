@@ -57,9 +57,9 @@ from popplay.xp import npx
 _VARIED = ("alpha", "lam", "epsilon")
 _LINEAGE_PREFIX = "lineage_"
 
-_SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id")
+_SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "plies")
 _MIDDLE = ("wm", "bm")  # a second hidden layer's arrays (only with --hidden2)
-_STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "score", "eval_record",
+_STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "plies", "score", "eval_record",
                  "eval_episode")
 
 
@@ -263,10 +263,14 @@ class KnightsExperiment:
         parent_ids = state.agent_id[parents]
         ids, child_ids = state.lineage.replace(
             generation, state.agent_id, parents, children,
-            values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents]})
+            values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents],
+                    "plies": state.plies[parents]})
         flat = evo.replicate(flat, parents, children, out=flat)
-        alpha, lam, epsilon = (evo.replicate(getattr(state, name), parents, children) for name in _VARIED)
-        if p.mutate_params > 1.0 or p.mutate_weights > 0.0:
+        alpha, lam, epsilon, plies = (evo.replicate(getattr(state, name), parents, children)
+                                      for name in (*_VARIED, "plies"))
+        if p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0:
+            switch = evo.switches(p.seed, generation, child_ids, p.mutate_lookahead)
+            plies[children] = np.where(switch, 3 - plies[children], plies[children])  # 1 <-> 2
             factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
             alpha = evo.multiply_at(alpha, children, factors["alpha"], out=alpha)
             # λ and ε are probabilities/decays: a factor must not take them past 1
@@ -276,8 +280,9 @@ class KnightsExperiment:
             flat = evo.add_at(flat, children, noise, out=flat)
             state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
                                  values={"alpha": alpha[children], "lam": lam[children],
-                                         "epsilon": epsilon[children], "noise": p.mutate_weights})
-        nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2)
+                                         "epsilon": epsilon[children], "noise": p.mutate_weights,
+                                         "plies": plies[children]})
+        nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2).choosing(plies)
         return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
 
     def fitness(self, state: KnightsState, flat: np.ndarray, eligible: np.ndarray) -> np.ndarray:
@@ -293,7 +298,8 @@ class KnightsExperiment:
         if p.tournament_games > 0:
             safe = np.where(eligible[:, None], flat, 0.0)  # diverged agents play (and rank) as blanks
             play = adaptive_round_robin if p.tournament_pairing == "adaptive" else round_robin
-            result = play(game.unpack(safe, p.inputs, p.hidden, p.hidden2), np.arange(p.agents), p.tournament_games,
+            nets = game.unpack(safe, p.inputs, p.hidden, p.hidden2).choosing(state.plies)
+            result = play(nets, np.arange(p.agents), p.tournament_games,
                           params=p, seed=p.seed, tag=TAG_SELECTION, base=state.episode * self.words_per_game,
                           backend=self.backend)
             self.ranking_turns += int(result.turns)
@@ -415,7 +421,8 @@ class KnightsExperiment:
         new = state.lineage.new_ids(len(slots))
         state.agent_id[slots] = new
         state.lineage.record(state.episode, "reset", new, replaced=old, slots=slots,
-                             values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon})
+                             values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon,
+                                     "plies": state.plies[slots]})
         return [f"episode {state.episode}: agent {int(o)} (slot {a}) had non-finite weights; it was reset to "
                 f"fresh initial weights as agent {int(n)}" for o, a, n in zip(old, slots, new)]
 
@@ -469,11 +476,16 @@ class KnightsExperiment:
         p = self.params
         a, inputs, hidden, hidden2 = p.agents, p.inputs, p.hidden, p.hidden2
         shapes = {"w1": (a, inputs, hidden), "b1": (a, hidden), "w2": (a, hidden2 or hidden), "b2": (a,),
-                  "alpha": (a,), "lam": (a,), "epsilon": (a,), "agent_id": (a,), "score": (a,),
+                  "alpha": (a,), "lam": (a,), "epsilon": (a,), "agent_id": (a,), "plies": (a,), "score": (a,),
                   "eval_record": (len(self.eval_opponents), a, 3), "eval_episode": (1,)}
         if hidden2:
             shapes.update(wm=(a, hidden, hidden2), bm=(a, hidden2))
-        integer = ("agent_id", "eval_record", "eval_episode")
+        integer = ("agent_id", "plies", "eval_record", "eval_episode")
+        # Run files written before agents chose their own depth: the run's --lookahead for all.
+        arrays = {"plies": np.full(a, p.lookahead), **arrays}
+        if "snapshot_episode" in arrays and "snapshot_plies" not in arrays:
+            arrays["snapshot_plies"] = np.full((len(np.asarray(arrays["snapshot_episode"]).reshape(-1)), a),
+                                               p.lookahead)
         values = {}
         for name, shape in shapes.items():
             if name not in arrays:
@@ -501,6 +513,8 @@ class KnightsExperiment:
             raise ValueError(f"state fitness has shape {fitness.shape}, expected ({a},)")
         columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
                    if name.startswith(_LINEAGE_PREFIX)}
+        if columns and "plies" not in columns and "agent" in columns:  # written before depths were recorded
+            columns["plies"] = np.full(np.asarray(columns["agent"]).reshape(-1).shape, np.nan)
         if columns:
             lineage = evo.Lineage.from_arrays(columns, LINEAGE_PARAMETERS)
             if values["agent_id"].size and values["agent_id"].max() >= lineage.next_id:
@@ -508,7 +522,7 @@ class KnightsExperiment:
         else:
             lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
                                         {"alpha": values["alpha"], "lam": values["lam"],
-                                         "epsilon": values["epsilon"]})
+                                         "epsilon": values["epsilon"], "plies": values["plies"]})
         # Run files written before the league existed have no league scores: 0.5 each.
         league_score = np.array(arrays.get("league_score", np.full(len(snaps), 0.5)), dtype=np.float64)
         if league_score.shape != (len(snaps),):

@@ -111,10 +111,13 @@ def bot_move(opponent: str, board: np.ndarray, player: int, u: float,
 
 
 def agent_move(net: game.Network, board: np.ndarray, player: int, jumps: str = "knight",
-               lookahead: int = 1) -> tuple[int, int] | None:
+               lookahead: int | None = None) -> tuple[int, int] | None:
     """The move an agent with ``net`` plays on ``board`` without exploring (None: pass):
     the after-state of highest V with ``lookahead`` 1, the engines' minimax over its V
-    with 2 (``--lookahead 2``)."""
+    with 2 (``--lookahead 2``); by default as deep as the agent chose (``net.plies``,
+    else 1)."""
+    if lookahead is None:
+        lookahead = net.plies or 1
     if lookahead == 1:
         return game.best_move(net, board, player, jumps)
     moves = game.legal_moves(board, player, jumps)

@@ -163,12 +163,12 @@ def move_action(table: np.ndarray, move: tuple[int, int]) -> int:
 
 
 def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight",
-                 lookahead: int = 1) -> Callable[[dict[str, Any]], int]:
+                 lookahead: int | None = None) -> Callable[[dict[str, Any]], int]:
     """A popplay agent as a policy for this environment: ``policy(observation) ->
     action``. ``net``: one agent's network, e.g. from ``net, params =
     popplay.api.knights_agent("runs/latest-knights.h5", 3)`` (then pass
-    ``cols=params.cols, jumps=params.jumps, lookahead=params.lookahead``: the board it
-    learned on and how it chooses its moves)."""
+    ``cols=params.cols, jumps=params.jumps``: the board it learned on). It chooses its
+    moves as deep as it learned to (``net.plies``) unless ``lookahead`` says otherwise."""
     from popplay.games.knights.opponents import agent_move  # defers numba
 
     def policy(observation: dict[str, Any]) -> int:

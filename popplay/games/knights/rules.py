@@ -177,6 +177,10 @@ class KnightsParams:
     mutate_weights: float = option(0.01, "Std of Gaussian noise added to every weight of a copy (0: exact copies).")
     mutate_params: float = option(1.0, "A copy's alpha, lambda, epsilon are multiplied by log-uniform factors in "
                                        "[1/S, S] (1: unchanged; lambda and epsilon stay in [0, 1]).")
+    mutate_lookahead: float = option(0.0, "Chance that a copy switches its move chooser between one and two plies "
+                                          "(each agent keeps its own --lookahead, the league's snapshots theirs): "
+                                          "selection then decides whether looking deeper pays for its cost "
+                                          "(0: a copy looks as deep as its parent).", min=0.0, max=1.0)
     tournament_games: int = option(2, "Games per pair in the ranking round robin (half moving first); 0 ranks by "
                                       "the mean learning score since the last replication instead (no extra games).")
     tournament_pairing: str = option("uniform", "uniform: every pair of the ranking round robin plays "
@@ -461,6 +465,7 @@ class Network(NamedTuple):
     b2: np.ndarray  # () float
     wm: np.ndarray | None = None  # (hidden, hidden2): the second hidden layer's weights (None: no such layer)
     bm: np.ndarray | None = None  # (hidden2,)
+    plies: int | None = None  # how deep its move chooser looks (None: the run's --lookahead)
 
 
 class Networks(NamedTuple):
@@ -472,10 +477,14 @@ class Networks(NamedTuple):
     b2: np.ndarray  # (agents,)
     wm: np.ndarray | None = None  # (agents, hidden, hidden2): the second hidden layer (None: none)
     bm: np.ndarray | None = None  # (agents, hidden2)
+    # (agents,) int64: plies each network's move chooser looks ahead (None: the run's --lookahead
+    # for all). Not a weight: pack() leaves it out.
+    plies: np.ndarray | None = None
 
     def agent(self, index: int) -> Network:
         middle = (None, None) if self.wm is None else (self.wm[index], self.bm[index])
-        return Network(self.w1[index], self.b1[index], self.w2[index], np.asarray(self.b2[index]), *middle)
+        plies = None if self.plies is None else int(self.plies[index])
+        return Network(self.w1[index], self.b1[index], self.w2[index], np.asarray(self.b2[index]), *middle, plies)
 
     @property
     def count(self) -> int:
@@ -501,9 +510,18 @@ class Networks(NamedTuple):
         return out
 
     def stacked(self, others: Sequence["Networks"]) -> "Networks":
-        """These networks, then ``others``' (of the same shape), in one bank."""
+        """These networks, then ``others``' (of the same shape), in one bank (with their
+        chooser depths where every part has them)."""
+        parts = [self, *others]
+        plies = (None if any(part.plies is None for part in parts)
+                 else np.concatenate([part.plies for part in parts]).astype(np.int64))
         return Networks(**{name: np.ascontiguousarray(np.concatenate([value] + [o.arrays()[name] for o in others]))
-                           for name, value in self.arrays().items()})
+                           for name, value in self.arrays().items()}, plies=plies)
+
+    def choosing(self, plies: np.ndarray | int | None) -> "Networks":
+        """These networks with the chooser depths ``plies`` (one for all, or one each)."""
+        return self._replace(plies=None if plies is None else
+                             np.ascontiguousarray(np.broadcast_to(np.asarray(plies, dtype=np.int64), (self.count,))))
 
 
 def parameter_count(inputs: int, hidden: int, hidden2: int = 0) -> int:
@@ -648,10 +666,11 @@ class Snapshot(NamedTuple):
     agent_id: np.ndarray
     wm: np.ndarray | None = None  # the second hidden layer (None: none)
     bm: np.ndarray | None = None
+    plies: np.ndarray | None = None  # each agent's chooser depth (None: the run's --lookahead)
 
     @property
     def networks(self) -> Networks:
-        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm)
+        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm, self.plies)
 
 
 class KnightsState(NamedTuple):
@@ -677,26 +696,31 @@ class KnightsState(NamedTuple):
     league_score: np.ndarray | None = None  # (snapshots,) the population's recent score against each snapshot
     wm: np.ndarray | None = None  # (agents, hidden, hidden2): the second hidden layer (None: none)
     bm: np.ndarray | None = None  # (agents, hidden2)
+    plies: np.ndarray | None = None  # (agents,) int64: each agent's chooser depth (None: the run's --lookahead)
 
     @property
     def networks(self) -> Networks:
-        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm)
+        return Networks(self.w1, self.b1, self.w2, self.b2, self.wm, self.bm, self.plies)
 
     def with_networks(self, nets: Networks, **changes: Any) -> "KnightsState":
-        """This state with ``nets`` as its networks (contiguous copies) and ``changes``."""
+        """This state with ``nets`` as its networks (contiguous copies, their chooser
+        depths where they carry them) and ``changes``."""
         arrays = {name: np.ascontiguousarray(value) for name, value in nets.arrays().items()}
+        if nets.plies is not None:
+            arrays["plies"] = np.ascontiguousarray(nets.plies, dtype=np.int64)
         return self._replace(**arrays, **changes)
 
     def snapshot(self) -> Snapshot:
         copy = lambda a: None if a is None else a.copy()  # noqa: E731
         return Snapshot(self.episode, self.w1.copy(), self.b1.copy(), self.w2.copy(), self.b2.copy(),
                         self.alpha.copy(), self.lam.copy(), self.epsilon.copy(), self.agent_id.copy(),
-                        copy(self.wm), copy(self.bm))
+                        copy(self.wm), copy(self.bm), copy(self.plies))
 
 
 # Parameters the lineage records for knights agents (values after each event;
-# ``noise``: the standard deviation of the weight noise a mutation added).
-LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise")
+# ``noise``: the standard deviation of the weight noise a mutation added; ``plies``: the
+# agent's chooser depth).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies")
 
 
 def initial_state(params: KnightsParams) -> KnightsState:
@@ -706,14 +730,14 @@ def initial_state(params: KnightsParams) -> KnightsState:
     full = lambda v: np.full(agents, v, dtype=np.float64)  # noqa: E731
     opponents = len(parse_opponents(params.eval_opponents))
     ids = np.arange(agents, dtype=np.int64)
-    lineage = Lineage.start(ids, LINEAGE_PARAMETERS,
-                            {"alpha": params.alpha, "lam": params.lam, "epsilon": params.epsilon})
+    lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": params.alpha, "lam": params.lam,
+                                                      "epsilon": params.epsilon, "plies": params.lookahead})
     state = KnightsState(
         np.ascontiguousarray(nets.w1), np.ascontiguousarray(nets.b1), np.ascontiguousarray(nets.w2),
         np.ascontiguousarray(nets.b2), full(params.alpha), full(params.lam), full(params.epsilon),
         ids, full(0.5), np.zeros((opponents, agents, 3), dtype=np.int64),
         np.full(1, -1, dtype=np.int64), 0, 0, (), (), full(np.nan), lineage,
-    ).with_networks(nets)
+    ).with_networks(nets.choosing(params.lookahead))
     return state._replace(snapshots=(state.snapshot(),)) if params.snapshot_every else state
 
 
