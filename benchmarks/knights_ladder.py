@@ -11,7 +11,8 @@ carry the population's ladder Elo at every evaluation):
      episodes, an eighth replaced, weight noise 0.01)
   c  b + a league of the last 4 snapshots (taken every 50 episodes, drawn by PFSP for
      half the games), significance-based replacement and adaptive pairing
-  d  c + stronger agents (32 hidden units instead of 4)
+  d  c + stronger agents (32 hidden units instead of 4, copies may switch to a two-ply
+     chooser: --mutate-lookahead 0.25)
 
 Runs go `--parallel` at a time, one numba thread each, all with the same `--seconds` of
 learning (evaluation excluded). Then every final population is placed on the ladder

@@ -11,7 +11,8 @@ knights --eval-opponents ladder`` with the same learning time per run:
   weight noise 0.01: the setting docs/results.md measured);
 * **c** b + a league of the last 4 snapshots (every 50 episodes, drawn by PFSP for half
   the games), significance-based replacement and adaptive tournament pairing;
-* **d** c + stronger agents (32 hidden units instead of 4).
+* **d** c + stronger agents: 32 hidden units instead of 4, and copies that may switch
+  their move chooser to two plies (``--mutate-lookahead 0.25``: selection decides).
 
 Each curve point is the population's best, mean and worst ladder Elo at an evaluation.
 Reported per run: the slope of the mean over the last third of the run (least squares,
@@ -47,10 +48,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "a": {},
     "b": REPLICATION,
     "c": {**REPLICATION, **LEAGUE},
-    "d": {**REPLICATION, **LEAGUE, "hidden": 32},
+    "d": {**REPLICATION, **LEAGUE, "hidden": 32, "mutate_lookahead": 0.25},
 }
 LABELS = {"a": "a: Bell's self-play", "b": "b: + replication with variation",
-          "c": "c: + league (PFSP), significant replacement, adaptive pairing", "d": "d: c + 32 hidden units"}
+          "c": "c: + league (PFSP), significant replacement, adaptive pairing", "d": "d: c + 32 hidden units, depth by selection"}
 OPPONENT = "search"  # the two-ply material search: the goal's opponent
 GOAL = 0.5
 
