@@ -200,3 +200,6 @@ def test_old_run_files_without_chooser_depths_load_with_the_runs_lookahead():
     restored = experiment.restore(arrays, experiment.state_counters(state))
     assert (restored.plies == 2).all() and all((s.plies == 2).all() for s in restored.snapshots)
     assert np.isnan(restored.lineage.records["plies"]).all()
+    bad = {**experiment.state_arrays(state), "plies": np.full(6, 3)}
+    with pytest.raises(ValueError, match="plies"):
+        experiment.restore(bad, experiment.state_counters(state))

@@ -493,6 +493,8 @@ class KnightsExperiment:
             values[name] = np.array(arrays[name], dtype=np.int64 if name in integer else np.float64)
             if values[name].shape != shape:
                 raise ValueError(f"state {name} has shape {values[name].shape}, expected {shape}")
+        if not np.isin(values["plies"], (1, 2)).all() or not np.isin(arrays.get("snapshot_plies", 1), (1, 2)).all():
+            raise ValueError("state plies (the agents' chooser depths) must be 1 or 2")
         episodes = np.asarray(arrays.get("snapshot_episode", np.zeros(0)), dtype=np.int64).reshape(-1)
         snaps = []
         for i, episode in enumerate(episodes.tolist()):
