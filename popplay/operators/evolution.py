@@ -213,6 +213,11 @@ def _words(seed: int, generation: int, agent_ids: np.ndarray, slot: int, count: 
     return keys, counters, words
 
 
+def _uniform(words: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1) from 64-bit words (their top 53 bits)."""
+    return (words.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def vary_factors(seed: int, generation: int, agent_ids: np.ndarray, names: tuple[str, ...],
                  spread: float) -> dict[str, np.ndarray]:
     """Random multiplicative factors in [1/spread, spread], log-uniform, one per agent
@@ -224,8 +229,7 @@ def vary_factors(seed: int, generation: int, agent_ids: np.ndarray, names: tuple
     if spread == 1.0 or agent_ids.size == 0:
         return {name: np.ones(agent_ids.shape) for name in names}
     _, _, words = _words(seed, generation, agent_ids, _SLOT_VARIATION_FACTORS, len(names))
-    u = (words.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    factors = spread ** (2.0 * u - 1.0)
+    factors = spread ** (2.0 * _uniform(words) - 1.0)
     return {name: factors[:, i].reshape(agent_ids.shape) for i, name in enumerate(names)}
 
 
@@ -238,8 +242,7 @@ def switches(seed: int, generation: int, agent_ids: np.ndarray, probability: flo
     if probability == 0.0 or agent_ids.size == 0:
         return np.zeros(agent_ids.shape, dtype=bool)
     _, _, words = _words(seed, generation, agent_ids, _SLOT_SWITCHES, 1)
-    u = (words[:, 0].view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return (u < probability).reshape(agent_ids.shape)
+    return (_uniform(words[:, 0]) < probability).reshape(agent_ids.shape)
 
 
 def gaussian_noise(seed: int, generation: int, agent_ids: np.ndarray, size: int, std: float) -> np.ndarray:
