@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,9 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
     with tempfile.TemporaryDirectory(prefix="popplay-warm-") as tmp:
         # knights alone on one core, the others one after the other on the second
         chains = [[WARM_RUNS[0]], list(WARM_RUNS[1:])]
-        scripts = [" && ".join(" ".join([sys.executable, "-m", "popplay", *run, "--out",
-                                         str(Path(tmp) / f"{run[1]}.h5")]) for run in chain)
-                   for chain in chains]
+        scripts = [" && ".join(shlex.join([sys.executable, "-m", "popplay", *run, "--out",
+                                           str(Path(tmp) / f"{run[1]}.h5")]) for run in chain)
+                   for chain in chains]  # quoted: an interpreter or temporary path may hold spaces
         started = [subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True) for script in scripts]
         for process in started:  # a failed warm-up only costs time: the tests themselves report errors
