@@ -104,9 +104,9 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
     identical (each optimiser step on the gradient averaged over the learners)."""
     small = ["--env", "Pendulum-v1", "--batch-size", "16", "--learning-starts", "200"]
     runs = {
-        "td3": _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "1200",
+        "td3": _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "600",
                        *small, "--out", str(tmp_path / "td3.h5")], agent="td3"),
-        "ddpg": _start(jobs, ["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "800",
+        "ddpg": _start(jobs, ["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "600",
                         "--per", *small, "--out", str(tmp_path / "ddpg.h5")], agent="ddpg"),
         "central": _start(jobs, ["--workflow", "central-inference", "--actors", "2", "--env-steps", "800", *small,
                            "--out", str(tmp_path / "central.h5")], agent="td3"),
@@ -121,7 +121,7 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
     assert central["updates"] == 800
     # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back [flag, action] float64.
     assert central["topology_bytes"] >= 800 * ((2 * 3 + 5) * 4 + 16)
-    for name, ranks, steps in (("td3", 5, 1200), ("ddpg", 3, 800)):
+    for name, ranks, steps in (("td3", 5, 600), ("ddpg", 3, 600)):
         run = summaries[name]
         assert run["ranks"] == ranks and run["env_steps"] == steps and run["episodes"] == steps // 200
         assert run["topology_produced"] == run["topology_reads"] == run["episodes"]
@@ -133,7 +133,7 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
         # included (its first episode is 200 steps): every step was paid for.
         assert run["updates"] == steps
     counters = load_run(tmp_path / "ddpg.h5").state_counters
-    assert counters["received"] == 800 and counters["updates"] == summaries["ddpg"]["updates"]
+    assert counters["received"] == 600 and counters["updates"] == summaries["ddpg"]["updates"]
     from popplay.cli.main import main
 
     assert main(["evaluate", str(tmp_path / "td3.h5"), "--episodes", "1", "--json"]) == 0
