@@ -1,7 +1,7 @@
 """Does knights self-play keep improving? Ladder Elo against learning time (not a test).
 
     python benchmarks/knights_ladder.py [--seconds 1800] [--seeds 0,1,2] [--agents 64]
-        [--settings a,b,c,d] [--parallel 2] [--final-games 1000] [--out benchmarks/results/knights_ladder.json]
+        [--settings a,b,c,d] [--eval-every 100,d=20] [--parallel 2] [--final-games 1000] [--out benchmarks/results/knights_ladder.json]
 
 Settings (each `popplay train knights` with `--eval-opponents ladder`, so the curves
 carry the population's ladder Elo at every evaluation):
@@ -59,21 +59,22 @@ def run_study(args: argparse.Namespace) -> dict:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     jobs = [(name, seed) for seed in args.seeds for name in args.settings]
     common = ["train", "knights", "--agents", str(args.agents), "--episodes", str(args.episodes), "--time-budget",
-              str(args.seconds), "--eval-opponents", "ladder", "--eval-every", str(args.eval_every),
-              "--eval-games", str(args.eval_games), "--overwrite", "--json"]
+              str(args.seconds), "--eval-opponents", "ladder", "--eval-games", str(args.eval_games), "--overwrite",
+              "--json"]
     from popplay.games.knights.rules import KnightsParams
     from popplay.tournaments.ladder import ladder
 
     ladder(KnightsParams())  # rated (or read from the cache) once, before the runs that all need it
     report: dict = {"seconds": args.seconds, "agents": args.agents, "settings": {k: SETTINGS[k] for k in args.settings},
+                    "eval_every": {k: args.eval_every[k] for k in args.settings}, "eval_games": args.eval_games,
                     "runs": {}}
     running: list[tuple[str, int, subprocess.Popen]] = []
     while jobs or running:
         while jobs and len(running) < args.parallel:
             name, seed = jobs.pop(0)
             out = workdir / f"{name}-{seed}.h5"
-            command = [sys.executable, "-m", "popplay", *common, "--seed", str(seed), "--out", str(out),
-                       *SETTINGS[name]]
+            command = [sys.executable, "-m", "popplay", *common, "--eval-every", str(args.eval_every[name]),
+                       "--seed", str(seed), "--out", str(out), *SETTINGS[name]]
             # Output goes to files, not pipes: a run prints a progress line every few episodes,
             # and an undrained pipe (64 KiB) once blocked both runs of a 30-minute study at 17.
             logs = (open(workdir / f"{name}-{seed}.out", "w"), open(workdir / f"{name}-{seed}.err", "w"))
@@ -149,6 +150,18 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+def eval_schedule(text: str, settings: list[str]) -> dict[str, int]:
+    """``--eval-every``'s episodes per setting: ``"100"``, or ``"100,d=20"``."""
+    default, chosen = 100, {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        name, _, value = item.rpartition("=")
+        if name:
+            chosen[name.strip()] = int(value)
+        else:
+            default = int(value)
+    return {name: chosen.get(name, default) for name in settings}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=1800.0)
@@ -158,13 +171,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--episodes", type=int, default=20000,
                         help="the episode budget (the time budget ends the runs first; it bounds the snapshots kept)")
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-every", default="100",
+                        help="episodes between ladder evaluations: N for every setting, with NAME=N overrides "
+                             "(\"100,d=20\": setting d plays ~35x fewer episodes per minute than c, and a slope over "
+                             "the last third needs points there)")
     parser.add_argument("--eval-games", type=int, default=20)
     parser.add_argument("--final-games", type=int, default=1000)
     parser.add_argument("--out", default=str(HERE / "results" / "knights_ladder.json"))
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.settings = [s.strip() for s in args.settings.split(",")]
+    args.eval_every = eval_schedule(args.eval_every, args.settings)
     report = run_study(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

@@ -75,15 +75,18 @@ class LadderScale:
     eval_games: int  # games per agent and rung at each evaluation
     final_games: int  # games of every final agent against the two-ply search
     overrides: dict[str, int] = field(default_factory=dict)  # schedule changes, for the settings that have them
+    # episodes between evaluations where a setting differs: d's two-ply agents play ~35x
+    # fewer episodes per minute than c's, and its slope over the last third needs points there
+    setting_eval_every: dict[str, int] = field(default_factory=dict)
 
 
 SCALES: dict[str, LadderScale] = {
     "tiny": LadderScale("tiny", agents=8, seeds=1, seconds=None, episodes=30, eval_every=10, eval_games=4,
                         final_games=20, overrides={"replicate_every": 5, "snapshot_every": 10}),
     "small": LadderScale("small", agents=64, seeds=1, seconds=120.0, episodes=20_000, eval_every=100, eval_games=20,
-                         final_games=200),
+                         final_games=200, setting_eval_every={"d": 5}),
     "paper": LadderScale("paper", agents=64, seeds=3, seconds=1800.0, episodes=20_000, eval_every=100,
-                         eval_games=20, final_games=1000),
+                         eval_games=20, final_games=1000, setting_eval_every={"d": 20}),
 }
 
 
@@ -96,7 +99,8 @@ def chosen_settings(scale: LadderScale, setting: str) -> dict[str, Any]:
 
 def params_for(scale: LadderScale, setting: str, seed: int) -> KnightsParams:
     return KnightsParams(agents=scale.agents, episodes=scale.episodes, eval_opponents="ladder",
-                         eval_every=scale.eval_every, eval_games=scale.eval_games, seed=seed,
+                         eval_every=scale.setting_eval_every.get(setting, scale.eval_every),
+                         eval_games=scale.eval_games, seed=seed,
                          **chosen_settings(scale, setting))
 
 
