@@ -1,7 +1,8 @@
 """Does knights self-play keep improving? Ladder Elo against learning time (not a test).
 
     python benchmarks/knights_ladder.py [--seconds 1800] [--seeds 0,1,2] [--agents 64]
-        [--settings a,b,c,d] [--eval-every 100,d=20] [--parallel 2] [--final-games 1000] [--out benchmarks/results/knights_ladder.json]
+        [--settings a,b,c,d] [--eval-every 100,d=20] [--parallel 2] [--final-games 1000]
+        [--out benchmarks/results/knights_ladder.json]
 
 Settings (each `popplay train knights` with `--eval-opponents ladder`, so the curves
 carry the population's ladder Elo at every evaluation):

@@ -4,10 +4,10 @@ import numba
 import numpy as np
 import pytest
 
-from popplay.games.bandit import rules as game
-from popplay.games.bandit.rules import BanditParams
-from popplay.games.bandit.experiment import BanditExperiment
 from popplay.core.backend import Backend
+from popplay.games.bandit import rules as game
+from popplay.games.bandit.experiment import BanditExperiment
+from popplay.games.bandit.rules import BanditParams
 from popplay.training.loop import run
 from tests.reference import bandit as reference
 

@@ -106,9 +106,9 @@ def test_diverged_agents_and_trials_in_the_trial_layout_match_one_process(tmp_pa
 
 
 def test_memory_estimate_counts_a_rank_of_the_trial_layout_by_its_trials(monkeypatch) -> None:
-    from popplay.games.cartpole.rules import CartPolePopulationParams
     from popplay.core.limits import MemoryLimitError, check_run_fits
     from popplay.games.cartpole import memory_bytes
+    from popplay.games.cartpole.rules import CartPolePopulationParams
 
     bell = CartPolePopulationParams(agents=8192, trials=1024)
     whole = memory_bytes(bell)
@@ -131,10 +131,10 @@ def test_every_rank_refuses_a_file_damaged_in_another_ranks_trials(damage: str) 
     alone would refuse and leave rank 1 waiting at the start."""
     import numpy as np
 
-    from popplay.distributed.group import Dist
-    from popplay.games.cartpole.rules import CartPolePopulationParams
     from popplay.core.backend import Backend
+    from popplay.distributed.group import Dist
     from popplay.games.cartpole.experiment import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
 
     params = CartPolePopulationParams(agents=4, trials=4, steps_per_agent=32, share_every=16, test_steps=16)
     one = CartPoleExperiment(params, Backend("numba", "cpu"))

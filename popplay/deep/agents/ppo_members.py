@@ -44,7 +44,15 @@ class PPOMembers:
     """P PPO learners for members ``members`` (slots), each with ``config.copies``
     environments; observations and actions come member-major, ``(P * copies, ...)``;
     member ``k`` starts from member ``init_from[k]``'s initial networks (default: its own).
-    ``config`` is a :class:`popplay.deep.agents.ppo_params.PPOParams`."""
+    ``config`` is a :class:`popplay.deep.agents.ppo_params.PPOParams`.
+
+    A subclass with another loss over the same rollouts (:class:`popplay.deep.agents.a2c_members.A2CMembers`)
+    sets :attr:`hyper_bounds`, :attr:`stream_tag` and overrides :meth:`learn`."""
+
+    #: the hyper-parameters each member holds (the population's --hp names)
+    hyper_bounds: dict[str, Any] = HYPER_BOUNDS
+    #: the tag of the members' counter-based streams: another agent's members draw other words
+    stream_tag: int = TAG_PPO
 
     def __init__(self, config: Any, obs_dim: int, actions: int, seed: int, members: np.ndarray,
                  hypers: dict[str, np.ndarray], device: str = "cpu", init_from: np.ndarray | None = None) -> None:
@@ -52,7 +60,8 @@ class PPOMembers:
         self.obs_dim, self.actions, self.seed, self.device = obs_dim, actions, seed, device
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p, c, t = len(self.members), config.copies, config.n_steps
-        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
+        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy()
+                       for name in self.hyper_bounds}
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         pairs = [networks.actor_critic(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         rows = [torch.cat([networks.flat_parameters(policy), networks.flat_parameters(value)])
@@ -60,7 +69,7 @@ class PPOMembers:
         self._policy_shapes = [tuple(q.shape) for q in pairs[0][0].parameters()]
         self._value_shapes = [tuple(q.shape) for q in pairs[0][1].parameters()]
         self.net = StackedMLP(torch.stack(rows).to(device), self._policy_shapes + self._value_shapes)
-        self.adam = StackedAdam(self.net, eps=config.adam_eps)
+        self.adam = StackedAdam(self.net, eps=getattr(config, "adam_eps", 1e-8))  # torch's Adam default
         self._split = sum(int(np.prod(s)) for s in self._policy_shapes)
         self.rollout = {name: torch.zeros((t, p, c) + ((obs_dim,) if name == "obs" else ()),
                                           dtype=torch.int64 if name == "action" else torch.float32, device=device)
@@ -69,7 +78,8 @@ class PPOMembers:
         self.filled = 0  # rows of the current rollout
         self.updates = 0
         self.rollouts = 0
-        self._keys = torch.as_tensor(rng.stream_keys(seed, TAG_PPO, [_ACT, _SHUFFLE], self.members), device=device)
+        self._keys = torch.as_tensor(rng.stream_keys(seed, self.stream_tag, [_ACT, _SHUFFLE], self.members),
+                                     device=device)
         self._rng = rng.make_rng(th)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_losses = np.full(p, np.nan)
@@ -150,28 +160,48 @@ class PPOMembers:
 
     _last_obs: Any = None  # the latest step's successors: V of them bootstraps the rollout's end
 
-    def learn(self, next_obs: np.ndarray, progress_remaining: float = 1.0) -> int:
-        """``n_epochs`` passes of minibatch steps over the rollout, every member at once."""
+    def _column(self, name: str) -> torch.Tensor:
+        """Hyper-parameter ``name`` of every member, (P, 1) float32 on the device."""
+        return torch.as_tensor(self.hypers[name], dtype=torch.float32, device=self.device).view(self.count, 1)
+
+    def _member_rollout(self, next_obs: np.ndarray, lam: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rollout member-major, ``(P, n = n_steps * copies, ...)``: observations,
+        actions, their log-probabilities at acting, GAE(``lam``) advantages and returns
+        (the rollout's end bootstrapped with V(``next_obs``))."""
         cfg = self.config
-        p, c, t = self.count, cfg.copies, cfg.n_steps
-        h = self.hypers
-        column = lambda name: torch.as_tensor(h[name], dtype=torch.float32, device=self.device)  # noqa: E731
-        gamma, lam = column("gamma").view(p, 1), column("gae_lambda").view(p, 1)
+        p, n = self.count, cfg.copies * cfg.n_steps
         rows = self.rollout
         with torch.no_grad():
             last_value = self._forward(self.net.matrix, self._members_obs(next_obs), value=True).squeeze(-1)
             advantages, returns = gae(rows["reward"], rows["value"], rows["episode_start"], last_value,
-                                      self.next_start, gamma, lam)
-        n = t * c
+                                      self.next_start, self._column("gamma"), lam)
         member_rows = lambda x: x.transpose(0, 1).reshape(p, n, *x.shape[3:])  # noqa: E731  (P, T, C) -> (P, n)
-        obs, action = member_rows(rows["obs"]), member_rows(rows["action"])
-        old_log_prob, advantages, returns = (member_rows(x) for x in (rows["log_prob"], advantages, returns))
+        return tuple(member_rows(x) for x in (rows["obs"], rows["action"], rows["log_prob"], advantages, returns))
+
+    def _step(self, lr: torch.Tensor) -> None:
+        """One Adam step of every member along its gradient in ``net.grad``, clipped to its norm."""
+        clip_rows_(self.net.grad, self._column("max_grad_norm").view(-1))
+        self.adam.step(self.net.grad, lr)
+
+    def _learned(self, losses: torch.Tensor, steps: int) -> int:
+        """Bookkeeping after a rollout was learned from with ``steps`` optimiser steps."""
+        self.last_losses = losses.detach().cpu().numpy()
+        self.updates += steps
+        self.rollouts += 1
+        self.filled = 0
+        return steps
+
+    def learn(self, next_obs: np.ndarray, progress_remaining: float = 1.0) -> int:
+        """``n_epochs`` passes of minibatch steps over the rollout, every member at once."""
+        cfg = self.config
+        p, n = self.count, cfg.copies * cfg.n_steps
+        h = self.hypers
+        obs, action, old_log_prob, advantages, returns = self._member_rollout(next_obs, self._column("gae_lambda"))
         progress = progress_remaining
         lr = torch.as_tensor(cfg.lr_end + (h["lr"] - cfg.lr_end) * progress, dtype=torch.float64, device=self.device)
         clip = torch.as_tensor(cfg.clip_range_end + (h["clip_range"] - cfg.clip_range_end) * progress,
                                dtype=torch.float32, device=self.device).view(p, 1)
-        value_coef, entropy_coef = column("value_coef").view(p, 1), column("entropy_coef").view(p, 1)
-        max_norm = column("max_grad_norm")
+        value_coef, entropy_coef = self._column("value_coef"), self._column("entropy_coef")
         r = self._rng
         steps = 0
         for epoch in range(cfg.n_epochs):
@@ -184,24 +214,15 @@ class PPOMembers:
                     -1, -1, *x.shape[2:]))
                 losses = self._losses(pick(obs), pick(action), pick(old_log_prob), pick(advantages), pick(returns),
                                       clip, value_coef, entropy_coef)
-                clip_rows_(self.net.grad, max_norm)
-                self.adam.step(self.net.grad, lr)
+                self._step(lr)
                 steps += 1
-        self.last_losses = losses.detach().cpu().numpy()
-        self.updates += steps
-        self.rollouts += 1
-        self.filled = 0
-        return steps
+        return self._learned(losses, steps)
 
     def _losses(self, obs: torch.Tensor, action: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                 returns: torch.Tensor, clip: torch.Tensor, value_coef: torch.Tensor,
                 entropy_coef: torch.Tensor) -> torch.Tensor:
         """Each member's loss on its minibatch (P,); their gradients into ``net.grad``."""
-        leaf = self.net.matrix.detach().requires_grad_(True)
-        logp_all = torch.log_softmax(self._forward(leaf, obs, value=False), dim=-1)
-        logp = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).mean(dim=1, keepdim=True)
-        values = self._forward(leaf, obs, value=True).squeeze(-1)
+        leaf, logp, entropy, values = self._terms(obs, action)
         if self.config.normalize_advantage and advantages.shape[1] > 1:
             std, mean = torch.std_mean(advantages, dim=1, keepdim=True)
             advantages = (advantages - mean) / (std + 1e-8)
@@ -210,6 +231,19 @@ class PPOMembers:
         policy_loss = -torch.min(advantages * ratio, advantages * clipped).mean(dim=1, keepdim=True)
         value_loss = ((returns - values) ** 2).mean(dim=1, keepdim=True)
         losses = (policy_loss + value_coef * value_loss - entropy_coef * entropy).squeeze(1)
+        return self._backward(losses, leaf)
+
+    def _terms(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A leaf copy of the networks and, through it, each member's log-probabilities
+        of ``action`` (P, B), mean entropy (P, 1) and values (P, B) on ``obs``."""
+        leaf = self.net.matrix.detach().requires_grad_(True)
+        logp_all = torch.log_softmax(self._forward(leaf, obs, value=False), dim=-1)
+        logp = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean(dim=1, keepdim=True)
+        return leaf, logp, entropy, self._forward(leaf, obs, value=True).squeeze(-1)
+
+    def _backward(self, losses: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+        """Each member's gradient of its own loss into ``net.grad`` (one pass: the sum's)."""
         (grad,) = torch.autograd.grad(losses.sum(), leaf)
         self.net.grad.copy_(grad)
         return losses
@@ -261,7 +295,7 @@ class PPOMembers:
         for name, table in self.rollout.items():
             expected[f"members.rollout.{name}"] = (table.shape[1], filled, *table.shape[2:])
         check_shapes(arrays, expected)
-        hypers = stored_hypers(arrays, HYPER_BOUNDS, self.count)
+        hypers = stored_hypers(arrays, self.hyper_bounds, self.count)
         take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
         self.net.matrix.copy_(take("members.net"))
         self.adam.exp_avg.copy_(take("members.adam.exp_avg"))

@@ -16,12 +16,7 @@ from popplay.core.options import option, parse_widths
 from popplay.core.registry import DEEP, DomainSpec, register
 from popplay.deep.agents.config import check_at_least_one, check_network
 from popplay.deep.topologies.deep_params import EnvChecked
-from popplay.deep.topologies.population_params import (
-    OBS_DIM_ESTIMATE,
-    PopulationLayout,
-    mlp_parameters,
-    population_bytes,
-)
+from popplay.deep.topologies.population_params import PopulationLayout, rollout_population_bytes
 from popplay.deep.topologies.workflow_params import WorkflowParams
 from popplay.operators.hyper import Bounds
 
@@ -122,11 +117,7 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
 
 def memory_bytes(params: PPOParams, world: int = 1, local: int = 1) -> int:
     """A population's networks, rollouts and environments (0 for one agent)."""
-    obs = OBS_DIM_ESTIMATE
-    parameters = mlp_parameters(obs, 4, params.hidden) + mlp_parameters(obs, 1, params.hidden)
-    # the networks, their gradient, Adam's two moments and its scratch; a rollout row of each copy
-    return population_bytes(params.agents, parameters, 5, params.copies * params.n_steps, 4 * (obs + 6),
-                            params.copies)
+    return rollout_population_bytes(params.agents, params.hidden, params.copies, params.n_steps)
 
 
 register(DomainSpec(name="ppo", params=PPOParams, experiment="popplay.deep.topologies.rollout:RolloutExperiment",

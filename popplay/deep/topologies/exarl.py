@@ -32,6 +32,7 @@ from popplay.core.errors import UsageError
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.a2c import SampledPolicy, Trajectory, greedy_policy, trajectory_from_episodes
+from popplay.deep.agents.a2c_members import A2CMembers
 from popplay.deep.agents.ddpg import deterministic_policy
 from popplay.deep.agents.replay import Batch
 from popplay.deep.envs import EnvError
@@ -44,8 +45,14 @@ from popplay.deep.topologies.base import (
     topology_counters,
 )
 from popplay.deep.topologies.common import greedy_quality, recent_mean
-from popplay.deep.topologies.exarl_params import A2CParams, DDPGParams, TD3Params  # noqa: F401  (registered there)
+from popplay.deep.topologies.exarl_params import (  # noqa: F401  (registered there)
+    A2C_HYPER_BOUNDS,
+    A2CParams,
+    DDPGParams,
+    TD3Params,
+)
 from popplay.deep.topologies.families import RankedExperiment
+from popplay.deep.topologies.population import ActorCriticPopulation
 from popplay.deep.topologies.workflow_params import (  # noqa: F401  (SELECTIONS, WORKFLOWS re-exported)
     REPLAY_TOPOLOGIES,
     SELECTIONS,
@@ -182,9 +189,14 @@ class TD3Experiment(_ContinuousExperiment):
 class A2CExperiment(_Experiment):
     """``sequential`` here; the other workflows run rank 0's side of
     :mod:`popplay.deep.topologies.exarl_ranks` (one learner round, or a few inference steps,
-    per phase)."""
+    per phase); with ``--agents`` P > 1, an :class:`A2CPopulation` instead."""
 
     domain = "a2c"
+
+    def __new__(cls, params: A2CParams, backend: Any) -> Any:
+        if cls is A2CExperiment and params.agents > 1:
+            return A2CPopulation(params, backend)
+        return super().__new__(cls)
 
     def _check_env(self) -> None:
         envs.require_discrete(self.info, "a2c")
@@ -219,6 +231,15 @@ class A2CExperiment(_Experiment):
     def _greedy(self, state: ExarlState) -> Any:
         return greedy_policy(state.agent.policy)
 
+
+
+class A2CPopulation(ActorCriticPopulation):
+    """``--agents`` P synchronous A2C learners batched in one process, ``--copies``
+    environments each (:mod:`popplay.deep.agents.a2c_members`)."""
+
+    domain = "a2c"
+    hyper_bounds = A2C_HYPER_BOUNDS
+    learner_class = A2CMembers
 
 class OnPolicyWorkflowExperiment(_Experiment):
     """Rank 0 of any on-policy agent's multi-process workflow (PPO's

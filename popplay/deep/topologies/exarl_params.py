@@ -22,8 +22,22 @@ from popplay.deep.topologies.deep_params import (
     check_evaluation_and_timeout,
     config_from,
 )
-from popplay.deep.topologies.population_params import agent_memory_bytes
+from popplay.deep.topologies.population_params import (
+    PopulationLayout,
+    agent_memory_bytes,
+    rollout_population_bytes,
+)
 from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WorkflowParams
+from popplay.operators.hyper import Bounds
+
+#: The hyper-parameters an A2C population may set per member (``--hp``), and their bounds.
+A2C_HYPER_BOUNDS = {
+    "lr": Bounds(0.0, low_open=True),
+    "gamma": Bounds(0.0, 1.0),
+    "entropy_coef": Bounds(0.0),
+    "value_coef": Bounds(0.0),
+    "max_grad_norm": Bounds(0.0, low_open=True),
+}
 
 
 def exploration_noise_option() -> Any:
@@ -138,13 +152,17 @@ class TD3Params(TD3Switches, DDPGParams):
 
 
 @dataclass(frozen=True)
-class A2CParams(WorkflowParams, DeepParams):
+class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
     """Train A2C (policy gradient with a learned baseline and an entropy bonus), with or
-    without V-trace's off-policy correction."""
+    without V-trace's off-policy correction. With --agents P, P members learn at once
+    from fixed-length rollouts of their --copies environments, one update each per
+    --n-steps (synchronous A2C; :mod:`popplay.deep.agents.a2c_members`)."""
 
     env: str = option("CartPole-v1", ENV_HELP)
-    copies: int = option(8, "Environment copies; one episode each per phase.", min=1)
-    n_steps: int = option(16, "Rows of each learning segment (one update each).", min=1)
+    copies: int = option(8, "Environment copies; one episode each per phase (a population: each member's copies, "
+                            "stepped in lockstep).", min=1)
+    n_steps: int = option(16, "Rows of each learning segment, one update each (a population: the steps of each "
+                              "copy per rollout, one update each).", min=1)
     sync_every: int = option(1, "Phases between refreshes of the actor's copy of the policy.", min=1)
     episodes: int = option(0, EPISODES_HELP, min=0, budget=True)
     env_steps: int = option(0, ENV_STEPS_HELP, min=0, budget=True)
@@ -171,6 +189,7 @@ class A2CParams(WorkflowParams, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
+        self._check_population(A2C_HYPER_BOUNDS, self.workflow, "--workflow")
 
     def new_learner(self, info: Any) -> Any:
         from popplay.deep.agents.a2c import A2C  # defers torch
@@ -178,9 +197,17 @@ class A2CParams(WorkflowParams, DeepParams):
         return A2C(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
 
 
+def a2c_memory_bytes(params: A2CParams, world: int = 1, local: int = 1) -> int:
+    """One A2C agent's memory, or a population's: networks, rollouts and environments."""
+    if params.agents == 1:
+        return agent_memory_bytes(params, world, local)
+    return rollout_population_bytes(params.agents, params.hidden, params.copies, params.n_steps)
+
+
 for _spec in (DomainSpec(name="a2c", params=A2CParams, kind=DEEP,
                          experiment="popplay.deep.topologies.exarl:A2CExperiment",
-                         steps_label="environment steps", memory=agent_memory_bytes,
+                         steps_label="environment steps", memory=a2c_memory_bytes,
+                         lineage_parameters=tuple(A2C_HYPER_BOUNDS),
                          summary="A2C with or without V-trace, in EXARL's workflows."),
               DomainSpec(name="td3", params=TD3Params, kind=DEEP,
                          experiment="popplay.deep.topologies.exarl:TD3Experiment",

@@ -45,6 +45,7 @@ import torch
 
 from popplay import rng
 from popplay.core.errors import UsageError
+from popplay.deep.envs import require_discrete
 from popplay.deep.envs.members import MemberEnvs
 from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays
 from popplay.distributed import collectives
@@ -486,6 +487,30 @@ class PopulationExperiment(DeepExperiment):
     def role(params: Any, rank: int) -> str:
         return f"members rank {rank}"
 
+
+
+class ActorCriticPopulation(PopulationExperiment):
+    """A population of actor-critic members learning from rollouts of ``--copies``
+    environments each (PPO's, A2C's): the agent names its batched learner,
+    ``learner_class(params, obs_dim, actions, seed, members, hypers, device=, init_from=)``,
+    which gives ``greedy_actions`` and ``member_module`` besides the population protocol."""
+
+    copies_field = "copies"
+    learner_class: Any = None
+
+    def __init__(self, params: Any, backend: Any, members: np.ndarray | None = None) -> None:
+        super().__init__(params, backend, members)
+        require_discrete(self.info, self.domain)
+
+    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> Any:
+        return self.learner_class(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members,
+                                  hypers, device=self.device, init_from=self.initial_networks(members))
+
+    def greedy(self, state: Any) -> Any:
+        return state.learner.greedy_actions
+
+    def member_network(self, state: Any, member: int) -> Any:
+        return state.learner.member_module(member)
 
 def evaluate_members(env_id: str, seed: int, slots: np.ndarray, act: Any, episodes: int) -> np.ndarray:
     """(P, episodes) returns of greedy episodes, every member's episode ``e`` played at

@@ -128,6 +128,15 @@ def population_bytes(agents: int, parameters: int, tables: int, rows: int, row_b
     return max(1, agents) * (tables * 4 * parameters + rows * row_bytes + envs * ENV_BYTES)
 
 
+def rollout_population_bytes(agents: int, hidden: tuple[int, ...], copies: int, n_steps: int) -> int:
+    """A population of actor-critic members learning from rollouts (PPO's, A2C's):
+    policy and value networks, their gradient, Adam's two moments and its scratch, and a
+    rollout row of each copy."""
+    obs = OBS_DIM_ESTIMATE
+    parameters = mlp_parameters(obs, 4, hidden) + mlp_parameters(obs, 1, hidden)
+    return population_bytes(agents, parameters, 5, copies * n_steps, 4 * (obs + 6), copies)
+
+
 def agent_memory_bytes(params: Any, world: int = 1, local: int = 1) -> int:
     """One deep agent's memory, before anything is allocated, so a crafted or mistyped
     width (``--hidden 100000,100000``) is refused in one line instead of failing inside

@@ -35,14 +35,14 @@ import torch
 
 from popplay.deep import envs
 from popplay.deep.agents import networks
+from popplay.deep.agents.ppo_members import PPOMembers
+from popplay.deep.agents.ppo_params import HYPER_BOUNDS
 from popplay.deep.agents.rollout import Rollout
 from popplay.deep.envs.rollout import episode_seed
 from popplay.deep.topologies.base import DeepExperiment, check_finite_arrays, curve_arrays, restore_progress
 from popplay.deep.topologies.common import greedy_quality, recent_mean
-from popplay.deep.agents.ppo_members import PPOMembers
-from popplay.deep.agents.ppo_params import HYPER_BOUNDS
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
-from popplay.deep.topologies.population import PopulationExperiment
+from popplay.deep.topologies.population import ActorCriticPopulation
 
 
 @dataclass
@@ -248,24 +248,10 @@ class RolloutExperiment(DeepExperiment):
 
 
 
-class PPOPopulation(PopulationExperiment):
+class PPOPopulation(ActorCriticPopulation):
     """``--agents`` P PPO learners batched in one process, ``--copies`` environments
     each (:mod:`popplay.deep.topologies.population`)."""
 
     domain = "ppo"
     hyper_bounds = HYPER_BOUNDS
-    copies_field = "copies"
-
-    def __init__(self, params: Any, backend: Any, members: np.ndarray | None = None) -> None:
-        super().__init__(params, backend, members)
-        envs.require_discrete(self.info, "ppo")
-
-    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> PPOMembers:
-        return PPOMembers(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members, hypers,
-                          device=self.device, init_from=self.initial_networks(members))
-
-    def greedy(self, state: Any) -> Any:
-        return state.learner.greedy_actions
-
-    def member_network(self, state: Any, member: int) -> Any:
-        return state.learner.member_module(member)
+    learner_class = PPOMembers
