@@ -6,7 +6,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -16,16 +15,11 @@ from popplay.deep.agents.a2c_members import A2CMembers
 from popplay.deep.topologies.exarl import A2CExperiment, A2CPopulation
 from popplay.deep.topologies.exarl_params import A2CParams
 from tests._dist_helpers import assert_same_run, popplay
+from tests._population_helpers import assert_same_state, run_phases
 
 A2C_SMALL = dict(agents=3, hidden=(8, 8), copies=2, n_steps=5, env_steps=3 * 2 * 150, phase_steps=30,
                  eval_episodes=1, seed=4, hp="lr=loguniform:1e-3:1e-2;entropy_coef=uniform:0.0:0.05")
 
-
-def run_phases(experiment, phases: int):
-    state = experiment.initial_state()
-    for _ in range(phases):
-        state = experiment.phase(state, time_left=None)
-    return state
 
 
 def test_a2c_agents_build_a_population_and_one_agent_stays_exarl_s() -> None:
@@ -124,11 +118,7 @@ def test_an_a2c_population_resumes_exactly_and_exports_its_policy(tmp_path: Path
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["agents"] == 2 and summary["replications"] >= 3 and summary["topology"] == "population"
-    with h5py.File(straight) as a, h5py.File(split) as b:
-        assert sorted(a["state"]) == sorted(b["state"])
-        for name in a["state"]:
-            x, y = a["state"][name][()], b["state"][name][()]
-            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    assert_same_state(straight, split)
     code, out, _ = cli(["evaluate", str(split), "--member", "1", "--episodes", "2", "--json"])
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["best_member"] in (0, 1)
     assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "policy.pt")])[0] == 0

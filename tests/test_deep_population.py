@@ -15,12 +15,13 @@ from typer.testing import CliRunner
 
 from popplay.cli.main import app
 from popplay.deep.agents import networks
-from popplay.deep.agents.stacked import StackedAdam, StackedMLP, clip_rows_
 from popplay.deep.agents.ppo_params import PPOParams
+from popplay.deep.agents.stacked import StackedAdam, StackedMLP, clip_rows_
 from popplay.deep.topologies.dqn import DQNParams, DQNPopulation
 from popplay.deep.topologies.rollout import PPOPopulation
 from popplay.operators import hyper
 from popplay.operators.evolution import EVENTS
+from tests._population_helpers import assert_same_state, run_phases
 
 SMALL = dict(agents=3, env="CartPole-v1", hidden=(16, 16), batch_size=8, replay_capacity=300, learning_starts=30,
              target_every=7, epsilon_updates=60, phase_steps=40, eval_episodes=2, seed=5,
@@ -30,12 +31,6 @@ SMALL = dict(agents=3, env="CartPole-v1", hidden=(16, 16), batch_size=8, replay_
 def small(**changes: object) -> DQNParams:
     return dataclasses.replace(DQNParams(**SMALL), **changes)  # type: ignore[arg-type]
 
-
-def run_phases(experiment: DQNPopulation, phases: int):
-    state = experiment.initial_state()
-    for _ in range(phases):
-        state = experiment.phase(state, time_left=None)
-    return state
 
 
 # --- the batched network and optimiser, against torch's own ------------------------
@@ -303,12 +298,8 @@ def test_resume_is_exact_and_the_run_file_serves_lineage_evaluate_and_export(tmp
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["agents"] == 3 and summary["replications"] >= 2 and summary["shares"] >= 1
-    with h5py.File(straight) as a, h5py.File(split) as b:
-        names = sorted(a["state"])
-        assert names == sorted(b["state"]) and "members.online" in names and "lineage_event" in names
-        for name in names:
-            x, y = a["state"][name][()], b["state"][name][()]
-            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    names = assert_same_state(straight, split)
+    assert "members.online" in names and "lineage_event" in names
     lineage = runner.invoke(app, ["lineage", str(split), "--json"])
     assert lineage.exit_code == 0 and json.loads(lineage.output)["parameters"] == ["lr"]
     evaluated = runner.invoke(app, ["evaluate", str(split), "--episodes", "2", "--member", "1", "--json"])
@@ -346,11 +337,7 @@ def test_a_ppo_population_resumes_exactly_and_exports_its_policy(tmp_path, cli) 
     code, out, err = cli(["train", "ppo", "--resume", str(split), "--episodes", "40", "--json"])
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["replications"] >= 2
-    with h5py.File(straight) as a, h5py.File(split) as b:
-        assert sorted(a["state"]) == sorted(b["state"])
-        for name in a["state"]:
-            x, y = a["state"][name][()], b["state"][name][()]
-            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+    assert_same_state(straight, split)
     assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "policy.pt")])[0] == 0
     policy = networks.mlp(4, 2, (8, 8), "tanh")
     policy.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=True))

@@ -29,7 +29,10 @@ from popplay.deep.agents.stacked import (
     check_shapes,
     clip_rows_,
     forward_layers,
+    load_network_tables,
     member_seed,
+    network_shapes,
+    network_tables,
     stored_hypers,
 )
 from popplay.xp import th
@@ -273,9 +276,7 @@ class PPOMembers:
 
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
-        out = {"members.net": self.net.matrix, "members.adam.exp_avg": self.adam.exp_avg,
-               "members.adam.exp_avg_sq": self.adam.exp_avg_sq, "members.adam.steps": self.adam.steps,
-               "members.next_start": self.next_start,
+        out = {**network_tables(self.net, self.adam), "members.next_start": self.next_start,
                **{f"members.rollout.{name}": table[:self.filled].transpose(0, 1)  # member axis first
                   for name, table in self.rollout.items()}}
         arrays = {name: value.detach().cpu().numpy().copy() for name, value in out.items()}
@@ -289,18 +290,13 @@ class PPOMembers:
         filled = int(counters["filled"])
         if not 0 <= filled < self.config.n_steps:
             raise ValueError(f"filled {filled} outside [0, {self.config.n_steps})")
-        expected = {"members.net": tuple(self.net.matrix.shape), "members.adam.exp_avg": tuple(self.net.matrix.shape),
-                    "members.adam.exp_avg_sq": tuple(self.net.matrix.shape), "members.adam.steps": (self.count,),
-                    "members.next_start": tuple(self.next_start.shape)}
+        expected = {**network_shapes(self.net), "members.next_start": tuple(self.next_start.shape)}
         for name, table in self.rollout.items():
             expected[f"members.rollout.{name}"] = (table.shape[1], filled, *table.shape[2:])
         check_shapes(arrays, expected)
         hypers = stored_hypers(arrays, self.hyper_bounds, self.count)
         take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
-        self.net.matrix.copy_(take("members.net"))
-        self.adam.exp_avg.copy_(take("members.adam.exp_avg"))
-        self.adam.exp_avg_sq.copy_(take("members.adam.exp_avg_sq"))
-        self.adam.steps.copy_(take("members.adam.steps"))
+        load_network_tables(self.net, self.adam, arrays)
         self.next_start.copy_(take("members.next_start"))
         for name, table in self.rollout.items():
             table[:filled] = take(f"members.rollout.{name}").to(table.dtype).transpose(0, 1)

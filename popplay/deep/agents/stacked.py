@@ -155,16 +155,28 @@ class StackedAdam:
         self._rows = [list(t.unbind(0)) for t in (self._scratch, network.grad, self.exp_avg, self.exp_avg_sq)]
         self._counts = list(self.steps.view(-1, 1).unbind(0))
 
-    def step(self, grad: torch.Tensor, lr: torch.Tensor) -> None:
-        """One Adam step of every row along the same row of ``grad``; ``lr`` (P,)."""
+    def step(self, grad: torch.Tensor, lr: torch.Tensor, rows: list[int] | None = None) -> None:
+        """One Adam step of every row along the same row of ``grad``; ``lr`` (P,).
+        ``rows``: only these members step (the others' rows, moments and counts stay)."""
         if grad.data_ptr() != self.network.grad.data_ptr():
             raise ValueError("StackedAdam.step takes the network's own gradient matrix")
-        scratch, grads, exp_avgs, exp_avg_sqs = self._rows
-        self.steps.add_(1)  # the kernel reads the count after this step, as torch.optim gives it
-        self._scratch.zero_()
-        torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], self._counts, lr=1.0, beta1=self.betas[0],
+        lists = self._rows + [self._counts]
+        if rows is None:
+            self.steps.add_(1)  # the kernel reads the count after this step, as torch.optim gives it
+            self._scratch.zero_()
+        else:
+            lists = [[rows_of[i] for i in rows] for rows_of in lists]
+            for count, row in zip(lists[4], lists[0]):
+                count.add_(1)
+                row.zero_()
+        scratch, grads, exp_avgs, exp_avg_sqs, counts = lists
+        torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
                            beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
-        self.network.matrix.addcmul_(self._scratch, lr.to(grad.dtype).unsqueeze(1))
+        if rows is None:
+            self.network.matrix.addcmul_(self._scratch, lr.to(grad.dtype).unsqueeze(1))
+            return
+        for i, row in zip(rows, scratch):  # each member's row as the whole matrix's would be, one at a time
+            self.network.matrix[i].addcmul_(row, lr[i].to(grad.dtype))
 
 
 # --- run-file arrays of a population learner ------------------------------------------
@@ -181,6 +193,25 @@ def check_shapes(arrays: Mapping[str, Any], expected: Mapping[str, tuple[int, ..
         if not ((steps >= 0) & (steps == np.round(steps))).all():
             raise ValueError("members.adam.steps: step counts are whole non-negative numbers")
 
+
+
+def network_tables(net: StackedMLP, adam: StackedAdam) -> dict[str, torch.Tensor]:
+    """A one-network learner's run-file tables: ``members.net`` and its Adam state."""
+    return {"members.net": net.matrix, "members.adam.exp_avg": adam.exp_avg,
+            "members.adam.exp_avg_sq": adam.exp_avg_sq, "members.adam.steps": adam.steps}
+
+
+def network_shapes(net: StackedMLP) -> dict[str, tuple[int, ...]]:
+    """The shapes :func:`network_tables` stores, for :func:`check_shapes`."""
+    shape = tuple(net.matrix.shape)
+    return {"members.net": shape, "members.adam.exp_avg": shape, "members.adam.exp_avg_sq": shape,
+            "members.adam.steps": (shape[0],)}
+
+
+def load_network_tables(net: StackedMLP, adam: StackedAdam, arrays: Mapping[str, Any]) -> None:
+    """Copy :func:`network_tables` back from checked ``arrays``, in place."""
+    for name, table in network_tables(net, adam).items():
+        table.copy_(torch.as_tensor(np.asarray(arrays[name]), device=table.device))
 
 def stored_hypers(arrays: Mapping[str, Any], bounds: Mapping[str, Any], count: int) -> dict[str, np.ndarray]:
     """The members' hyper-parameters from ``hyper.<name>`` arrays, each checked against

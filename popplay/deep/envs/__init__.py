@@ -150,6 +150,13 @@ def make_single(env_id: str, **kwargs: Any) -> Any:
         return gymnasium.make(bare, **kwargs)
 
 
+
+def time_limit(env_id: str) -> int | None:
+    """The steps after which ``env_id`` cuts an episode (its registered
+    ``max_episode_steps``), or None where it has none."""
+    limit = gymnasium.spec(check_env_id(env_id)).max_episode_steps
+    return int(limit) if limit is not None else None
+
 def describe(env: Any, env_id: str) -> EnvInfo:
     """The spaces of a vector environment made by :func:`make_vector`."""
     return _describe(env.single_observation_space, env.single_action_space, env_id)

@@ -332,13 +332,20 @@ class PopulationExperiment(DeepExperiment):
         return []
 
     # --- measurements ---------------------------------------------------------------
+    def _updates(self, state: PopulationState) -> float:
+        """The learner's optimiser steps: the same for every member where they learn in
+        lockstep; where each learns at its own moments (REINFORCE's episode ends), the
+        whole population's sum of ``member_updates()``."""
+        per_member = getattr(state.learner, "member_updates", None)
+        return float(self._whole(per_member()).sum()) if per_member is not None else float(state.learner.updates)
+
     def measure(self, state: PopulationState) -> dict[str, float]:
         scores = self.scores(state)
         seen = scores[~np.isnan(scores)]
         out = {"return_best": float(seen.max()) if seen.size else math.nan,
                "return_mean": float(seen.mean()) if seen.size else math.nan,
                "return_worst": float(seen.min()) if seen.size else math.nan,
-               "updates": float(state.learner.updates)}
+               "updates": self._updates(state)}
         epsilons = getattr(state.learner, "epsilons", None)
         if epsilons is not None:  # an ε-greedy agent's exploration, falling with its updates
             out["epsilon"] = float(np.mean(self._whole(epsilons())))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from popplay.core.errors import UsageError
 from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import greedy_policy
@@ -29,6 +30,7 @@ from popplay.deep.agents.reinforce import (
     worker_episode,
     worker_generator,
 )
+from popplay.deep.agents.reinforce_members import ReinforceMembers
 from popplay.deep.topologies.base import (
     DeepExperiment,
     check_finite_arrays,
@@ -38,7 +40,13 @@ from popplay.deep.topologies.base import (
 from popplay.deep.topologies.common import greedy_quality, recent_mean
 from popplay.deep.topologies.exarl import OnPolicyWorkflowExperiment
 from popplay.deep.topologies.families import family_of
-from popplay.deep.topologies.reinforce_params import REINFORCE_TOPOLOGIES, SPEC, ReinforceParams  # noqa: F401
+from popplay.deep.topologies.population import PopulationExperiment
+from popplay.deep.topologies.reinforce_params import (  # noqa: F401
+    REINFORCE_HYPER_BOUNDS,
+    REINFORCE_TOPOLOGIES,
+    SPEC,
+    ReinforceParams,
+)
 from popplay.deep.topologies.reinforce_ranks import server_round, server_stop, worker_loop
 from popplay.distributed.group import current
 
@@ -66,6 +74,8 @@ class ReinforceExperiment(DeepExperiment):
     domain = "reinforce"
 
     def __new__(cls, params: Any, backend: Any) -> Any:
+        if cls is ReinforceExperiment and getattr(params, "agents", 1) > 1:
+            return ReinforcePopulation(params, backend)
         if family_of(params) is not None:
             return OnPolicyWorkflowExperiment(params, backend)
         return super().__new__(cls)
@@ -198,3 +208,32 @@ class ReinforceExperiment(DeepExperiment):
         """Greedy: the most probable action (evaluation only; training samples)."""
 
         return greedy_quality(self.params.env, greedy_policy(state.policy), episodes, seed)[1]
+
+
+class ReinforcePopulation(PopulationExperiment):
+    """``--agents`` P REINFORCE learners batched in one process, one environment each
+    (:mod:`popplay.deep.agents.reinforce_members`)."""
+
+    domain = "reinforce"
+    hyper_bounds = REINFORCE_HYPER_BOUNDS
+
+    def __init__(self, params: ReinforceParams, backend: Any, members: np.ndarray | None = None) -> None:
+        super().__init__(params, backend, members)
+        envs.require_discrete(self.info, "reinforce")
+        limit = envs.time_limit(params.env)
+        if limit is None or limit > params.max_steps:
+            # the members' episode buffers hold whole episodes; an environment cuts its own
+            raise UsageError(f"--env {params.env}: a REINFORCE population learns from whole episodes and needs a "
+                             f"time limit of at most --max-steps {params.max_steps} (this environment's: "
+                             f"{limit if limit is not None else 'none'})")
+        self.horizon = limit
+
+    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> ReinforceMembers:
+        return ReinforceMembers(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members,
+                                hypers, self.horizon, device=self.device, init_from=self.initial_networks(members))
+
+    def greedy(self, state: Any) -> Any:
+        return state.learner.greedy_actions
+
+    def member_network(self, state: Any, member: int) -> Any:
+        return state.learner.member_module(member)

@@ -20,7 +20,13 @@ from popplay.deep.topologies.deep_params import (
     DeepParams,
     check_evaluation_and_timeout,
 )
-from popplay.deep.topologies.population_params import agent_memory_bytes
+from popplay.deep.topologies.population_params import (
+    OBS_DIM_ESTIMATE,
+    PopulationLayout,
+    agent_memory_bytes,
+    mlp_parameters,
+    population_bytes,
+)
 from popplay.deep.topologies.workflow_params import (
     ON_POLICY_WORKFLOWS,
     ExarlLayout,
@@ -29,15 +35,21 @@ from popplay.deep.topologies.workflow_params import (
     ranks_of,
     selection_option,
 )
+from popplay.operators.hyper import Bounds
 
 REINFORCE_TOPOLOGIES = ("server", "local", *ON_POLICY_WORKFLOWS[1:])
 
+#: The hyper-parameters a REINFORCE population may set per member (``--hp``), and their bounds.
+REINFORCE_HYPER_BOUNDS = {"lr": Bounds(0.0, low_open=True), "gamma": Bounds(0.0, 1.0)}
+
 
 @dataclass(frozen=True)
-class ReinforceParams(ExarlLayout, DeepParams):
+class ReinforceParams(PopulationLayout, ExarlLayout, DeepParams):
     """Train a policy with REINFORCE: normalised discounted returns, loss −Σ log π·G per
     episode; the server sums the workers' gradients and steps Adam (as in the
-    'Distributed Reinforcement Learning: A draft' post)."""
+    'Distributed Reinforcement Learning: A draft' post). With --agents P, P members learn
+    at once in one process (or over --nproc ranks), each from its own episodes, one Adam
+    step at the end of each (:mod:`popplay.deep.agents.reinforce_members`)."""
 
     domain: ClassVar[str] = "reinforce"
 
@@ -88,14 +100,31 @@ class ReinforceParams(ExarlLayout, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes, self.timeout)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
+        # a population is its own layout: the server's and the local workers' topologies do not apply to it
+        alone = self.agents > 1 and self.topology in ("server", "local")
+        self._check_population(REINFORCE_HYPER_BOUNDS, "sequential" if alone else self.topology, "--topology")
+        if self.agents > 1 and self.workers != 1:
+            raise ValueError(f"workers: each member of a population plays its own environment; give --workers 1 "
+                             f"(got {self.workers})")
 
     @property
     def ranks(self) -> int:
         return ranks_of(self.topology, self.workers, self.learners, alone="local")
 
 
+def memory_bytes(params: ReinforceParams, world: int = 1, local: int = 1) -> int:
+    """One agent's memory, or a population's: policies, their gradient, Adam's two moments and
+    scratch, and an episode buffer of --max-steps rows per member."""
+    if params.agents == 1:
+        return agent_memory_bytes(params, world, local)
+    obs = OBS_DIM_ESTIMATE
+    return population_bytes(params.agents, mlp_parameters(obs, 4, params.hidden), 5, params.max_steps,
+                            4 * (obs + 3), 1)
+
+
 SPEC = register(DomainSpec(name="reinforce", params=ReinforceParams, kind=DEEP,
                            experiment="popplay.deep.topologies.reinforce:ReinforceExperiment",
-                           steps_label="environment steps", memory=agent_memory_bytes,
+                           steps_label="environment steps", memory=memory_bytes,
+                           lineage_parameters=tuple(REINFORCE_HYPER_BOUNDS),
                            summary="REINFORCE with a synchronous parameter server (as in the 'Distributed "
                                    "Reinforcement Learning: A draft' post)."))
