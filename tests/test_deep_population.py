@@ -85,7 +85,7 @@ def test_member_k_of_a_population_is_member_k_alone() -> None:
         for name in ("online", "target"):
             assert torch.equal(getattr(population.learner, name).matrix[k], getattr(alone.learner, name).matrix[0])
         assert torch.equal(population.learner.adam.exp_avg_sq[k], alone.learner.adam.exp_avg_sq[0])
-        assert torch.equal(population.learner.replay.obs[k], alone.learner.replay.obs[0])
+        assert torch.equal(population.learner.replay.tables["obs"][k], alone.learner.replay.tables["obs"][0])
         assert np.array_equal(population.envs.obs[k], alone.envs.obs[0])
         mine = [r for m, r in zip(population.episode_member, population.episode_return) if m == k]
         assert mine == alone.episode_return
@@ -116,14 +116,14 @@ def test_pbt_copies_weights_optimiser_and_hypers_from_the_best_and_records_them(
     learner = state.learner
     before = {name: t.clone() for name, t in (("online", learner.online.matrix), ("adam", learner.adam.exp_avg))}
     hypers_before = {name: v.copy() for name, v in learner.hypers.items()}
-    replay_before = learner.replay.obs.clone()
+    replay_before = learner.replay.tables["obs"].clone()
     records = len(state.lineage)
     parents, children = experiment.replicate(state, scores=np.array([10.0, 40.0, 20.0, 30.0]))
     assert parents.tolist() == [1] and children.tolist() == [0]
     assert torch.equal(learner.online.matrix[0], before["online"][1])
     assert torch.equal(learner.adam.exp_avg[0], before["adam"][1])
     assert torch.equal(learner.online.matrix[1:], before["online"][1:])  # nobody else moved
-    assert torch.equal(learner.replay.obs, replay_before)  # replay kept by default
+    assert torch.equal(learner.replay.tables["obs"], replay_before)  # replay kept by default
     # explore: each spec'd value x0.8 or x1.2 of the parent's (clipped to its range), or the neighbouring choice
     lr = learner.hypers["lr"][0]
     assert np.isclose(lr, np.clip(hypers_before["lr"][1] * 0.8, 1e-4, 1e-2)) or \
@@ -191,7 +191,7 @@ def test_copy_replay_takes_the_parents_memory_too() -> None:
     experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True), None)
     state = run_phases(experiment, 1)
     experiment.replicate(state, scores=np.array([1.0, 0.0]))
-    assert torch.equal(state.learner.replay.obs[1], state.learner.replay.obs[0])
+    assert torch.equal(state.learner.replay.tables["obs"][1], state.learner.replay.tables["obs"][0])
 
 
 def test_sharing_is_the_experience_weighted_mean_of_each_group() -> None:

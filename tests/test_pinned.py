@@ -24,12 +24,14 @@ GOLDEN = json.loads(commands.GOLDEN.read_text())
 #: knobs now (popplay.core.hooks) and no longer reach a run file.
 HOOKS = {"slow_learner", "slow_simulator", "inject_stale_every", "inject_huge_every"}
 #: Parameters a command gained since the recording (their defaults change nothing it did):
-#: DQN and REINFORCE run in EXARL's workflows, whose layout they now record.
+#: DQN and REINFORCE run in EXARL's workflows, whose layout they now record; both have
+#: populations (--agents P), whose options they record too.
 POPULATION_KEYS = {"agents", "hp", "phase_steps", "replicate_every", "replicate_fraction", "window", "resample",
                    "replicate_when", "replicate_confidence", "replicate_after",
                    "copy_replay", "share_every", "share_group", "differentiation", "bias_decay"}  # --agents P
-ADDED = {name: {"learners", "selection", "queue_capacity"} | (POPULATION_KEYS if name.startswith("dqn") else set())
+ADDED = {name: {"learners", "selection", "queue_capacity"} | POPULATION_KEYS
          for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}
+ADDED["a2c"] = POPULATION_KEYS  # A2C populations (--agents P)
 #: Knights options added since the pins (their defaults leave a run as it was): the torch
 #: engine's dtype, the league, significance-based replacement, adaptive pairing.
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",

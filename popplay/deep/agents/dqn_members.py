@@ -15,7 +15,6 @@ alone, on any number of members or ranks, and a resume needs only the counters.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from popplay import rng
 from popplay.deep.agents import networks
 from popplay.deep.agents.dqn import DQNConfig
+from popplay.deep.agents.member_replay import MemberReplay
 from popplay.deep.agents.stacked import (
     TAG_MEMBER,
     StackedAdam,
@@ -38,22 +38,6 @@ from popplay.deep.topologies.dqn_params import HYPER_BOUNDS
 from popplay.xp import th
 
 _EXPLORE, _SAMPLE = 0, 1
-
-@dataclass
-class ReplayRows:
-    """The members' replay memories: (P, capacity, ...) rings written in lockstep."""
-
-    obs: torch.Tensor
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor
-    terminated: torch.Tensor
-
-    FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
-
-    def arrays(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.FIELDS}
-
 
 class DQNMembers:
     """P Double DQN learners with members ``members`` (their indices in the population).
@@ -80,20 +64,13 @@ class DQNMembers:
         self.online = StackedMLP(stacked.matrix.to(device), stacked.shapes)
         self.target = StackedMLP(self.online.matrix.clone(), self.online.shapes)
         self.adam = StackedAdam(self.online)
-        cap = config.replay_capacity
-        self.replay = ReplayRows(
-            torch.zeros(p, cap, obs_dim, device=device), torch.zeros(p, cap, dtype=torch.int64, device=device),
-            torch.zeros(p, cap, device=device), torch.zeros(p, cap, obs_dim, device=device),
-            torch.zeros(p, cap, device=device))
-        self.position = 0  # next slot of every ring
-        self.size = 0
-        self.added = 0  # transitions each member has stored (the ring's next slot: this mod capacity)
+        self.replay = MemberReplay(p, config.replay_capacity, obs_dim, (), torch.int64, batch_size=config.batch_size,
+                                   learning_starts=config.learning_starts, update_ratio=config.update_ratio,
+                                   device=device)
         self.updates = 0
-        self.update_credit = 0.0
         keys = rng.stream_keys(seed, TAG_MEMBER, [_EXPLORE, _SAMPLE], self.members)
         self._keys = torch.as_tensor(keys, device=device)
         self._rng = rng.make_rng(th)
-        self._row_base = torch.arange(p, device=device) * cap
         self._hyper_tensors()
 
     # --- hyper-parameters as tensors (refreshed when members change) ---------------
@@ -142,27 +119,13 @@ class DQNMembers:
         updates per member transition once ``learning_starts`` are stored (the one-agent
         rule, :class:`popplay.deep.agents.credit.UpdateCredit`). A time-limit cut
         (``truncated``) still bootstraps: only ``terminated`` is stored."""
-        at = self.position
-        rows = self.replay
-        rows.obs[:, at] = torch.as_tensor(obs, dtype=torch.float32)
-        rows.action[:, at] = torch.as_tensor(action, dtype=torch.int64)
-        rows.reward[:, at] = torch.as_tensor(reward, dtype=torch.float32)
-        rows.next_obs[:, at] = torch.as_tensor(next_obs, dtype=torch.float32)
-        rows.terminated[:, at] = torch.as_tensor(terminated, dtype=torch.float32)
-        self.position = (at + 1) % self.config.replay_capacity
-        self.size = min(self.config.replay_capacity, self.size + 1)
-        self.added += 1
-        if self.size >= self.config.learning_starts:  # owed from then on, as UpdateCredit owes them
-            self.update_credit += self.config.update_ratio
+        self.replay.store(obs, action, reward, next_obs, terminated)
 
     def train(self, progress: float = 0.0) -> int:
         """Run the updates owed, once ``learning_starts`` transitions are stored; returns
         how many (``progress``, the fraction of the budget done, is for schedules DQN
         does not have)."""
-        if self.size < max(1, self.config.learning_starts):
-            return 0
-        owed = int(self.update_credit)
-        self.update_credit -= owed
+        owed = self.replay.owed()
         for _ in range(owed):
             self.update()
         return owed
@@ -170,23 +133,14 @@ class DQNMembers:
     def sample_index(self) -> torch.Tensor:
         """(P, batch) replay slots of update :attr:`updates`: uniform with replacement,
         word ``updates·batch + j`` of each member's sample stream."""
-        r = self._rng
-        b = self.config.batch_size
-        counters = r.mix_counter(torch.arange(self.updates * b, (self.updates + 1) * b, dtype=torch.int64,
-                                              device=self.device))
-        words = r.draw(self._keys[_SAMPLE].unsqueeze(1), counters.unsqueeze(0))
-        return (r.uniform53(words) * self.size).to(torch.int64).clamp_(max=self.size - 1)
+        return self.replay.sample_index(self._rng, self._keys[_SAMPLE], self.updates)
 
     def update(self) -> None:
         """One Double DQN step of every member on its own minibatch."""
-        p, b = self.count, self.config.batch_size
-        flat = (self._row_base.unsqueeze(1) + self.sample_index()).reshape(-1)
-        rows = self.replay
-        obs = rows.obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
-        next_obs = rows.next_obs.view(-1, self.obs_dim)[flat].view(p, b, -1)
-        action = rows.action.view(-1)[flat].view(p, b, 1)
-        reward = rows.reward.view(-1)[flat].view(p, b)
-        terminated = rows.terminated.view(-1)[flat].view(p, b)
+        b = self.config.batch_size
+        rows = self.replay.batch(self.sample_index())
+        obs, next_obs, reward, terminated = rows["obs"], rows["next_obs"], rows["reward"], rows["terminated"]
+        action = rows["action"].unsqueeze(2)
         states = torch.cat([obs, next_obs], dim=1)
         hidden: list[torch.Tensor] = []
         q_both = self.online.forward(states, hidden)
@@ -220,7 +174,7 @@ class DQNMembers:
         """What a PBT copy moves, member axis first: networks, Adam state and (with
         ``replay``) the replay memory."""
         tables = [self.online.matrix, self.target.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
-        return tables + (list(self.replay.arrays().values()) if replay else [])
+        return tables + (list(self.replay.tables.values()) if replay else [])
 
     def member_module(self, slot: int) -> torch.nn.Sequential:
         """Member ``slot``'s online network as the ``nn.Sequential`` one DQN agent has (a CPU copy)."""
@@ -240,49 +194,30 @@ class DQNMembers:
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything that changes, member axis first; replay rows oldest first."""
-        slots, cap = torch.arange(self.size, device=self.device), self.config.replay_capacity
-        order = slots if self.size < cap else (self.position + slots) % cap
         out = {"online": self.online.matrix, "target": self.target.matrix, "adam.exp_avg": self.adam.exp_avg,
                "adam.exp_avg_sq": self.adam.exp_avg_sq, "adam.steps": self.adam.steps,
-               **{f"replay.{name}": table[:, order] for name, table in self.replay.arrays().items()}}
+               **{f"replay.{name}": table for name, table in self.replay.arrays().items()}}
         arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in out.items()}
         arrays.update({f"hyper.{name}": values.copy() for name, values in self.hypers.items()})
         return arrays
 
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.updates, "update_credit": self.update_credit, "replay_size": self.size,
-                "replay_added": self.added}
+        return {"updates": self.updates, **self.replay.counters()}
 
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         """Restore :meth:`arrays` and :meth:`counters`; ValueError (one line) on shapes
         that do not fit this population."""
-        size = int(counters["replay_size"])
-        if not 0 <= size <= self.config.replay_capacity:
-            raise ValueError(f"replay_size {size} outside [0, {self.config.replay_capacity}]")
         expected = {"online": tuple(self.online.matrix.shape), "target": tuple(self.online.matrix.shape),
                     "adam.exp_avg": tuple(self.online.matrix.shape), "adam.exp_avg_sq": tuple(self.online.matrix.shape),
                     "adam.steps": (self.count,)}
-        for name, table in self.replay.arrays().items():
-            expected[f"replay.{name}"] = (self.count, size, *table.shape[2:])
         check_shapes(arrays, {f"members.{name}": shape for name, shape in expected.items()})
         hypers = stored_hypers(arrays, HYPER_BOUNDS, self.count)
+        self.replay.load(arrays, counters, "members.replay.")
         take = lambda key: torch.as_tensor(np.asarray(arrays[key]), device=self.device)  # noqa: E731
         self.online.matrix.copy_(take("members.online"))
         self.target.matrix.copy_(take("members.target"))
         self.adam.exp_avg.copy_(take("members.adam.exp_avg"))
         self.adam.exp_avg_sq.copy_(take("members.adam.exp_avg_sq"))
         self.adam.steps.copy_(take("members.adam.steps"))
-        added = int(counters["replay_added"])
-        if added < size:
-            raise ValueError(f"replay_added {added} is below replay_size {size}")
-        cap = self.config.replay_capacity
-        # each transition back in its slot (minibatches draw slots): a full ring's next slot is added mod capacity
-        position = added % cap if size == cap else size
-        slots = ((position + torch.arange(size)) % cap if size == cap else torch.arange(size)).to(self.device)
-        for name, table in self.replay.arrays().items():
-            table.zero_()
-            table[:, slots] = take(f"members.replay.{name}").to(table.dtype)
-        self.size, self.position, self.added = size, position, added
         self.updates = int(counters["updates"])
-        self.update_credit = float(counters["update_credit"])
         self.set_hypers(hypers)

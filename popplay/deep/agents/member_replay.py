@@ -1,0 +1,115 @@
+"""The replay memories of a population's members: (P, capacity, ...) rings written in
+lockstep, the update credit they owe, and their minibatches.
+
+Every member stores one transition per step, so the rings share one position and size;
+a member's minibatch of update ``u`` is drawn from its own counter-based stream
+(:mod:`popplay.rng`, word ``u·batch + j``), so member ``k`` samples the same slots in a
+population of any size. Shared by the replay agents' population learners (DQN's,
+DDPG's and TD3's).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from popplay.deep.agents.stacked import check_shapes
+
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
+class MemberReplay:
+    """P rings of ``capacity`` transitions; actions of ``action_shape`` and ``action_dtype``
+    (DQN: ``()`` int64; a continuous agent: ``(action_dim,)`` float32)."""
+
+    def __init__(self, members: int, capacity: int, obs_dim: int, action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype, *, batch_size: int, learning_starts: int, update_ratio: float,
+                 device: str = "cpu") -> None:
+        self.count, self.capacity, self.obs_dim = members, capacity, obs_dim
+        self.batch_size, self.learning_starts, self.update_ratio = batch_size, learning_starts, update_ratio
+        self.device = device
+        self.tables = {"obs": torch.zeros(members, capacity, obs_dim, device=device),
+                       "action": torch.zeros(members, capacity, *action_shape, dtype=action_dtype, device=device),
+                       "reward": torch.zeros(members, capacity, device=device),
+                       "next_obs": torch.zeros(members, capacity, obs_dim, device=device),
+                       "terminated": torch.zeros(members, capacity, device=device)}
+        self.position = 0  # next slot of every ring
+        self.size = 0
+        self.added = 0  # transitions each member has stored (the ring's next slot: this mod capacity)
+        self.update_credit = 0.0
+        self._row_base = torch.arange(members, device=device) * capacity
+
+    def store(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
+              terminated: np.ndarray) -> None:
+        """One transition per member (rows in member order); owes ``update_ratio``
+        updates per member transition once ``learning_starts`` are stored (the one-agent
+        rule, :class:`popplay.deep.agents.credit.UpdateCredit`)."""
+        at, t = self.position, self.tables
+        t["obs"][:, at] = torch.as_tensor(obs, dtype=torch.float32)
+        t["action"][:, at] = torch.as_tensor(action, dtype=t["action"].dtype).view(t["action"][:, at].shape)
+        t["reward"][:, at] = torch.as_tensor(reward, dtype=torch.float32)
+        t["next_obs"][:, at] = torch.as_tensor(next_obs, dtype=torch.float32)
+        t["terminated"][:, at] = torch.as_tensor(terminated, dtype=torch.float32)
+        self.position = (at + 1) % self.capacity
+        self.size = min(self.capacity, self.size + 1)
+        self.added += 1
+        if self.size >= self.learning_starts:  # owed from then on, as UpdateCredit owes them
+            self.update_credit += self.update_ratio
+
+    def owed(self) -> int:
+        """The updates owed now (taken off the credit); none before ``learning_starts``."""
+        if self.size < max(1, self.learning_starts):
+            return 0
+        owed = int(self.update_credit)
+        self.update_credit -= owed
+        return owed
+
+    def sample_index(self, rng: Any, keys: torch.Tensor, update: int) -> torch.Tensor:
+        """(P, batch) slots of update ``update``: uniform with replacement, word
+        ``update·batch + j`` of each member's stream ``keys`` (P,)."""
+        b = self.batch_size
+        counters = rng.mix_counter(torch.arange(update * b, (update + 1) * b, dtype=torch.int64, device=self.device))
+        words = rng.draw(keys.unsqueeze(1), counters.unsqueeze(0))
+        return (rng.uniform53(words) * self.size).to(torch.int64).clamp_(max=self.size - 1)
+
+    def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every field at slots ``index`` (P, batch), member-major: (P, batch, ...)."""
+        p, b = index.shape
+        flat = (self._row_base.unsqueeze(1) + index).reshape(-1)
+        return {name: table.view(p * self.capacity, *table.shape[2:])[flat].view(p, b, *table.shape[2:])
+                for name, table in self.tables.items()}
+
+    # --- run-file arrays ------------------------------------------------------------
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """The stored rows, oldest first, member axis first."""
+        slots = torch.arange(self.size, device=self.device)
+        order = slots if self.size < self.capacity else (self.position + slots) % self.capacity
+        return {name: table[:, order] for name, table in self.tables.items()}
+
+    def counters(self) -> dict[str, Any]:
+        return {"update_credit": self.update_credit, "replay_size": self.size, "replay_added": self.added}
+
+    def expected(self, size: int) -> dict[str, tuple[int, ...]]:
+        """The shapes :meth:`arrays` gives for ``size`` stored rows."""
+        return {name: (self.count, size, *table.shape[2:]) for name, table in self.tables.items()}
+
+    def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any], prefix: str) -> None:
+        """Restore :meth:`arrays` (named ``prefix + field``) and :meth:`counters`;
+        ValueError (one line) on counts or shapes that do not fit."""
+        size = int(counters["replay_size"])
+        if not 0 <= size <= self.capacity:
+            raise ValueError(f"replay_size {size} outside [0, {self.capacity}]")
+        added = int(counters["replay_added"])
+        if added < size:
+            raise ValueError(f"replay_added {added} is below replay_size {size}")
+        check_shapes(arrays, {prefix + name: shape for name, shape in self.expected(size).items()})
+        cap = self.capacity
+        # each transition back in its slot (minibatches draw slots): a full ring's next slot is added mod capacity
+        position = added % cap if size == cap else size
+        slots = ((position + torch.arange(size)) % cap if size == cap else torch.arange(size)).to(self.device)
+        for name, table in self.tables.items():
+            table.zero_()
+            table[:, slots] = torch.as_tensor(np.asarray(arrays[prefix + name]), device=self.device).to(table.dtype)
+        self.size, self.position, self.added = size, position, added
+        self.update_credit = float(counters["update_credit"])
