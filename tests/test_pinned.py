@@ -31,7 +31,8 @@ POPULATION_KEYS = {"agents", "hp", "phase_steps", "replicate_every", "replicate_
                    "copy_replay", "share_every", "share_group", "differentiation", "bias_decay"}  # --agents P
 ADDED = {name: {"learners", "selection", "queue_capacity"} | POPULATION_KEYS
          for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}
-ADDED["a2c"] = POPULATION_KEYS  # A2C populations (--agents P)
+for _name in ("a2c", "td3", "ddpg-per"):  # A2C, TD3 and DDPG populations (--agents P)
+    ADDED[_name] = POPULATION_KEYS
 #: Knights options added since the pins (their defaults leave a run as it was): the torch
 #: engine's dtype, the league, significance-based replacement, adaptive pairing.
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",

@@ -31,6 +31,7 @@ from popplay.deep.agents.stacked import (
     StackedMLP,
     check_shapes,
     clip_rows_,
+    member_arrays,
     member_seed,
     stored_hypers,
 )
@@ -197,9 +198,7 @@ class DQNMembers:
         out = {"online": self.online.matrix, "target": self.target.matrix, "adam.exp_avg": self.adam.exp_avg,
                "adam.exp_avg_sq": self.adam.exp_avg_sq, "adam.steps": self.adam.steps,
                **{f"replay.{name}": table for name, table in self.replay.arrays().items()}}
-        arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in out.items()}
-        arrays.update({f"hyper.{name}": values.copy() for name, values in self.hypers.items()})
-        return arrays
+        return member_arrays(out, self.hypers)
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.updates, **self.replay.counters()}

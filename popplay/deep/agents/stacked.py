@@ -195,6 +195,14 @@ def check_shapes(arrays: Mapping[str, Any], expected: Mapping[str, tuple[int, ..
 
 
 
+
+def member_arrays(tables: Mapping[str, torch.Tensor], hypers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A population learner's run-file arrays: each table as ``members.<name>`` and each
+    hyper-parameter as ``hyper.<name>``, host copies, member axis first."""
+    arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in tables.items()}
+    arrays.update({f"hyper.{name}": np.asarray(values).copy() for name, values in hypers.items()})
+    return arrays
+
 def network_tables(net: StackedMLP, adam: StackedAdam) -> dict[str, torch.Tensor]:
     """A one-network learner's run-file tables: ``members.net`` and its Adam state."""
     return {"members.net": net.matrix, "members.adam.exp_avg": adam.exp_avg,

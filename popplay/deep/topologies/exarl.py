@@ -33,6 +33,7 @@ from popplay.deep import envs
 from popplay.deep.agents import networks
 from popplay.deep.agents.a2c import SampledPolicy, Trajectory, greedy_policy, trajectory_from_episodes
 from popplay.deep.agents.a2c_members import A2CMembers
+from popplay.deep.agents.continuous_members import ContinuousMembers
 from popplay.deep.agents.ddpg import deterministic_policy
 from popplay.deep.agents.replay import Batch
 from popplay.deep.envs import EnvError
@@ -47,12 +48,13 @@ from popplay.deep.topologies.base import (
 from popplay.deep.topologies.common import greedy_quality, recent_mean
 from popplay.deep.topologies.exarl_params import (  # noqa: F401  (registered there)
     A2C_HYPER_BOUNDS,
+    CONTINUOUS_HYPER_BOUNDS,
     A2CParams,
     DDPGParams,
     TD3Params,
 )
 from popplay.deep.topologies.families import RankedExperiment
-from popplay.deep.topologies.population import ActorCriticPopulation
+from popplay.deep.topologies.population import ActorCriticPopulation, PopulationExperiment
 from popplay.deep.topologies.workflow_params import (  # noqa: F401  (SELECTIONS, WORKFLOWS re-exported)
     REPLAY_TOPOLOGIES,
     SELECTIONS,
@@ -177,13 +179,45 @@ class _ContinuousExperiment(_Experiment):
 
 
 class DDPGExperiment(_ContinuousExperiment):
+    """With ``--agents`` P > 1, a :class:`ContinuousPopulation` instead."""
+
     domain = "ddpg"
     agent_name = "ddpg"
 
+    def __new__(cls, params: Any, backend: Any) -> Any:
+        if cls in (DDPGExperiment, TD3Experiment) and params.agents > 1:
+            return ContinuousPopulation(params, backend)
+        return super().__new__(cls)
 
-class TD3Experiment(_ContinuousExperiment):
+
+class TD3Experiment(DDPGExperiment):
     domain = "td3"
     agent_name = "td3"
+
+
+class ContinuousPopulation(PopulationExperiment):
+    """``--agents`` P DDPG or TD3 learners batched in one process, one environment each
+    (:mod:`popplay.deep.agents.continuous_members`)."""
+
+    hyper_bounds = CONTINUOUS_HYPER_BOUNDS
+
+    def __init__(self, params: Any, backend: Any, members: np.ndarray | None = None) -> None:
+        self.domain = params.domain
+        super().__init__(params, backend, members)
+        if self.info.discrete:
+            raise EnvError(f"--env {params.env}: {self.domain} needs continuous actions (this environment's are "
+                           "discrete)")
+
+    def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> ContinuousMembers:
+        return ContinuousMembers(self.params.agent_config(), self.info.obs_dim, self.info.action_low,
+                                 self.info.action_high, self.params.seed, members, hypers, device=self.device,
+                                 init_from=self.initial_networks(members))
+
+    def greedy(self, state: Any) -> Any:
+        return state.learner.greedy_actions
+
+    def member_network(self, state: Any, member: int) -> Any:
+        return state.learner.member_module(member)
 
 
 class A2CExperiment(_Experiment):

@@ -30,6 +30,15 @@ from popplay.deep.topologies.population_params import (
 from popplay.deep.topologies.workflow_params import REPLAY_TOPOLOGIES, WorkflowParams
 from popplay.operators.hyper import Bounds
 
+#: The hyper-parameters a DDPG or TD3 population may set per member (``--hp``), and their bounds.
+CONTINUOUS_HYPER_BOUNDS = {
+    "actor_lr": Bounds(0.0, low_open=True),
+    "critic_lr": Bounds(0.0, low_open=True),
+    "gamma": Bounds(0.0, 1.0),
+    "tau": Bounds(0.0, 1.0),
+    "exploration_noise": Bounds(0.0),
+}
+
 #: The hyper-parameters an A2C population may set per member (``--hp``), and their bounds.
 A2C_HYPER_BOUNDS = {
     "lr": Bounds(0.0, low_open=True),
@@ -45,9 +54,12 @@ def exploration_noise_option() -> Any:
 
 
 @dataclass(frozen=True)
-class DDPGParams(WorkflowParams, DeepParams):
+class DDPGParams(PopulationLayout, WorkflowParams, DeepParams):
     """Train DDPG (deterministic actor, Q critic, soft target updates), optionally with
-    prioritised experience replay."""
+    prioritised experience replay. With --agents P, P members learn at once in one
+    process, in lockstep (:mod:`popplay.deep.agents.continuous_members`)."""
+
+    domain: ClassVar[str] = "ddpg"
 
     workflow: str = option(
         "sequential", "sequential: the actor plays, then the learner trains, in one process. multi-learner: actors' "
@@ -94,6 +106,9 @@ class DDPGParams(WorkflowParams, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
+        self._check_population(CONTINUOUS_HYPER_BOUNDS, self.workflow, "--workflow")
+        if self.agents > 1 and self.per:
+            raise ValueError("per: a population's members keep uniform replay (prioritised replay is one agent's)")
 
     # Grandio's topologies read the layout under their own names.
     @property
@@ -138,6 +153,7 @@ class TD3Params(TD3Switches, DDPGParams):
     """Train TD3: DDPG with clipped double Q, delayed policy updates and target policy
     smoothing, each of which can be switched off."""
 
+    domain: ClassVar[str] = "td3"
     critic_count: ClassVar[int] = 2
 
     def _config_type(self) -> type:
@@ -197,6 +213,11 @@ class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
         return A2C(self.agent_config(), info.obs_dim, int(info.actions), self.seed)
 
 
+def continuous_memory_bytes(params: DDPGParams, world: int = 1, local: int = 1) -> int:
+    """One DDPG or TD3 agent's memory (networks and replay), or a population's: P of them."""
+    return max(1, params.agents) * agent_memory_bytes(params, world, local)
+
+
 def a2c_memory_bytes(params: A2CParams, world: int = 1, local: int = 1) -> int:
     """One A2C agent's memory, or a population's: networks, rollouts and environments."""
     if params.agents == 1:
@@ -211,10 +232,12 @@ for _spec in (DomainSpec(name="a2c", params=A2CParams, kind=DEEP,
                          summary="A2C with or without V-trace, in EXARL's workflows."),
               DomainSpec(name="td3", params=TD3Params, kind=DEEP,
                          experiment="popplay.deep.topologies.exarl:TD3Experiment",
-                         steps_label="environment steps", memory=agent_memory_bytes,
+                         steps_label="environment steps", memory=continuous_memory_bytes,
+                         lineage_parameters=tuple(CONTINUOUS_HYPER_BOUNDS),
                          summary="TD3 in EXARL's workflows."),
               DomainSpec(name="ddpg", params=DDPGParams, kind=DEEP,
                          experiment="popplay.deep.topologies.exarl:DDPGExperiment",
-                         steps_label="environment steps", memory=agent_memory_bytes,
+                         steps_label="environment steps", memory=continuous_memory_bytes,
+                         lineage_parameters=tuple(CONTINUOUS_HYPER_BOUNDS),
                          summary="DDPG, optionally with prioritised replay, in EXARL's workflows.")):
     register(_spec)
