@@ -175,8 +175,10 @@ class ReinforceMembers:
         return [self.net.matrix]
 
     def member_tables(self, *, replay: bool) -> list[torch.Tensor]:
-        """What a PBT copy moves, member axis first: the policy and Adam state (an
-        episode under way belongs to the member's own environment: kept)."""
+        """What a PBT copy moves, member axis first: the policy and Adam state. An
+        episode under way belongs to the member's own environment and is kept: the copy
+        plays it on with its new policy and learns from it whole at its end (the one
+        step in which its earlier actions came from another policy)."""
         return [self.net.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:

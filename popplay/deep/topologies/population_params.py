@@ -63,8 +63,8 @@ class PopulationLayout:
         """What a population cannot do over ``world`` ranks (ValueError, one line),
         checked before any rank starts."""
         if world > 1 and getattr(self, "episodes", 0):
-            raise ValueError("--episodes: a population over several ranks takes an --env-steps or --time-budget "
-                             "budget (every rank must agree on it at every step)")
+            raise ValueError(f"--episodes {self.episodes}: a population over several ranks takes an --env-steps "
+                             "or --time-budget budget (every rank must agree on it at every step); give --episodes 0")
 
     def schedule_warnings(self) -> list[str]:
         """Operators an env-step budget never reaches (silently none is not what was asked)."""
