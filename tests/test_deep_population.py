@@ -259,7 +259,7 @@ def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> 
     (["--agents", "1000000", "--replay", "10", "--learning-starts", "0"], "memory"),  # the environments alone
     (["--agents", "4", "--share-every", "10", "--share-group", "3"], "divisor"),
     # over ranks, refused by the launcher before any rank starts
-    (["--agents", "4", "--nproc", "2", "--episodes", "40"], "--episodes: a population over several ranks"),
+    (["--agents", "4", "--nproc", "2", "--episodes", "40"], "--episodes 40: a population over several ranks"),
     (["--agents", "3", "--nproc", "2"], "3 agents cannot be split evenly over 2 ranks"),
     (["--nproc", "2"], "come from its layout"),  # one agent: its topology counts its ranks
 ])
