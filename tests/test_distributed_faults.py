@@ -99,7 +99,10 @@ def test_torchrun_max_restarts_continues_from_the_checkpoint(jobs, tmp_path: Pat
     from popplay.cli.main import main
 
     budget = ["--agent-steps", "24000"]
-    base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")]]
+    # a short --timeout: the surviving worker, blocked in a collective with the killed one,
+    # gives up after it (SIGTERM cannot reach it there) and torchrun restarts both sooner
+    base = [*LONG[:LONG.index("--agent-steps")], *budget, *LONG[LONG.index("--share-every"):LONG.index("--timeout")],
+            "--timeout", "5"]
     out = tmp_path / "run.h5"
     import socket
 

@@ -194,14 +194,13 @@ def check_shapes(arrays: Mapping[str, Any], expected: Mapping[str, tuple[int, ..
             raise ValueError("members.adam.steps: step counts are whole non-negative numbers")
 
 
-
-
 def member_arrays(tables: Mapping[str, torch.Tensor], hypers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A population learner's run-file arrays: each table as ``members.<name>`` and each
     hyper-parameter as ``hyper.<name>``, host copies, member axis first."""
     arrays = {f"members.{name}": value.detach().cpu().numpy().copy() for name, value in tables.items()}
     arrays.update({f"hyper.{name}": np.asarray(values).copy() for name, values in hypers.items()})
     return arrays
+
 
 def network_tables(net: StackedMLP, adam: StackedAdam) -> dict[str, torch.Tensor]:
     """A one-network learner's run-file tables: ``members.net`` and its Adam state."""
@@ -220,6 +219,7 @@ def load_network_tables(net: StackedMLP, adam: StackedAdam, arrays: Mapping[str,
     """Copy :func:`network_tables` back from checked ``arrays``, in place."""
     for name, table in network_tables(net, adam).items():
         table.copy_(torch.as_tensor(np.asarray(arrays[name]), device=table.device))
+
 
 def stored_hypers(arrays: Mapping[str, Any], bounds: Mapping[str, Any], count: int) -> dict[str, np.ndarray]:
     """The members' hyper-parameters from ``hyper.<name>`` arrays, each checked against

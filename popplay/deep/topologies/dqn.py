@@ -176,9 +176,6 @@ class DQNPopulation(PopulationExperiment):
             return learner.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1).cpu().numpy()
         return act
 
-    def member_network(self, state: Any, member: int) -> Any:
-        return state.learner.member_module(member)
-
 
 def to_batch(episodes: Any) -> Any:
     return Batch(torch.as_tensor(episodes.obs), torch.as_tensor(episodes.action).long(),

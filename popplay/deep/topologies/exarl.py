@@ -213,12 +213,6 @@ class ContinuousPopulation(PopulationExperiment):
                                  self.info.action_high, self.params.seed, members, hypers, device=self.device,
                                  init_from=self.initial_networks(members))
 
-    def greedy(self, state: Any) -> Any:
-        return state.learner.greedy_actions
-
-    def member_network(self, state: Any, member: int) -> Any:
-        return state.learner.member_module(member)
-
 
 class A2CExperiment(_Experiment):
     """``sequential`` here; the other workflows run rank 0's side of

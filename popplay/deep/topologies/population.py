@@ -166,12 +166,14 @@ class PopulationExperiment(DeepExperiment):
         return np.zeros_like(members) if self.params.share_every else members
 
     def greedy(self, state: PopulationState) -> Any:
-        """A function from one observation per member (P, obs_dim) to greedy actions (P,)."""
-        raise NotImplementedError
+        """A function from one observation per member (P, obs_dim) to greedy actions
+        (P, ...): by default the learner's ``greedy_actions``."""
+        return state.learner.greedy_actions
 
     def member_network(self, state: PopulationState, member: int) -> Any:
-        """Member ``member``'s acting network as a plain ``nn.Sequential`` (a copy)."""
-        raise NotImplementedError
+        """Member ``member``'s acting network as a plain module (a copy): by default the
+        learner's ``member_module``."""
+        return state.learner.member_module(member)
 
     # --- the run (budgets, progress and step counts: DeepExperiment's) -------------------
     def initial_state(self) -> PopulationState:
@@ -495,7 +497,6 @@ class PopulationExperiment(DeepExperiment):
         return f"members rank {rank}"
 
 
-
 class ActorCriticPopulation(PopulationExperiment):
     """A population of actor-critic members learning from rollouts of ``--copies``
     environments each (PPO's, A2C's): the agent names its batched learner,
@@ -513,11 +514,6 @@ class ActorCriticPopulation(PopulationExperiment):
         return self.learner_class(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members,
                                   hypers, device=self.device, init_from=self.initial_networks(members))
 
-    def greedy(self, state: Any) -> Any:
-        return state.learner.greedy_actions
-
-    def member_network(self, state: Any, member: int) -> Any:
-        return state.learner.member_module(member)
 
 def evaluate_members(env_id: str, seed: int, slots: np.ndarray, act: Any, episodes: int) -> np.ndarray:
     """(P, episodes) returns of greedy episodes, every member's episode ``e`` played at

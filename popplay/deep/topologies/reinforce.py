@@ -231,9 +231,3 @@ class ReinforcePopulation(PopulationExperiment):
     def new_learner(self, members: np.ndarray, hypers: dict[str, np.ndarray]) -> ReinforceMembers:
         return ReinforceMembers(self.params, self.info.obs_dim, int(self.info.actions), self.params.seed, members,
                                 hypers, self.horizon, device=self.device, init_from=self.initial_networks(members))
-
-    def greedy(self, state: Any) -> Any:
-        return state.learner.greedy_actions
-
-    def member_network(self, state: Any, member: int) -> Any:
-        return state.learner.member_module(member)
