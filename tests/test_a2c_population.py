@@ -14,8 +14,7 @@ from popplay.deep.agents import networks
 from popplay.deep.agents.a2c_members import A2CMembers
 from popplay.deep.topologies.exarl import A2CExperiment, A2CPopulation
 from popplay.deep.topologies.exarl_params import A2CParams
-from tests._dist_helpers import assert_same_run, popplay
-from tests._population_helpers import assert_same_state, run_phases
+from tests._population_helpers import assert_same_state, assert_two_ranks_equal_one_process, run_phases
 
 A2C_SMALL = dict(agents=3, hidden=(8, 8), copies=2, n_steps=5, env_steps=3 * 2 * 150, phase_steps=30,
                  eval_episodes=1, seed=4, hp="lr=loguniform:1e-3:1e-2;entropy_coef=uniform:0.0:0.05")
@@ -141,14 +140,6 @@ def test_a2c_population_options_that_cannot_work_are_one_line(tmp_path: Path, cl
 
 @pytest.mark.procs
 def test_an_a2c_population_on_two_ranks_equals_one_process(tmp_path: Path, a2c_flags) -> None:
-    from popplay.cli.main import main
-
     flags = ["train", "a2c", *a2c_flags[2:], "--agents", "4", "--share-every", "75", "--share-group", "2",
              "--env-steps", "800"]
-    one, two = tmp_path / "one.h5", tmp_path / "two.h5"
-    assert main([*flags, "--out", str(one)]) == 0
-    done = popplay(*flags, "--nproc", "2", "--out", str(two), "--json")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["world_size"] == 2 and summary["replications"] >= 1 and summary["shares"] >= 1
-    assert_same_run(one, two)
+    assert_two_ranks_equal_one_process(flags, tmp_path)

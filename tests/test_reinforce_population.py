@@ -16,8 +16,7 @@ from popplay.deep.agents.reinforce import episode_gradient
 from popplay.deep.agents.reinforce_members import ReinforceMembers
 from popplay.deep.topologies.reinforce import ReinforceExperiment, ReinforcePopulation
 from popplay.deep.topologies.reinforce_params import ReinforceParams
-from tests._dist_helpers import assert_same_run, popplay
-from tests._population_helpers import assert_same_state, run_phases
+from tests._population_helpers import assert_same_state, assert_two_ranks_equal_one_process, run_phases
 
 SMALL = dict(agents=3, hidden=(8,), episodes=0, env_steps=3 * 150, phase_steps=50, eval_episodes=1, seed=6,
              hp="lr=loguniform:1e-3:3e-2;gamma=choice:0.9,0.99")
@@ -126,14 +125,6 @@ def test_reinforce_population_options_that_cannot_work_are_one_line(tmp_path: Pa
 
 @pytest.mark.procs
 def test_a_reinforce_population_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
-    from popplay.cli.main import main
-
     flags = ["train", "reinforce", *FLAGS[2:], "--agents", "4", "--share-every", "60", "--share-group", "2",
              "--env-steps", "800"]
-    one, two = tmp_path / "one.h5", tmp_path / "two.h5"
-    assert main([*flags, "--out", str(one)]) == 0
-    done = popplay(*flags, "--nproc", "2", "--out", str(two), "--json")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["world_size"] == 2 and summary["replications"] >= 1 and summary["shares"] >= 1
-    assert_same_run(one, two)
+    assert_two_ranks_equal_one_process(flags, tmp_path)
