@@ -1,7 +1,7 @@
 """Does knights self-play keep improving? Ladder Elo against learning time (not a test).
 
     python benchmarks/knights_ladder.py [--seconds 1800] [--seeds 0,1,2] [--agents 64]
-        [--settings a,b,c,d] [--eval-every 100,d=20] [--parallel 2] [--final-games 1000]
+        [--settings a,b,c,d] [--eval-every 100,d=20] [--eval-every-seconds 90] [--parallel 2] [--final-games 1000]
         [--out benchmarks/results/knights_ladder.json]
 
 Settings (each `popplay train knights` with `--eval-opponents ladder`, so the curves
@@ -60,14 +60,15 @@ def run_study(args: argparse.Namespace) -> dict:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     jobs = [(name, seed) for seed in args.seeds for name in args.settings]
     common = ["train", "knights", "--agents", str(args.agents), "--episodes", str(args.episodes), "--time-budget",
-              str(args.seconds), "--eval-opponents", "ladder", "--eval-games", str(args.eval_games), "--overwrite",
-              "--json"]
+              str(args.seconds), "--eval-opponents", "ladder", "--eval-games", str(args.eval_games),
+              "--eval-every-seconds", str(args.eval_every_seconds), "--overwrite", "--json"]
     from popplay.games.knights.rules import KnightsParams
     from popplay.tournaments.ladder import ladder
 
     ladder(KnightsParams())  # rated (or read from the cache) once, before the runs that all need it
     report: dict = {"seconds": args.seconds, "agents": args.agents, "settings": {k: SETTINGS[k] for k in args.settings},
                     "eval_every": {k: args.eval_every[k] for k in args.settings}, "eval_games": args.eval_games,
+                    "eval_every_seconds": args.eval_every_seconds,
                     "runs": {}}
     running: list[tuple[str, int, subprocess.Popen]] = []
     while jobs or running:
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="episodes between ladder evaluations: N for every setting, with NAME=N overrides "
                              "(\"100,d=20\": setting d plays ~35x fewer episodes per minute than c, and a slope over "
                              "the last third needs points there)")
+    parser.add_argument("--eval-every-seconds", type=float, default=90.0,
+                        help="also evaluate after this much learning time since the last (0: by episodes only)")
     parser.add_argument("--eval-games", type=int, default=20)
     parser.add_argument("--final-games", type=int, default=1000)
     parser.add_argument("--out", default=str(HERE / "results" / "knights_ladder.json"))

@@ -135,3 +135,31 @@ def test_per_agent_learning_parameters_are_used():
     assert not np.array_equal(after.w1[1], state.w1[1])
     assert np.array_equal(experiment.episode_batch(state).epsilon,
                           state.epsilon[experiment.episode_batch(state).net])
+
+
+def test_eval_every_seconds_adds_evaluations_by_learning_time_and_changes_no_learning():
+    """With --eval-every-seconds an evaluation is due once that much learning time
+    passed since the last, whatever the episode: here (a nanosecond) after every
+    episode, where --eval-every 1000 alone evaluates only at the first measurement;
+    the weights learned are the same."""
+    import dataclasses
+
+    by_episodes = dataclasses.replace(SMALL, eval_every=1000, episodes=4)
+    by_time = dataclasses.replace(by_episodes, eval_every_seconds=1e-9)
+    plain = run(KnightsExperiment(by_episodes, NUMBA))
+    timed_experiment = KnightsExperiment(by_time, NUMBA)
+    timed = run(timed_experiment)
+    assert plain.curve.metrics["eval_episode"] == [1.0, 1.0, 1.0, 1.0]  # the first measurement's, repeated
+    assert timed.curve.metrics["eval_episode"] == [1.0, 2.0, 3.0, 4.0]
+    assert timed_experiment.learned_seconds > 0
+    for name in ("w1", "b1", "w2", "b2", "alpha", "score"):
+        assert np.array_equal(getattr(plain.state, name), getattr(timed.state, name)), name
+    assert not np.array_equal(plain.state.eval_record, timed.state.eval_record)
+
+
+def test_eval_every_seconds_over_ranks_is_refused_in_one_line(cli, tmp_path):
+    code, _, err = cli(["train", "knights", "--agents", "4", "--episodes", "2", "--eval-every-seconds", "5",
+                        "--nproc", "2", "--out", str(tmp_path / "x.h5")])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--eval-every-seconds" in lines[0], err
+    assert not (tmp_path / "x.h5").exists()

@@ -37,7 +37,8 @@ for _name in ("a2c", "td3", "ddpg-per"):  # A2C, TD3 and DDPG populations (--age
 #: engine's dtype, the league, significance-based replacement, adaptive pairing.
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",
                     "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf",
-                    "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies"}
+                    "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies",
+                    "eval_every_seconds"}
 
 
 def _same(got: object, expected: object) -> bool:

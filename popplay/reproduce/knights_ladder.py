@@ -78,15 +78,18 @@ class LadderScale:
     # episodes between evaluations where a setting differs: d's two-ply agents play ~35x
     # fewer episodes per minute than c's, and its slope over the last third needs points there
     setting_eval_every: dict[str, int] = field(default_factory=dict)
+    # also evaluate after this much learning time since the last (0: by episodes only),
+    # so that a slope over the last third has points where episodes grow slow
+    eval_seconds: float = 0.0
 
 
 SCALES: dict[str, LadderScale] = {
     "tiny": LadderScale("tiny", agents=8, seeds=1, seconds=None, episodes=30, eval_every=10, eval_games=4,
                         final_games=20, overrides={"replicate_every": 5, "snapshot_every": 10}),
     "small": LadderScale("small", agents=64, seeds=1, seconds=120.0, episodes=20_000, eval_every=100, eval_games=20,
-                         final_games=200, setting_eval_every={"d": 5}),
+                         final_games=200, setting_eval_every={"d": 5}, eval_seconds=10.0),
     "paper": LadderScale("paper", agents=64, seeds=3, seconds=1800.0, episodes=20_000, eval_every=100,
-                         eval_games=20, final_games=1000, setting_eval_every={"d": 20}),
+                         eval_games=20, final_games=1000, setting_eval_every={"d": 20}, eval_seconds=90.0),
 }
 
 
@@ -100,7 +103,7 @@ def chosen_settings(scale: LadderScale, setting: str) -> dict[str, Any]:
 def params_for(scale: LadderScale, setting: str, seed: int) -> KnightsParams:
     return KnightsParams(agents=scale.agents, episodes=scale.episodes, eval_opponents="ladder",
                          eval_every=scale.setting_eval_every.get(setting, scale.eval_every),
-                         eval_games=scale.eval_games, seed=seed,
+                         eval_games=scale.eval_games, eval_every_seconds=scale.eval_seconds, seed=seed,
                          **chosen_settings(scale, setting))
 
 
@@ -108,8 +111,9 @@ def command_for(scale: LadderScale, setting: str, seed: int) -> str:
     p = params_for(scale, setting, seed)
     extra = " ".join(options(setting, scale))
     budget = f" --time-budget {scale.seconds:g}" if scale.seconds is not None else ""
+    by_time = f" --eval-every-seconds {p.eval_every_seconds:g}" if p.eval_every_seconds else ""
     return (f"popplay train knights --agents {p.agents} --episodes {p.episodes}{budget} --eval-opponents ladder "
-            f"--eval-every {p.eval_every} --eval-games {p.eval_games} --seed {seed} {extra}").rstrip()
+            f"--eval-every {p.eval_every}{by_time} --eval-games {p.eval_games} --seed {seed} {extra}").rstrip()
 
 
 def slope(seconds: np.ndarray, values: np.ndarray) -> dict[str, Any]:

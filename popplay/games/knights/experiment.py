@@ -21,10 +21,14 @@ ids; the state's :class:`popplay.operators.evolution.Lineage` records every copy
 ``measure`` records the learning scores of every episode and, every ``eval_every``
 episodes (and at the first), every agent's quality against the benchmark opponents;
 in between it repeats the last evaluation (``eval_episode`` says when it was made).
-Evaluations are untimed (they are not learning) and kept in the state.
+Evaluations are untimed (they are not learning) and kept in the state. With
+``eval_every_seconds`` an evaluation is also due once that much learning time (this
+process's phases) passed since the last: a study of learning time gets points where
+episodes grow slow; learning is the same, only where the points fall depends on speed.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -84,6 +88,10 @@ class KnightsExperiment:
             # depends on the batch: a rank's share of the games would differ in the last bits.
             raise ValueError("knights runs on several ranks with --backend numba only (the torch engine's "
                              "sums depend on the batch, so a sharded run would not be bit-identical)")
+        if self.dist.distributed and p.eval_every_seconds:
+            # each rank's clock would put the evaluations (collective over the ranks) elsewhere
+            raise ValueError("--eval-every-seconds evaluates by this process's clock; over several ranks, "
+                             "evaluate by episodes (--eval-every)")
         if p.dtype != "float64" and backend.name != "torch":
             raise ValueError(f"--dtype {p.dtype} runs on the torch engine (--backend torch); the numba engine "
                              "computes in float64")
@@ -104,6 +112,10 @@ class KnightsExperiment:
         # ladder is rated on first use, then cached).
         self.ladder_metrics = True
         self.fitness_errors = np.full(p.agents, np.inf)  # the latest ranking's rating errors
+        # learning time of this process's phases, and what it was at the latest evaluation
+        # (--eval-every-seconds; not in the state: it changes when points fall, never what is learned)
+        self.learned_seconds = 0.0
+        self._evaluated_at = 0.0
 
     # -- the runner's interface -------------------------------------------------
 
@@ -133,6 +145,13 @@ class KnightsExperiment:
         """One learning episode: all games of all agents, then the weight update and,
         every ``replicate_every`` episodes, selective replication with variation (an
         episode is the unit of work, so ``time_left`` does not shorten it)."""
+        started = time.perf_counter()
+        try:
+            return self._episode(state)
+        finally:
+            self.learned_seconds += time.perf_counter() - started
+
+    def _episode(self, state: KnightsState) -> KnightsState:
         p = self.params
         league = self.league_opponents(state)
         batch = self.episode_batch(state, league)
@@ -350,6 +369,7 @@ class KnightsExperiment:
         """
         p = self.params
         due = state.episode % p.eval_every == 0 or state.eval_episode[0] < 0
+        due = due or bool(p.eval_every_seconds) and self.learned_seconds - self._evaluated_at >= p.eval_every_seconds
         if due and state.eval_episode[0] != state.episode:
             self.store_evaluation(state)
         metrics: dict[str, float] = {}
@@ -380,6 +400,7 @@ class KnightsExperiment:
         for i, q in enumerate(self.evaluate(state, self.params.eval_games).values()):
             state.eval_record[i] = np.stack([q.wins, q.draws, q.losses], axis=1)
         state.eval_episode[0] = state.episode
+        self._evaluated_at = self.learned_seconds
 
     def stored_qualities(self, state: KnightsState, record: np.ndarray | None = None) -> dict[str, bots.Quality]:
         record = state.eval_record if record is None else record

@@ -153,6 +153,11 @@ class KnightsParams:
     init_scale: float = option(0.1, "Initial weights uniform on ±this.", min=0.0)
     opponents_learn: bool = option(False, "Opponents also learn from the games they are drawn into.")
     eval_every: int = option(20, "Episodes between evaluations against the benchmark opponents.", min=1)
+    eval_every_seconds: float = option(0.0, "Also evaluate once this many seconds of learning time passed since the "
+                                            "last evaluation (0: by episodes only). Slow episodes (two plies, wide "
+                                            "networks) then still give curve points; learning is unchanged, but "
+                                            "when the points fall depends on the machine's speed. One process only.",
+                                       min=0.0)
     eval_games: int = option(100, "Games per agent and opponent in an evaluation.", min=2)
     eval_opponents: str = option("random,greedy", "Benchmark opponents to evaluate against: some of random, "
                                                   "noisy75, noisy50, noisy25, greedy, search, search1 ... search4, "
@@ -218,6 +223,8 @@ class KnightsParams:
             (0.0 <= self.epsilon <= 1.0, "epsilon", "must lie in [0, 1]"),
             (math.isfinite(self.init_scale) and self.init_scale >= 0.0, "init_scale", "must be non-negative"),
             (self.eval_every >= 1, "eval_every", "must be at least 1"),
+            (math.isfinite(self.eval_every_seconds) and self.eval_every_seconds >= 0.0, "eval_every_seconds",
+             "must be non-negative (0: by episodes only)"),
             (self.eval_games >= 2, "eval_games", "must be at least 2 (half move first)"),
             (self.snapshot_every >= 0, "snapshot_every", "must be non-negative (0: no snapshots)"),
             (self.league >= 0, "league", "must be non-negative (0: no league)"),
