@@ -59,23 +59,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 
-#: The files whose tests take longest (real ranks, whole runs), slowest first: the workers
-#: take them first, so the last files handed out are short and neither worker idles long
-#: at the end while the other finishes a minute-long file (``--dist loadfile`` hands files
-#: out in collection order).
-SLOW_FILES_FIRST = ("test_exarl_workflows.py", "test_replay_topologies.py", "test_gorila_cli.py",
-                    "test_gorila_agents.py", "test_distributed_cartpole.py", "test_distributed_faults.py",
-                    "test_gorila_processes.py", "test_gorila_torchrun.py", "test_distributed_bandit.py",
-                    "test_deep_topologies.py", "test_pinned.py", "test_reproduce_knights_ladder.py", "test_syncs.py",
-                    "test_distributed_deep_population.py", "test_distributed_knights.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow files first (:data:`SLOW_FILES_FIRST`); the order within a file, and of the
-    other files, is kept."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES_FIRST)))
-
 class Jobs:
     """``python -m popplay ARGS`` as real processes, each in its own session so that a
     job that hangs is killed with all of its ranks; every job a test leaves running is
