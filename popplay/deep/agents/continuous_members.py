@@ -32,6 +32,7 @@ from popplay.deep.agents.stacked import (
     check_shapes,
     forward_layers,
     member_arrays,
+    member_hypers,
     member_seed,
     stored_hypers,
 )
@@ -65,8 +66,7 @@ class ContinuousMembers:
         self.high = torch.as_tensor(high, dtype=torch.float32, device=device).reshape(-1)
         self.scale = (self.high - self.low) / 2
         self.action_dim = int(self.low.numel())
-        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy()
-                       for name in self.hyper_bounds}
+        self.hypers = member_hypers(hypers, self.hyper_bounds, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         actors, critics = [], []
         for k in starts:
@@ -75,8 +75,8 @@ class ContinuousMembers:
                 actors.append(Actor(obs_dim, low, high, config.hidden).net)
                 critics.append([Critic(obs_dim, self.action_dim, config.hidden).net for _ in range(self.critic_count)])
         self._critic_shapes = [tuple(q.shape) for q in critics[0][0].parameters()]
-        self.actor = StackedMLP.from_modules(actors)
-        self.actor = StackedMLP(self.actor.matrix.to(device), self.actor.shapes)
+        self.actor = StackedMLP(torch.stack([networks.flat_parameters(a) for a in actors]).to(device),
+                                [tuple(q.shape) for q in actors[0].parameters()])
         rows = torch.stack([torch.cat([networks.flat_parameters(c) for c in pair]) for pair in critics])
         self.critic = StackedMLP(rows.to(device), self._critic_shapes * self.critic_count)
         self.actor_target = self.actor.matrix.clone()
@@ -220,8 +220,7 @@ class ContinuousMembers:
         return self.parameter_tables() + self._adam_tables() + (list(self.replay.tables.values()) if replay else [])
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
-        for name in self.hypers:
-            self.hypers[name] = np.asarray(hypers[name], dtype=np.float64).reshape(self.count).copy()
+        self.hypers = member_hypers(hypers, self.hypers, self.count)
 
     def member_module(self, slot: int) -> Actor:
         """Member ``slot``'s actor as the :class:`popplay.deep.agents.ddpg.Actor` one agent has."""

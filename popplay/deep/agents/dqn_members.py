@@ -32,6 +32,7 @@ from popplay.deep.agents.stacked import (
     check_shapes,
     clip_rows_,
     member_arrays,
+    member_hypers,
     member_seed,
     stored_hypers,
 )
@@ -58,7 +59,7 @@ class DQNMembers:
         self._on_cpu = torch.device(device).type == "cpu"
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p = len(self.members)
-        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy() for name in HYPER_BOUNDS}
+        self.hypers = member_hypers(hypers, HYPER_BOUNDS, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         modules = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         stacked = StackedMLP.from_modules(modules)
@@ -188,8 +189,7 @@ class DQNMembers:
         return [self.online.matrix, self.target.matrix]
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
-        for name in self.hypers:
-            self.hypers[name] = np.asarray(hypers[name], dtype=np.float64).reshape(self.count).copy()
+        self.hypers = member_hypers(hypers, self.hypers, self.count)
         self._hyper_tensors()
 
     # --- run-file arrays ------------------------------------------------------------

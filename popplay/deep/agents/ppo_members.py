@@ -30,6 +30,7 @@ from popplay.deep.agents.stacked import (
     clip_rows_,
     forward_layers,
     load_network_tables,
+    member_hypers,
     member_seed,
     network_shapes,
     network_tables,
@@ -63,8 +64,7 @@ class PPOMembers:
         self.obs_dim, self.actions, self.seed, self.device = obs_dim, actions, seed, device
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p, c, t = len(self.members), config.copies, config.n_steps
-        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy()
-                       for name in self.hyper_bounds}
+        self.hypers = member_hypers(hypers, self.hyper_bounds, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         pairs = [networks.actor_critic(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         rows = [torch.cat([networks.flat_parameters(policy), networks.flat_parameters(value)])
@@ -264,8 +264,7 @@ class PPOMembers:
         return [self.net.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
-        for name in self.hypers:
-            self.hypers[name] = np.asarray(hypers[name], dtype=np.float64).reshape(self.count).copy()
+        self.hypers = member_hypers(hypers, self.hypers, self.count)
 
     def member_module(self, slot: int) -> torch.nn.Sequential:
         """Member ``slot``'s policy network (logits) as the ``nn.Sequential`` one PPO agent has."""

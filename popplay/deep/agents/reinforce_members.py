@@ -29,6 +29,7 @@ from popplay.deep.agents.stacked import (
     check_shapes,
     forward_layers,
     load_network_tables,
+    member_hypers,
     member_seed,
     network_shapes,
     network_tables,
@@ -57,8 +58,7 @@ class ReinforceMembers:
         self.horizon = int(horizon)
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         p = len(self.members)
-        self.hypers = {name: np.asarray(hypers[name], dtype=np.float64).reshape(p).copy()
-                       for name in self.hyper_bounds}
+        self.hypers = member_hypers(hypers, self.hyper_bounds, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         policies = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
         self._shapes = [tuple(q.shape) for q in policies[0].parameters()]
@@ -182,8 +182,7 @@ class ReinforceMembers:
         return [self.net.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
-        for name in self.hypers:
-            self.hypers[name] = np.asarray(hypers[name], dtype=np.float64).reshape(self.count).copy()
+        self.hypers = member_hypers(hypers, self.hypers, self.count)
 
     def member_module(self, slot: int) -> torch.nn.Sequential:
         """Member ``slot``'s policy (logits) as the ``nn.Sequential`` one REINFORCE agent has."""

@@ -221,6 +221,11 @@ def load_network_tables(net: StackedMLP, adam: StackedAdam, arrays: Mapping[str,
         table.copy_(torch.as_tensor(np.asarray(arrays[name]), device=table.device))
 
 
+
+def member_hypers(hypers: Mapping[str, Any], names: Any, count: int) -> dict[str, np.ndarray]:
+    """Each hyper-parameter of ``names`` as its own (count,) float64 array (copies)."""
+    return {name: np.asarray(hypers[name], dtype=np.float64).reshape(count).copy() for name in names}
+
 def stored_hypers(arrays: Mapping[str, Any], bounds: Mapping[str, Any], count: int) -> dict[str, np.ndarray]:
     """The members' hyper-parameters from ``hyper.<name>`` arrays, each checked against
     its :class:`popplay.operators.hyper.Bounds` (ValueError, one line)."""
