@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: the same rows on torch's CPU (smoke runs)")
     parser.add_argument("--compile", action="store_true", help="the torch engines' steps through torch.compile")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--skip-dqn", action="store_true", help="leave out the DQN population row")
+    parser.add_argument("--skip-numba", action="store_true", help="leave out the numba rows on the host CPU")
     parser.add_argument("--markdown", help="write the tables as Markdown here")
     parser.add_argument("--json", help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -132,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     bench = bench_run.Bench(sizes, lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}",
                                                       file=sys.stderr, flush=True))
     bench.gpu(device=args.device, compile=args.compile)
-    numba_side_by_side(bench)
+    if not args.skip_numba:
+        numba_side_by_side(bench)
     report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "compile": args.compile,
               "when": time.strftime("%Y-%m-%d"), "rows": bench.rows, "notes": bench.notes,
               "syncs": phase_syncs(Backend("torch", args.device, args.compile), sizes),
-              "dqn_population": dqn_population(args.device, 8 if args.quick else DQN_MEMBERS,
-                                               50 if args.quick else DQN_STEPS_PER_MEMBER)}
+              "dqn_population": None if args.skip_dqn else dqn_population(
+                  args.device, 8 if args.quick else DQN_MEMBERS, 50 if args.quick else DQN_STEPS_PER_MEMBER)}
     text = markdown(report)
     print(text, end="")
     if args.markdown:

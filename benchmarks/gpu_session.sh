@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One lent-GPU session's checks in one go (device tool: `bash benchmarks/gpu_session.sh`),
+# each step under its own time limit so a slow one cannot eat the others' time.
+# Writes logs and tables under $OUT (or ./gpu_out). Missing pure-Python wheels
+# (gymnasium is not in the GPU image) travel in .whl/.
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 POPPLAY_TEST_NO_WARM=1
+TESTS=${TESTS:-150} BENCH=${BENCH:-170} DQN=${DQN:-60} COMPILED=${COMPILED:-110}
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, numba, numpy, gymnasium; print('torch', torch.__version__, 'numba', numba.__version__, \
+'numpy', numpy.__version__, 'gymnasium', gymnasium.__version__, 'cuda', torch.cuda.is_available())"
+    nproc
+} 2>&1 | tee "$OUT/machine.txt"
+
+step() {  # step NAME SECONDS COMMAND...: one step, its log in $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/steps.txt"
+    tail -n 6 "$OUT/$name.log"
+}
+
+# the cuda-marked tests, then the files whose tests change course where a GPU is present
+step tests "$TESTS" bash -c "python3 -m pytest -q -p no:cacheprovider -n 4 -m cuda tests/; \
+python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_deep_cli.py tests/test_benchmarks.py tests/test_cli_bandit.py"
+step dqn "$DQN" python3 -c "import sys, json; sys.path.insert(0, 'benchmarks'); import gpu; \
+print(json.dumps(gpu.dqn_population('cuda', gpu.DQN_MEMBERS, gpu.DQN_STEPS_PER_MEMBER)))"
+step bench "$BENCH" python3 benchmarks/gpu.py --skip-dqn --json "$OUT/gpu.json" --markdown "$OUT/gpu.md"
+step compiled "$COMPILED" python3 benchmarks/gpu.py --compile --skip-dqn --skip-numba --json "$OUT/gpu_compiled.json" \
+    --markdown "$OUT/gpu_compiled.md"
+cat "$OUT/steps.txt"
