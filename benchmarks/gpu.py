@@ -34,7 +34,8 @@ DQN_MEMBERS = 1024
 DQN_STEPS_PER_MEMBER = 600
 
 
-def phase_syncs(backend: Backend, sizes: bench_run.Sizes) -> list[dict[str, Any]]:
+def phase_syncs(backend: Backend, sizes: bench_run.Sizes,
+                domains: tuple[str, ...] = ("bandit", "cartpole", "knights")) -> list[dict[str, Any]]:
     """Host waits and tensor operations in one phase of each engine (after one phase)."""
     from popplay.games.bandit.experiment import BanditExperiment
     from popplay.games.bandit.rules import BanditParams
@@ -55,7 +56,7 @@ def phase_syncs(backend: Backend, sizes: bench_run.Sizes) -> list[dict[str, Any]
          KnightsParams(agents=kn_agents, games_per_agent=kn_games, episodes=3)),
     ]
     rows = []
-    for domain, size, experiment_type, params in cases:
+    for domain, size, experiment_type, params in (case for case in cases if case[0] in domains):
         experiment = experiment_type(params, backend, dist=Dist())
         state = experiment.phase(experiment.initial_state(), time_left=None)
         with SyncCounter() as counter:
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: the same rows on torch's CPU (smoke runs)")
     parser.add_argument("--compile", action="store_true", help="the torch engines' steps through torch.compile")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--domains", default="bandit,cartpole,knights",
+                        help="the engines to measure, comma-separated")
     parser.add_argument("--skip-dqn", action="store_true", help="leave out the DQN population row")
     parser.add_argument("--skip-numba", action="store_true", help="leave out the numba rows on the host CPU")
     parser.add_argument("--markdown", help="write the tables as Markdown here")
@@ -133,12 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     bench = bench_run.Bench(sizes, lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}",
                                                       file=sys.stderr, flush=True))
-    bench.gpu(device=args.device, compile=args.compile)
+    domains = tuple(args.domains.split(","))
+    unknown = set(domains) - {"bandit", "cartpole", "knights"}
+    if unknown:
+        parser.error(f"--domains: unknown engine {sorted(unknown)[0]!r} (bandit, cartpole, knights)")
+    bench.gpu(device=args.device, compile=args.compile, domains=domains)
     if not args.skip_numba:
         numba_side_by_side(bench)
     report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "compile": args.compile,
               "when": time.strftime("%Y-%m-%d"), "rows": bench.rows, "notes": bench.notes,
-              "syncs": phase_syncs(Backend("torch", args.device, args.compile), sizes),
+              "syncs": phase_syncs(Backend("torch", args.device, args.compile), sizes, domains),
               "dqn_population": None if args.skip_dqn else dqn_population(
                   args.device, 8 if args.quick else DQN_MEMBERS, 50 if args.quick else DQN_STEPS_PER_MEMBER)}
     text = markdown(report)

@@ -13,6 +13,10 @@ else
     export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 POPPLAY_TEST_NO_WARM=1
+if ! command -v popplay >/dev/null; then  # the checkout is not pip-installed there: the console script by hand
+    mkdir -p /tmp/popplay-bin && printf '#!/bin/sh\nexec python3 -m popplay "$@"\n' >/tmp/popplay-bin/popplay
+    chmod +x /tmp/popplay-bin/popplay && export PATH=/tmp/popplay-bin:$PATH
+fi
 TESTS=${TESTS:-150} BENCH=${BENCH:-170} DQN=${DQN:-60} COMPILED=${COMPILED:-110}
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -21,9 +25,11 @@ TESTS=${TESTS:-150} BENCH=${BENCH:-170} DQN=${DQN:-60} COMPILED=${COMPILED:-110}
     nproc
 } 2>&1 | tee "$OUT/machine.txt"
 
+STEPS=${STEPS:-tests dqn bench compiled}  # a rerun names only the steps it needs
 step() {  # step NAME SECONDS COMMAND...: one step, its log in $OUT/NAME.log
     local name=$1 limit=$2
     shift 2
+    [[ " $STEPS " == *" $name "* ]] || return 0
     local start=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
@@ -37,6 +43,6 @@ python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_deep_cli.py tests/test_
 step dqn "$DQN" python3 -c "import sys, json; sys.path.insert(0, 'benchmarks'); import gpu; \
 print(json.dumps(gpu.dqn_population('cuda', gpu.DQN_MEMBERS, gpu.DQN_STEPS_PER_MEMBER)))"
 step bench "$BENCH" python3 benchmarks/gpu.py --skip-dqn --json "$OUT/gpu.json" --markdown "$OUT/gpu.md"
-step compiled "$COMPILED" python3 benchmarks/gpu.py --compile --skip-dqn --skip-numba --json "$OUT/gpu_compiled.json" \
+step compiled "$COMPILED" python3 benchmarks/gpu.py --compile --skip-dqn --skip-numba --domains "${DOMAINS:-bandit,cartpole,knights}" --json "$OUT/gpu_compiled.json" \
     --markdown "$OUT/gpu_compiled.md"
 cat "$OUT/steps.txt"

@@ -392,16 +392,17 @@ class Bench:
 
     # -- GPU --------------------------------------------------------------------
 
-    def gpu(self, device: str = "cuda", compile: bool = False) -> None:
+    def gpu(self, device: str = "cuda", compile: bool = False,
+            domains: tuple[str, ...] = ("bandit", "cartpole", "knights")) -> None:
         """The GPU section; ``device="cpu"`` runs the same rows on torch's CPU (the test
         suite's way of exercising this path on machines without a GPU); ``compile``:
-        the engines' steps through torch.compile."""
+        the engines' steps through torch.compile; ``domains``: which engines' rows."""
         import torch
 
         s = self.sizes
         cuda = Backend("torch", device, compile)
         largest_gym = max(s.cartpole_agents)
-        for agents, trials, arms in s.gpu_bandit:
+        for agents, trials, arms in s.gpu_bandit if "bandit" in domains else ():
             (timing, mib), used = _shrink_on_oom(
                 lambda t: self.bandit_popplay(cuda, agents, arms, t, s.gpu_bandit_steps), trials, torch)
             cpu_trials = max(1, s.bandit_population // agents)
@@ -409,19 +410,21 @@ class Bench:
                                      s.gpu_bandit_steps)
             self.add("gpu", "bandit", cuda, timing, agents=agents, trials=used, arms=arms, peer=peer,
                      gpu_mib=mib, notes=_oom_note(trials, used, "trials"))
-        agents, trials = s.gpu_cartpole
-        (timing, mib), used = _shrink_on_oom(
-            lambda t: self.cartpole_popplay(cuda, agents, t, s.gpu_cartpole_steps), trials, torch)
-        self.add("gpu", "cartpole", cuda, timing, agents=agents, trials=used, peer=self.gymnasium(largest_gym),
-                 gpu_mib=mib, notes=_oom_note(trials, used, "trials"))
-        for agents, games in s.gpu_knights:
+        if "cartpole" in domains:
+            agents, trials = s.gpu_cartpole
+            (timing, mib), used = _shrink_on_oom(
+                lambda t: self.cartpole_popplay(cuda, agents, t, s.gpu_cartpole_steps), trials, torch)
+            self.add("gpu", "cartpole", cuda, timing, agents=agents, trials=used, peer=self.gymnasium(largest_gym),
+                     gpu_mib=mib, notes=_oom_note(trials, used, "trials"))
+        for agents, games in s.gpu_knights if "knights" in domains else ():
             _, used = _shrink_on_oom(lambda g: self.knights_popplay(cuda, agents, g, s.gpu_knights_warm,
                                                                     s.gpu_knights_episodes), games, torch)
             row = self.knights_row("gpu", cuda, agents, used, warm=s.gpu_knights_warm,
                                    episodes=s.gpu_knights_episodes)
             row["notes"] += f"; {agents * used:,} games per episode" + (
                 "; " + _oom_note(games, used, "games per agent") if used != games else "")
-        self.knights_notes("gpu")
+        if "knights" in domains:
+            self.knights_notes("gpu")
         self.notes.setdefault("gpu", []).append(
             "GPU memory: torch.cuda.max_memory_allocated over the measurement. Peers at CPU sizes: the NumPy "
             "bandit population at the bandit table's size for that many agents, gymnasium at its largest "

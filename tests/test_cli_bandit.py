@@ -28,7 +28,9 @@ def test_train_json_evaluate_round_trip(tmp_path, capsys):
     for key in ("quality", "agent_steps", "seconds", "agent_steps_per_second", "backend", "device", "out"):
         assert key in summary
     assert summary["agent_steps"] == 512 * 32  # every agent-step of every trial
-    assert summary["backend"] == "numba" and summary["device"] == "cpu"
+    # auto: numba on the CPU, or the torch engine where a GPU is present
+    expected = ("torch", "cuda") if cuda_available() else ("numba", "cpu")
+    assert (summary["backend"], summary["device"]) == expected
     assert summary["agent_steps_per_second"] == pytest.approx(summary["agent_steps"] / summary["seconds"])
     code, stdout, _ = _run(capsys, ["evaluate", str(out), "--json"])
     assert code == 0

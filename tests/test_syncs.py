@@ -176,7 +176,10 @@ def test_bandit_step_is_one_graph(differentiation: str) -> None:
                           differentiation=differentiation)
 
     def compile_step(experiment) -> None:
+        from popplay.games.bandit import _torch
+
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
+        experiment._torch._noise_words = _one_graph(_torch._noise_words)
 
     plain, compiled = _final_state(BanditExperiment, params), _final_state(BanditExperiment, params, compile_step)
     np.testing.assert_array_equal(plain.q, compiled.q)
@@ -241,15 +244,20 @@ def test_a_bandit_phase_whose_draw_fell_short_is_learned_again_exactly(monkeypat
 
     params = BanditParams(arms=5, agents=3, trials=2, share_every=4, steps_per_agent=8)
     exact = _final_state(BanditExperiment, params)
-    original = _torch._reward_noise
+    bounded, exact_draw = _torch._bounded_reward_noise, _torch._exact_reward_noise
     calls = []
 
-    def always_short(keys, counters, exact_draw):
-        noise, _ = original(keys, counters, exact_draw)
-        calls.append(exact_draw)
-        return noise * (1.0 if exact_draw else 0.0), torch.tensor(not exact_draw)  # wrong noise, flagged
+    def always_short(keys, counters, words):
+        noise, _ = bounded(keys, counters, words)
+        calls.append("bounded")
+        return noise * 0.0, torch.tensor(True)  # wrong noise, flagged
 
-    monkeypatch.setattr(_torch, "_reward_noise", always_short)
+    def exact_noise(keys, counters, words):
+        calls.append("exact")
+        return exact_draw(keys, counters, words)
+
+    monkeypatch.setattr(_torch, "_bounded_reward_noise", always_short)
+    monkeypatch.setattr(_torch, "_exact_reward_noise", exact_noise)
     redone = _final_state(BanditExperiment, params)
-    assert True in calls and False in calls  # the bounded draw fell short, the exact one redid the phase
+    assert "bounded" in calls and "exact" in calls  # the bounded draw fell short, the exact one redid the phase
     np.testing.assert_array_equal(redone.q, exact.q)

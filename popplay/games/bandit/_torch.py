@@ -45,6 +45,9 @@ class TorchBanditEngine:
         self.shape = (trials, agents, arms)
         self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         self._step = th.compiled(self._learning_step, compile)
+        # The noise words are most of a step's arithmetic (a hash per draw, hundreds
+        # of elementwise operations): compiled, they run as one fused kernel.
+        self._noise_words = th.compiled(_noise_words, compile)
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
         # at every step.
@@ -97,7 +100,9 @@ class TorchBanditEngine:
         for s in range(n_steps):
             if s % self.noise_block == 0:
                 block = counters[WORDS_PER_STEP * s + 1::WORDS_PER_STEP][:self.noise_block, None, None]
-                noises, fell_short = _reward_noise(self.keys, block, exact)
+                words = self._noise_words(self.keys, block)
+                noises, fell_short = (_exact_reward_noise(self.keys, block, words) if exact
+                                      else _bounded_reward_noise(self.keys, block, words))
                 short |= fell_short
             self._step(biased, pulls, rewards, base_q, base_n, means, mixed[s], noises[s % self.noise_block])
         return pulls.sum(dim=1), rewards.sum(dim=1), short
@@ -128,12 +133,23 @@ class TorchBanditEngine:
         biased.scatter_(-1, index, new_value)
 
 
-def _reward_noise(keys: torch.Tensor, counters: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every agent's reward noise at each of ``counters`` (shaped (steps, 1, 1)): the
-    normals and whether a bounded draw fell short (never with ``exact``)."""
-    words = _rng.draw(keys, _rng.mix_counter(counters))
-    if exact:
-        return _rng.normal(keys, counters, words), torch.zeros((), dtype=torch.bool, device=keys.device)
+def _noise_words(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """The random words of every agent's reward noise at each of ``counters`` (shaped
+    (steps, 1, 1))."""
+    return _rng.draw(keys, _rng.mix_counter(counters))
+
+
+def _exact_reward_noise(keys: torch.Tensor, counters: torch.Tensor,
+                        words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reward noise from its :func:`_noise_words`, with as many retry rounds as each
+    draw needs (the host waits for them)."""
+    return _rng.normal(keys, counters, words), torch.zeros((), dtype=torch.bool, device=keys.device)
+
+
+def _bounded_reward_noise(keys: torch.Tensor, counters: torch.Tensor,
+                          words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_exact_reward_noise` with a fixed budget of retry slots and rounds: the
+    normals and whether a draw fell short of that budget (then redone exactly)."""
     draws = words.numel()
     # slots for the draws that need retry rounds: about 1.5 %, plus eight binomial
     # standard deviations and a floor
