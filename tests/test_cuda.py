@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from popplay.core.backend import Backend, cuda_available
 from popplay.checkpoints.validation import params_from_config
+from popplay.core.backend import Backend, cuda_available
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU")]
 
@@ -15,8 +15,8 @@ def host(array):
 
 @pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
 def test_bandit_on_cuda_matches_numba(differentiation):
-    from popplay.games.bandit.rules import BanditParams
     from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.games.bandit.rules import BanditParams
     from popplay.training.loop import run
 
     params = BanditParams(arms=50, agents=64, trials=32, steps_per_agent=128, share_every=16,
@@ -37,11 +37,10 @@ def test_dqn_learner_on_cuda_trains_saves_and_resumes_on_the_cpu(tmp_path):
     import torch
     from typer.testing import CliRunner
 
-    from popplay.deep.agents import dqn
-    from popplay.deep.agents import networks
-    from popplay.deep.agents.replay import Batch
     from popplay.checkpoints.validation import load_run
     from popplay.cli.main import app
+    from popplay.deep.agents import dqn, networks
+    from popplay.deep.agents.replay import Batch
 
     agent = dqn.DoubleDQN(dqn.DQNConfig(hidden=(32, 32)), obs_dim=3, actions=2, seed=0, device="cuda")
     batch = Batch(torch.randn(16, 3), torch.randint(2, (16,)), torch.randn(16), torch.randn(16, 3),
@@ -102,7 +101,8 @@ def test_a_dqn_population_on_cuda_learns_and_its_member_matches_the_member_alone
     assert not torch.allclose(runs[0][0], runs[1][0], rtol=1e-3, atol=1e-4)  # another member is not
     out = tmp_path / "run.h5"
     flags = ["--agents", "3", "--hidden", "16,16", "--learning-starts", "30", "--eval-episodes", "1"]
-    first = CliRunner().invoke(app, ["train", "dqn", *flags, "--device", "cuda", "--env-steps", "600", "--out", str(out)])
+    first = CliRunner().invoke(app, ["train", "dqn", *flags, "--device", "cuda", "--env-steps", "600",
+                                     "--out", str(out)])
     assert first.exit_code == 0, first.output
     resumed = CliRunner().invoke(app, ["train", "dqn", "--resume", str(out), "--device", "cpu", "--env-steps", "900"])
     assert resumed.exit_code == 0, resumed.output
