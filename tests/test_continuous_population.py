@@ -17,7 +17,7 @@ from popplay.deep.agents.replay import Batch
 from popplay.deep.agents.td3 import TD3, TD3Config, td3_update
 from popplay.deep.topologies.exarl import ContinuousPopulation, DDPGExperiment, TD3Experiment
 from popplay.deep.topologies.exarl_params import DDPGParams, TD3Params
-from tests._population_helpers import assert_same_state, run_phases
+from tests._population_helpers import assert_same_state, assert_two_ranks_equal_one_process, run_phases
 
 SMALL = dict(agents=3, hidden=(8, 8), batch_size=8, replay_capacity=300, learning_starts=40, phase_steps=50,
              eval_episodes=1, seed=3, hp="actor_lr=loguniform:1e-4:1e-2;tau=uniform:0.005:0.05")
@@ -114,6 +114,14 @@ def test_a_td3_population_resumes_exactly_and_exports_its_actor(tmp_path: Path, 
     assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "actor.pt")])[0] == 0
     actor = Actor(3, (-2.0,), (2.0,), (8, 8))
     actor.load_state_dict(torch.load(tmp_path / "actor.pt", weights_only=True))
+
+
+@pytest.mark.procs
+def test_a_td3_population_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    """The member axis split over two real ranks (DDPG's members are the same class)."""
+    flags = ["train", "td3", "--agents", "4", *FLAGS[2:], "--share-every", "80", "--share-group", "2",
+             "--env-steps", "640"]
+    assert_two_ranks_equal_one_process(flags, tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
