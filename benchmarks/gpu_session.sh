@@ -43,6 +43,6 @@ python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_deep_cli.py tests/test_
 step dqn "$DQN" python3 -c "import sys, json; sys.path.insert(0, 'benchmarks'); import gpu; \
 print(json.dumps(gpu.dqn_population('cuda', gpu.DQN_MEMBERS, gpu.DQN_STEPS_PER_MEMBER)))"
 step bench "$BENCH" python3 benchmarks/gpu.py --skip-dqn --json "$OUT/gpu.json" --markdown "$OUT/gpu.md"
-step compiled "$COMPILED" python3 benchmarks/gpu.py --compile --skip-dqn --skip-numba --domains "${DOMAINS:-bandit,cartpole,knights}" --json "$OUT/gpu_compiled.json" \
-    --markdown "$OUT/gpu_compiled.md"
+step compiled "$COMPILED" python3 benchmarks/gpu.py --compile --skip-dqn --skip-numba \
+    --domains "${DOMAINS:-bandit,cartpole,knights}" --json "$OUT/gpu_compiled.json" --markdown "$OUT/gpu_compiled.md"
 cat "$OUT/steps.txt"

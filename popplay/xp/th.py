@@ -30,21 +30,7 @@ def to_int(x: torch.Tensor) -> torch.Tensor:
 
 
 floor = torch.floor
-
-
-def frexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.frexp`` for normal, nonzero float64 (the only values the elementary
-    functions pass), read off the bits: inductor's CPU code generator cannot vectorise
-    a conversion of frexp's int32 exponent (a C++ build error in torch 2.13), and the
-    bit fields need no conversion at all."""
-    if x.dtype != torch.float64:
-        return torch.frexp(x)
-    bits = x.view(torch.int64)
-    exponent = ((bits >> 52) & 0x7FF) - 1022
-    mantissa = ((bits & ~(0x7FF << 52)) | (1022 << 52)).view(torch.float64)
-    return mantissa, exponent
-
-
+frexp = torch.frexp
 ldexp = torch.ldexp
 where = torch.where
 abs = torch.abs  # noqa: A001

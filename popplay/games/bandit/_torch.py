@@ -46,7 +46,9 @@ class TorchBanditEngine:
         self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         self._step = th.compiled(self._learning_step, compile)
         # The noise words are most of a step's arithmetic (a hash per draw, hundreds
-        # of elementwise operations): compiled, they run as one fused kernel.
+        # of elementwise operations): compiled, they run as one fused kernel. The
+        # ziggurat's retry rounds stay eager: compiled with them, the CPU build took
+        # minutes, and frexp's int32 exponent breaks inductor's C++ vectoriser (torch 2.13).
         self._noise_words = th.compiled(_noise_words, compile)
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
