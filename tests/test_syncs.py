@@ -87,20 +87,34 @@ def test_deep_updates_never_wait() -> None:
     assert counter.ops > 100 and counter.syncs == 0, counter.by_name
 
 
-@pytest.mark.parametrize("algo", ["dqn", "ppo"])
-def test_deep_population_updates_never_wait(algo: str) -> None:
+def _population(algo: str):
+    """A three-member population of ``algo`` at a tiny size."""
     from popplay.deep.agents.ppo_params import PPOParams
     from popplay.deep.topologies.dqn import DQNParams, DQNPopulation
+    from popplay.deep.topologies.exarl import A2CPopulation, ContinuousPopulation
+    from popplay.deep.topologies.exarl_params import A2CParams, TD3Params
+    from popplay.deep.topologies.reinforce import ReinforcePopulation
+    from popplay.deep.topologies.reinforce_params import ReinforceParams
     from popplay.deep.topologies.rollout import PPOPopulation
 
     if algo == "dqn":
-        params = DQNParams(agents=3, hidden=(8,), batch_size=8, replay_capacity=200, learning_starts=20,
-                           phase_steps=60, seed=2)
-        experiment = DQNPopulation(params, None)
-    else:
-        params = dataclasses.replace(PPOParams(), agents=3, hidden=(8,), n_steps=16, batch_size=8, n_epochs=2,
-                                     phase_steps=64, seed=2)
-        experiment = PPOPopulation(params, None)
+        return DQNPopulation(DQNParams(agents=3, hidden=(8,), batch_size=8, replay_capacity=200, learning_starts=20,
+                                       phase_steps=60, seed=2), None)
+    if algo == "ppo":
+        return PPOPopulation(dataclasses.replace(PPOParams(), agents=3, hidden=(8,), n_steps=16, batch_size=8,
+                                                 n_epochs=2, phase_steps=64, seed=2), None)
+    if algo == "a2c":
+        return A2CPopulation(A2CParams(agents=3, hidden=(8,), copies=2, n_steps=5, phase_steps=30, seed=2), None)
+    if algo == "reinforce":  # an update needs an episode's end: a phase long enough for some
+        return ReinforcePopulation(ReinforceParams(agents=3, hidden=(8,), episodes=0, phase_steps=120, seed=2), None)
+    return ContinuousPopulation(TD3Params(agents=3, hidden=(8, 8), batch_size=8, replay_capacity=200,
+                                          learning_starts=20, phase_steps=60, seed=2), None)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo", "a2c", "reinforce", "td3"])
+def test_deep_population_updates_never_wait(algo: str) -> None:
+    """Every deep population's updates queue on the device without the host waiting."""
+    experiment = _population(algo)
     state = experiment.initial_state()
     learner = state.learner
     counts: list[tuple[int, int]] = []
