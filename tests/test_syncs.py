@@ -73,6 +73,27 @@ def test_knights_phase_waits_only_every_few_plies() -> None:
     assert syncs(4, 2, max_turns=400) > bound  # the check is really there (and counted)
 
 
+def test_knights_evaluation_waits_only_every_few_plies() -> None:
+    """Evaluation games on the torch engine (every agent against greedy and random) ask
+    the device as a learning phase does: a fixed number of times per opponent, whatever
+    the agents or games."""
+    from popplay.games.knights import _torch
+    from popplay.games.knights.experiment import KnightsExperiment
+    from popplay.games.knights.rules import KnightsParams
+
+    def syncs(agents: int, games: int, max_turns: int = 40) -> int:
+        experiment = KnightsExperiment(KnightsParams(agents=agents, games_per_agent=2, episodes=1,
+                                                     max_turns=max_turns), TORCH, dist=Dist())
+        with SyncCounter() as counter:
+            experiment.evaluate(experiment.initial_state(), games, ("greedy", "random"), backend=TORCH)
+        return counter.syncs
+
+    bound = 2 * math.ceil(40 / _torch.SYNC_EVERY)
+    assert syncs(4, 4) <= bound
+    assert syncs(16, 4) == syncs(4, 4) == syncs(4, 16)
+    assert syncs(4, 4, max_turns=400) > bound  # the check is really there (and counted)
+
+
 def test_deep_updates_never_wait() -> None:
     from popplay.deep.agents.dqn import DoubleDQN, DQNConfig
     from popplay.deep.agents.replay import Batch
