@@ -2,7 +2,12 @@
 # One lent-GPU session's checks in one go (device tool: `bash benchmarks/gpu_session.sh`),
 # each step under its own time limit so a slow one cannot eat the others' time.
 # Writes logs and tables under $OUT (or ./gpu_out). Missing pure-Python wheels
-# (gymnasium is not in the GPU image) travel in .whl/.
+# (gymnasium is not in the GPU image) travel in .whl/, made beforehand where pip works:
+#   echo /.whl/ >> .git/info/exclude
+#   pip download --no-deps --only-binary=:all: -d .whl gymnasium==1.4.0 farama-notifications==0.0.6
+# and carried with the call. Used on 2026-11-27 (an H200, 2 calls, ~13 of 15 minutes):
+#   TESTS=150 DQN=50 BENCH=160 COMPILED=90 bash benchmarks/gpu_session.sh      (392 s)
+#   STEPS="tests compiled" TESTS=150 COMPILED=215 bash benchmarks/gpu_session.sh (346 s)
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
