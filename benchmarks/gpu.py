@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", help="write the tables as Markdown here")
     parser.add_argument("--json", help="write the report as JSON here")
     args = parser.parse_args(argv)
+    domains = tuple(args.domains.split(","))
+    unknown = sorted(set(domains) - {"bandit", "cartpole", "knights"})
+    if unknown:
+        print(f"benchmarks/gpu.py: --domains: unknown engine {unknown[0]!r} (bandit, cartpole, knights)",
+              file=sys.stderr)
+        return 2
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -136,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     bench = bench_run.Bench(sizes, lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}",
                                                       file=sys.stderr, flush=True))
-    domains = tuple(args.domains.split(","))
-    unknown = set(domains) - {"bandit", "cartpole", "knights"}
-    if unknown:
-        parser.error(f"--domains: unknown engine {sorted(unknown)[0]!r} (bandit, cartpole, knights)")
     bench.gpu(device=args.device, compile=args.compile, domains=domains)
     if not args.skip_numba:
         numba_side_by_side(bench)

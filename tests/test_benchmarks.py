@@ -105,12 +105,15 @@ def test_gpu_benchmark_without_a_gpu_says_so_in_one_line(capsys):
     try:
         spec.loader.exec_module(module)
         assert module.main([]) == 0
+        assert module.main(["--domains", "bandit,chess"]) == 2  # refused before anything runs, GPU or not
     finally:
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             if name in ("run", "bandit", "cartpole", "knights", "_common", "popplay_benchmarks_gpu"):
                 del sys.modules[name]
-    assert capsys.readouterr().out == "benchmarks/gpu.py: no CUDA GPU on this machine; nothing measured\n"
+    captured = capsys.readouterr()
+    assert captured.out == "benchmarks/gpu.py: no CUDA GPU on this machine; nothing measured\n"
+    assert captured.err == "benchmarks/gpu.py: --domains: unknown engine 'chess' (bandit, cartpole, knights)\n"
 
 
 def test_only_a_whole_default_run_writes_the_project_figures(bench_run):
