@@ -58,7 +58,6 @@ def pytest_configure(config: pytest.Config) -> None:
                 process.wait()
 
 
-
 class Jobs:
     """``python -m popplay ARGS`` as real processes, each in its own session so that a
     job that hangs is killed with all of its ranks; every job a test leaves running is

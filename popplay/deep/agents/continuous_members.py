@@ -75,8 +75,7 @@ class ContinuousMembers:
                 actors.append(Actor(obs_dim, low, high, config.hidden).net)
                 critics.append([Critic(obs_dim, self.action_dim, config.hidden).net for _ in range(self.critic_count)])
         self._critic_shapes = [tuple(q.shape) for q in critics[0][0].parameters()]
-        self.actor = StackedMLP(torch.stack([networks.flat_parameters(a) for a in actors]).to(device),
-                                [tuple(q.shape) for q in actors[0].parameters()])
+        self.actor = StackedMLP.from_modules(actors, device)
         rows = torch.stack([torch.cat([networks.flat_parameters(c) for c in pair]) for pair in critics])
         self.critic = StackedMLP(rows.to(device), self._critic_shapes * self.critic_count)
         self.actor_target = self.actor.matrix.clone()

@@ -62,8 +62,7 @@ class DQNMembers:
         self.hypers = member_hypers(hypers, HYPER_BOUNDS, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         modules = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
-        stacked = StackedMLP.from_modules(modules)
-        self.online = StackedMLP(stacked.matrix.to(device), stacked.shapes)
+        self.online = StackedMLP.from_modules(modules, device)
         self.target = StackedMLP(self.online.matrix.clone(), self.online.shapes)
         self.adam = StackedAdam(self.online)
         self.replay = MemberReplay(p, config.replay_capacity, obs_dim, (), torch.int64, batch_size=config.batch_size,

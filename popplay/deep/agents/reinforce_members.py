@@ -61,8 +61,7 @@ class ReinforceMembers:
         self.hypers = member_hypers(hypers, self.hyper_bounds, p)
         starts = self.members if init_from is None else np.asarray(init_from, dtype=np.int64).reshape(-1)
         policies = [networks.seeded_mlp(member_seed(seed, int(k)), obs_dim, actions, config.hidden) for k in starts]
-        self._shapes = [tuple(q.shape) for q in policies[0].parameters()]
-        self.net = StackedMLP(torch.stack([networks.flat_parameters(m) for m in policies]).to(device), self._shapes)
+        self.net = StackedMLP.from_modules(policies, device)
         self.adam = StackedAdam(self.net)
         self.episode_obs = torch.zeros(p, self.horizon, obs_dim, device=device)
         self.episode_action = torch.zeros(p, self.horizon, dtype=torch.int64, device=device)

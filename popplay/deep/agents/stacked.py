@@ -83,11 +83,11 @@ class StackedMLP:
         self._weight_grads, self._bias_grads = grads[0::2], grads[1::2]
 
     @classmethod
-    def from_modules(cls, modules: Sequence[nn.Sequential]) -> "StackedMLP":
-        """The stack of ``modules`` (same shapes; Linear and ReLU in turn), copied."""
+    def from_modules(cls, modules: Sequence[nn.Sequential], device: str | torch.device = "cpu") -> "StackedMLP":
+        """The stack of ``modules`` (same shapes; Linear and ReLU in turn), copied onto ``device``."""
         rows = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in modules]
         shapes = [tuple(p.shape) for p in modules[0].parameters()]
-        return cls(torch.stack(rows), shapes)
+        return cls(torch.stack(rows).to(device), shapes)
 
     @property
     def members(self) -> int:
@@ -221,10 +221,10 @@ def load_network_tables(net: StackedMLP, adam: StackedAdam, arrays: Mapping[str,
         table.copy_(torch.as_tensor(np.asarray(arrays[name]), device=table.device))
 
 
-
 def member_hypers(hypers: Mapping[str, Any], names: Any, count: int) -> dict[str, np.ndarray]:
     """Each hyper-parameter of ``names`` as its own (count,) float64 array (copies)."""
     return {name: np.asarray(hypers[name], dtype=np.float64).reshape(count).copy() for name in names}
+
 
 def stored_hypers(arrays: Mapping[str, Any], bounds: Mapping[str, Any], count: int) -> dict[str, np.ndarray]:
     """The members' hyper-parameters from ``hyper.<name>`` arrays, each checked against
