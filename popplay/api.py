@@ -40,7 +40,7 @@ def _domain_of(params: Any) -> str:
 
 
 def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", device: str = "auto",
-          compile: bool = False,
+          compile: bool | None = None,
           time_budget: float | None = None, checkpoint_every: str | None = None, overwrite: bool = False,
           progress: bool = False, **fields: Any) -> TrainOutcome:
     """Train a population; return its outcome (summary, curves, final state).
@@ -49,7 +49,8 @@ def train(params: Any, *, out: str | Path | None = None, backend: str = "auto", 
         params: a domain's parameters (``BanditParams(...)`` …) or a domain name, with
             ``fields`` setting its parameters (``train("bandit", agents=8, trials=4)``).
         out: run file to write (HDF5); None (the default) writes nothing.
-        backend, device, compile: as ``--backend``/``--device``/``--compile``.
+        backend, device, compile: as ``--backend``/``--device``/``--compile`` (``compile=None``:
+            on where the torch engine runs on CUDA, off elsewhere).
         time_budget: seconds of learning instead of the step budget.
         checkpoint_every: as ``--checkpoint-every`` ("30s", "5m", or a count); needs ``out``.
         overwrite: replace ``out`` if it exists.

@@ -31,6 +31,7 @@ def test_train_json_evaluate_round_trip(tmp_path, capsys):
     # auto: numba on the CPU, or the torch engine where a GPU is present
     expected = ("torch", "cuda") if cuda_available() else ("numba", "cpu")
     assert (summary["backend"], summary["device"]) == expected
+    assert summary["compile"] is cuda_available()  # compiled by default only on CUDA
     assert summary["agent_steps_per_second"] == pytest.approx(summary["agent_steps"] / summary["seconds"])
     code, stdout, _ = _run(capsys, ["evaluate", str(out), "--json"])
     assert code == 0
@@ -47,6 +48,19 @@ def test_train_json_evaluate_round_trip(tmp_path, capsys):
         assert f["curves/quality"].shape == f["curves/seconds"].shape == (4,)
         assert f["results/correct"].shape == (32,)
         assert np.mean(f["results/correct"][()]) == summary["quality"]
+
+
+def test_compile_defaults_to_on_only_where_the_torch_engine_runs_on_cuda(monkeypatch):
+    from popplay.core import backend as backends
+
+    monkeypatch.setattr(backends, "cuda_available", lambda: True)  # a GPU, as far as the choice goes
+    assert backends.resolve_backend("auto", "auto") == backends.Backend("torch", "cuda", True)
+    assert backends.resolve_backend("torch", "cuda", compile=False).compile is False
+    assert backends.resolve_backend("torch", "cpu") == backends.Backend("torch", "cpu", False)
+    assert backends.resolve_backend("numba", "auto") == backends.Backend("numba", "cpu", False)
+    assert backends.resolve_backend("auto", "cpu", compile=True) == backends.Backend("torch", "cpu", True)
+    monkeypatch.setattr(backends, "cuda_available", lambda: False)
+    assert backends.resolve_backend("auto", "auto") == backends.Backend("numba", "cpu", False)
 
 
 def test_torch_backend_gives_the_same_run_as_numba(tmp_path, capsys):

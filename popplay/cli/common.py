@@ -46,10 +46,12 @@ DeviceOption = Annotated[DeviceName, typer.Option(help=DEVICE_HELP)]
 QuietOption = Annotated[bool, typer.Option(
     "--quiet", help="No status or progress lines on stderr (errors and warnings still); without it they are "
                     "there with --json too (stdout carries only the results).")]
-CompileOption = Annotated[bool, typer.Option(
+CompileOption = Annotated[Optional[bool], typer.Option(
     "--compile/--no-compile",
     help="Run the torch engine's steps through torch.compile (fullgraph; the first phase pays the "
-         "compilation, tens of seconds on a CPU). Off by default: see docs/performance.md for where it pays.")]
+         "compilation, seconds on a GPU, tens of seconds on a CPU). Default: on where the torch engine runs "
+         "on CUDA, where it paid 1.1-19x; off on the CPU, where it did not (docs/performance.md). "
+         "--no-compile for short GPU runs.", show_default=False)]
 TimeBudgetOption = Annotated[Optional[float], typer.Option(help=TIME_BUDGET_HELP)]
 OutOption = Annotated[Optional[Path], typer.Option(help=OUT_HELP, dir_okay=False)]
 OverwriteOption = Annotated[bool, typer.Option(help="Replace --out if it exists.")]

@@ -110,7 +110,7 @@ def resume_time_budget(ctx: typer.Context, stored: Any, time_budget: float | Non
 def run_training(domain: str, params: Any, *, backend: str, device: str, time_budget: float | None,
                  out: Path | None, overwrite: bool, json_output: bool, checkpoint_every: str | None = None,
                  resume: Any = None, seeds: int = 1, nproc: int = 1, timeout: float = 60.0,
-                 log_dir: Path | None = None, compile: bool = False, quiet: bool = False) -> None:
+                 log_dir: Path | None = None, compile: bool | None = None, quiet: bool = False) -> None:
     """Shared tail of every ``train`` command: run the job (:func:`popplay.training.job.run`:
     seeds, ranks, resume), report, exit 130 if stopped."""
     defaulted = out is None and resume is None

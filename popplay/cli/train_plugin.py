@@ -64,7 +64,7 @@ _RUN_OPTIONS: list[tuple[str, Any, Any, str | None]] = [
     ("time_budget", TimeBudgetOption, None, None),
     ("backend", BackendOption, BackendName.auto, POPULATION),
     ("device", DeviceOption, DeviceName.auto, None),
-    ("compile", CompileOption, False, POPULATION),
+    ("compile", CompileOption, None, POPULATION),
     ("out", OutOption, None, None),
     ("overwrite", OverwriteOption, False, None),
     ("json_output", JsonOption, False, None),
@@ -187,7 +187,7 @@ def build_command(domain: str) -> Callable[..., None]:
         given_per = values[per_option.key] if per_option is not None and (resume is None or given(ctx, per_option.key)) \
             else None
         check_schedule(params, domain=domain, time_budget=schedule_time, agent_steps=given_per)
-        run_training(domain, params, backend=backend.value, device=device.value, compile=run.get("compile", False),
+        run_training(domain, params, backend=backend.value, device=device.value, compile=run.get("compile"),
                      time_budget=time_budget, out=out,
                      overwrite=run["overwrite"] or resume is not None, json_output=run["json_output"],
                      checkpoint_every=run["checkpoint_every"], resume=resume, seeds=run["seeds"],

@@ -52,10 +52,13 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def resolve_backend(backend: str = "auto", device: str = "auto", compile: bool = False) -> Backend:
-    """Turn the user's ``--backend``/``--device`` into a usable :class:`Backend`.
+def resolve_backend(backend: str = "auto", device: str = "auto", compile: bool | None = None) -> Backend:
+    """Turn the user's ``--backend``/``--device``/``--compile`` into a usable :class:`Backend`.
 
     ``auto`` picks torch on CUDA when a GPU is present and numba on the CPU otherwise.
+    ``compile=None`` compiles where it paid when measured: the torch engine on CUDA
+    (1.1x to 19x on an H200, docs/performance.md), not on the CPU, where compiled steps
+    lost to eager ones for the bandit and every compiled engine stayed far behind numba.
     Raises :class:`BackendError` for an unknown name or a GPU that is not there.
     """
     if backend not in BACKENDS:
@@ -72,7 +75,9 @@ def resolve_backend(backend: str = "auto", device: str = "auto", compile: bool =
         backend = "torch" if device == "cuda" or compile else "numba"
     if compile and backend != "torch":
         raise BackendError("--compile compiles the torch engine; --backend numba is compiled already")
-    return Backend(backend, device, compile)
+    if compile is None:
+        compile = backend == "torch" and device == "cuda"
+    return Backend(backend, device, bool(compile))
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class DomainSpec:
         """The experiment of ``params`` on ``backend``."""
         return self.experiment_type()(params, backend)
 
-    def backend(self, backend: str = "auto", device: str = "auto", compile: bool = False) -> Backend:
+    def backend(self, backend: str = "auto", device: str = "auto", compile: bool | None = None) -> Backend:
         """Where a run of this domain computes. Populations: :func:`resolve_backend`.
         Deep agents run on torch, on the CPU unless ``--device cuda`` is asked for
         (``auto`` is the CPU: at these network sizes acting step by step across the bus

@@ -40,7 +40,7 @@ class JobOptions:
 
     backend: str = "auto"
     device: str = "auto"
-    compile: bool = False  # the torch engines' steps through torch.compile
+    compile: bool | None = None  # the torch engines' steps through torch.compile; None: on CUDA only
     time_budget: float | None = None
     out: Path | None = None  # the run file (its seeds' files are named after it)
     overwrite: bool = False

@@ -58,7 +58,7 @@ class TrainOptions:
 
     backend: str = "auto"
     device: str = "auto"
-    compile: bool = False  # the torch engines' steps through torch.compile
+    compile: bool | None = None  # the torch engines' steps through torch.compile; None: on CUDA only
     time_budget: float | None = None
     out: Any = None  # pathlib.Path
     overwrite: bool = False
@@ -90,7 +90,7 @@ class RunWriter:
         self.out = out
         self.domain = domain
         self.config = {**params.to_dict(), "backend": backend.name, "device": backend.device,
-                       "time_budget": options.time_budget}
+                       "compile": backend.compile, "time_budget": options.time_budget}
         self.experiment = experiment
         self.events: list[str] = []
         self.enabled = bool(getattr(options, "writer", True))
@@ -270,6 +270,7 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
         "phases": len(result.curve),
         "backend": backend.name,
         "device": backend.device,
+        "compile": backend.compile,
         "complete": not result.stopped,
         "out": str(out) if out is not None else None,
     }
