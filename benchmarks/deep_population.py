@@ -2,6 +2,7 @@
 
     python benchmarks/deep_population.py throughput [--members 64] [--steps 3000] [--hidden 128,128]
     python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1] [--variants "A;B"]
+    python benchmarks/deep_population.py reach [--seeds 0,1,2] [--steps 100000] [--check-every 5000] [--variants "A;B"]
 
 ``throughput``, side by side in one run on this machine, DQN on CartPole-v1 with one
 network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
@@ -23,6 +24,15 @@ sharing, each ``--steps`` env-steps per member, per seed. Reported: the best mem
 100 episodes at the end, and the total env-steps at which the best member's training
 mean (last 10 episodes, ε-greedy) first reached ``--threshold`` (default: the
 environment's own ``reward_threshold``: 475 for CartPole-v1, −100 for Acrobot-v1).
+
+``reach``: the issue's measure of "reaches a 100-episode greedy mean of 475": the same
+16 samples and variants, learned in chunks of ``--check-every`` env-steps per member
+(each chunk a ``--resume`` of the last, which continues the run bit for bit). After each
+chunk every member plays 20 greedy episodes (``popplay evaluate``); each member whose
+mean reaches the threshold then plays the 100 that decide. Reported per run: the total
+env-steps at the first check where some member's 100-episode greedy mean reached the
+threshold (the run stops there), and the best 20-episode greedy mean at every check.
+The evaluation episodes are not counted as learning env-steps, the same for every variant.
 """
 from __future__ import annotations
 
@@ -46,9 +56,11 @@ HP = ["--hp", "lr=loguniform:1e-4:3e-3", "--hp", "gamma=choice:0.98,0.99,0.995",
 
 
 def popplay(args: list[str], out: Path | None = None) -> dict:
+    """``popplay train dqn ARGS --json`` (into ``out``, or a file thrown away; none when resuming)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "popplay", "train", "dqn", *args, "--json", "--out", str(out or Path(tmp) / "run.h5")]
+        where = [] if "--resume" in args else ["--out", str(out or Path(tmp) / "run.h5")]
+        cmd = [sys.executable, "-m", "popplay", "train", "dqn", *args, "--json", *where]
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -133,9 +145,64 @@ def quality(args: argparse.Namespace) -> dict:
     return {"env": args.env, "steps_per_member": args.steps, "members": 16, "threshold": args.threshold, "runs": rows}
 
 
+def evaluate(out: Path, *extra: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "popplay", "evaluate", str(out), "--json", *extra]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def reach_one(args: argparse.Namespace, seed: int, extra: list[str], out: Path) -> dict:
+    """One variant and seed, learned --check-every env-steps per member at a time until
+    some member's 100-episode greedy mean reaches the threshold or --steps run out."""
+    checks, started, reached, members = [], time.perf_counter(), None, 16
+    for done in range(args.check_every, args.steps + 1, args.check_every):
+        total = str(members * done)
+        if done == args.check_every:
+            popplay(["--agents", str(members), "--env", args.env, "--env-steps", total, "--seed", str(seed),
+                     "--phase-steps", "1000", *HP, *SCHEDULE, *extra], out)
+        else:
+            popplay(["--resume", str(out), "--env-steps", total])
+        screened = evaluate(out, "--episodes", "20")["member_quality"]
+        decided = {}
+        for member in np.flatnonzero(np.asarray(screened) >= args.threshold):
+            decided[int(member)] = evaluate(out, "--episodes", "100", "--member", str(member))["quality"]
+        checks.append({"env_steps": int(total), "best_greedy_20": max(screened), "decided_100": decided})
+        print(f"  seed {seed} {int(total):>9,} env-steps: best of 20 greedy episodes {max(screened):.1f}"
+              + (f"; 100 episodes {decided}" if decided else ""), flush=True)
+        if any(value >= args.threshold for value in decided.values()):
+            reached = int(total)
+            break
+    return {"seed": seed, "env_steps_to_threshold_greedy100": reached, "checks": checks,
+            "wall_seconds": round(time.perf_counter() - started, 1)}
+
+
+def reach(args: argparse.Namespace) -> dict:
+    variants = {
+        "independent (random search)": [],
+        "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
+        "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
+                                       "--replicate-when", "significant", "--replicate-after", "20000"],
+        "sharing": ["--share-every", "5000"],
+    }
+    if args.variants:
+        variants = {name: variants[name] for name in args.variants}
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for seed in args.seeds:
+        for name, extra in variants.items():
+            print(name, f"seed {seed}", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                rows[name].append(reach_one(args, seed, extra, Path(tmp) / "run.h5"))
+            print(name, {k: v for k, v in rows[name][-1].items() if k != "checks"}, flush=True)
+    return {"env": args.env, "steps_per_member": args.steps, "check_every": args.check_every, "members": 16,
+            "threshold": args.threshold, "runs": rows}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("throughput", "quality"))
+    parser.add_argument("what", choices=("throughput", "quality", "reach"))
     parser.add_argument("--members", type=int, default=64)
     parser.add_argument("--steps", type=int, default=None, help="env-steps per member")
     parser.add_argument("--hidden", default="128,128")
@@ -143,15 +210,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--variants", type=lambda s: s.split(";"), default=None,
                         help="quality: only these variants, separated by ';'")
+    parser.add_argument("--check-every", type=int, default=5000,
+                        help="reach: env-steps per member between greedy checks")
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--threshold", type=float, default=None,
                         help="quality: the training return to reach (default: the environment's reward_threshold)")
     args = parser.parse_args(argv)
-    if args.threshold is None and args.what == "quality":
+    if args.threshold is None and args.what in ("quality", "reach"):
         args.threshold = float(gymnasium.spec(args.env).reward_threshold)
     if args.steps is None:
         args.steps = 3000 if args.what == "throughput" else 100_000
-    result = throughput(args) if args.what == "throughput" else quality(args)
+    result = {"throughput": throughput, "quality": quality, "reach": reach}[args.what](args)
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
