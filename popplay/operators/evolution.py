@@ -40,6 +40,8 @@ BIRTH_EVENTS = (EVENTS["initial"], EVENTS["copy"], EVENTS["reset"])
 _SLOT_VARIATION_FACTORS = 1
 _SLOT_WEIGHT_NOISE = 2
 _SLOT_SWITCHES = 3
+_SLOT_WIDTH = 4
+_SLOT_GROWTH = 5
 
 
 def replacement_count(agents: int, fraction: float) -> int:
@@ -243,6 +245,33 @@ def switches(seed: int, generation: int, agent_ids: np.ndarray, probability: flo
         return np.zeros(agent_ids.shape, dtype=bool)
     _, _, words = _words(seed, generation, agent_ids, _SLOT_SWITCHES, 1)
     return (_uniform(words[:, 0]) < probability).reshape(agent_ids.shape)
+
+
+def width_changes(seed: int, generation: int, agent_ids: np.ndarray, probability: float,
+                  widths: np.ndarray, most: int) -> np.ndarray:
+    """New widths: each agent id's width halved or doubled (even odds) with
+    ``probability``, within [1, ``most``], from its own stream; shaped like ``agent_ids``."""
+    if not 0.0 <= probability <= 1.0:
+        raise ValueError(f"probability must lie in [0, 1] (got {probability})")
+    agent_ids = np.asarray(agent_ids, dtype=np.int64)
+    widths = np.asarray(widths, dtype=np.int64).reshape(agent_ids.shape)
+    if probability == 0.0 or agent_ids.size == 0:
+        return widths.copy()
+    _, _, words = _words(seed, generation, agent_ids, _SLOT_WIDTH, 2)
+    change = _uniform(words[:, 0]) < probability
+    grow = _uniform(words[:, 1]) < 0.5
+    changed = np.clip(np.where(grow, 2 * widths.ravel(), widths.ravel() // 2), 1, most)
+    return np.where(change, changed, widths.ravel()).reshape(agent_ids.shape)
+
+
+def uniform_values(seed: int, generation: int, agent_ids: np.ndarray, size: int, scale: float) -> np.ndarray:
+    """Uniforms on [−scale, scale], ``size`` per agent id (e.g. the weights of units a
+    copy grows), shaped agent_ids.shape + (size,)."""
+    agent_ids = np.asarray(agent_ids, dtype=np.int64)
+    if agent_ids.size == 0:
+        return np.zeros(agent_ids.shape + (size,))
+    _, _, words = _words(seed, generation, agent_ids, _SLOT_GROWTH, size)
+    return (scale * (2.0 * _uniform(words) - 1.0)).reshape(agent_ids.shape + (size,))
 
 
 def gaussian_noise(seed: int, generation: int, agent_ids: np.ndarray, size: int, std: float) -> np.ndarray:

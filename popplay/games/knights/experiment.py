@@ -163,6 +163,8 @@ class KnightsExperiment:
                                     base=state.episode * self.words_per_game, backend=self.backend)
         self.backend.synchronize()
         change = self.step_sizes(state)[:, None] * played.delta[:p.agents]  # league members never learn
+        if p.widths_vary:  # a switched-off unit stays off: its weights never learn
+            change[game.unit_parameters(game.off_units(state.networks), p.inputs, p.hidden2)] = 0.0
         flat = game.pack(state.networks) + change
         nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2)
         sign = np.where(self.home_side == 0, 1, -1)
@@ -280,29 +282,53 @@ class KnightsExperiment:
         if not len(children):
             return state._replace(fitness=fitness)
         parent_ids = state.agent_id[parents]
+        widths = game.unit_widths(state.networks)
         ids, child_ids = state.lineage.replace(
             generation, state.agent_id, parents, children,
             values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents],
-                    "plies": state.plies[parents]})
+                    "plies": state.plies[parents], "width": widths[parents]})
         flat = evo.replicate(flat, parents, children, out=flat)
         alpha, lam, epsilon, plies = (evo.replicate(getattr(state, name), parents, children)
                                       for name in (*_VARIED, "plies"))
-        if p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0:
+        widths = evo.replicate(widths, parents, children)
+        if p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0 or p.mutate_width > 0.0:
             switch = evo.switches(p.seed, generation, child_ids, p.mutate_lookahead)
             plies[children] = np.where(switch, 3 - plies[children], plies[children])  # 1 <-> 2
+            flat[children], widths[children] = self._vary_widths(flat[children], widths[children], generation,
+                                                                 child_ids)
             factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
             alpha = evo.multiply_at(alpha, children, factors["alpha"], out=alpha)
             # λ and ε are probabilities/decays: a factor must not take them past 1
             lam = evo.multiply_at(lam, children, factors["lam"], low=0.0, high=1.0, out=lam)
             epsilon = evo.multiply_at(epsilon, children, factors["epsilon"], low=0.0, high=1.0, out=epsilon)
             noise = evo.gaussian_noise(p.seed, generation, child_ids, flat.shape[1], p.mutate_weights)
+            if p.widths_vary:  # noise would switch a unit back on
+                off = game.off_units(game.unpack(flat[children], p.inputs, p.hidden, p.hidden2))
+                noise[game.unit_parameters(off, p.inputs, p.hidden2)] = 0.0
             flat = evo.add_at(flat, children, noise, out=flat)
             state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
                                  values={"alpha": alpha[children], "lam": lam[children],
                                          "epsilon": epsilon[children], "noise": p.mutate_weights,
-                                         "plies": plies[children]})
+                                         "plies": plies[children], "width": widths[children]})
         nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2).choosing(plies)
         return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
+
+    def _vary_widths(self, flat: np.ndarray, widths: np.ndarray, generation: int,
+                     child_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies' networks and widths after ``--mutate-width``: a copy that narrows
+        switches its last units off; one that widens switches the next units on with
+        input weights drawn as a founder's (uniform on ±``--init-scale``, from its own
+        stream) and zero output weights, so it plays exactly as before until it learns."""
+        p = self.params
+        new = evo.width_changes(p.seed, generation, child_ids, p.mutate_width, widths, p.hidden)
+        if np.array_equal(new, widths):
+            return flat, widths
+        units = np.arange(p.hidden)[None, :]
+        grown = (units >= widths[:, None]) & (units < new[:, None])
+        incoming = game.unit_parameters(grown, p.inputs, p.hidden2, incoming_only=True)
+        fresh = evo.uniform_values(p.seed, generation, child_ids, flat.shape[1], p.init_scale)
+        flat = np.where(incoming, fresh, flat)
+        return game.with_widths(flat, new, p.inputs, p.hidden, p.hidden2), new
 
     def fitness(self, state: KnightsState, flat: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """What selection ranks by (NaN for agents that may not be parents).
@@ -392,6 +418,9 @@ class KnightsExperiment:
         if p.replicate_every and p.mutate_params > 1.0:  # selection may drift them: show it live
             for name in _VARIED:
                 metrics[f"{name}_mean"] = float(np.mean(getattr(state, name)))
+        if p.widths_vary:  # the widths selection keeps, in the curves and the console
+            widths = game.unit_widths(state.networks)
+            metrics["width_mean"], metrics["width_max"] = float(widths.mean()), float(widths.max())
         first = {name: metrics.pop(name) for name in ("quality", "quality_se") if name in metrics}
         return {**first, **metrics}
 
@@ -433,7 +462,7 @@ class KnightsExperiment:
         if not bad.any():
             return []
         slots = np.flatnonzero(bad)
-        fresh = game.init_networks(p.seed, slots, p.inputs, p.hidden, p.init_scale, p.hidden2)
+        fresh = game.founders(p, slots)
         for name, values in fresh.arrays().items():
             getattr(state, name)[slots] = values
         state.alpha[slots], state.lam[slots], state.epsilon[slots] = p.alpha, p.lam, p.epsilon
@@ -443,7 +472,7 @@ class KnightsExperiment:
         state.agent_id[slots] = new
         state.lineage.record(state.episode, "reset", new, replaced=old, slots=slots,
                              values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon,
-                                     "plies": state.plies[slots]})
+                                     "plies": state.plies[slots], "width": p.start_width or p.hidden})
         return [f"episode {state.episode}: agent {int(o)} (slot {a}) had non-finite weights; it was reset to "
                 f"fresh initial weights as agent {int(n)}" for o, a, n in zip(old, slots, new)]
 
@@ -536,8 +565,9 @@ class KnightsExperiment:
             raise ValueError(f"state fitness has shape {fitness.shape}, expected ({a},)")
         columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
                    if name.startswith(_LINEAGE_PREFIX)}
-        if columns and "plies" not in columns and "agent" in columns:  # written before depths were recorded
-            columns["plies"] = np.full(np.asarray(columns["agent"]).reshape(-1).shape, np.nan)
+        for name in ("plies", "width"):  # written before depths (widths) were recorded
+            if columns and name not in columns and "agent" in columns:
+                columns[name] = np.full(np.asarray(columns["agent"]).reshape(-1).shape, np.nan)
         if columns:
             lineage = evo.Lineage.from_arrays(columns, LINEAGE_PARAMETERS)
             if values["agent_id"].size and values["agent_id"].max() >= lineage.next_id:
@@ -545,7 +575,10 @@ class KnightsExperiment:
         else:
             lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
                                         {"alpha": values["alpha"], "lam": values["lam"],
-                                         "epsilon": values["epsilon"], "plies": values["plies"]})
+                                         "epsilon": values["epsilon"], "plies": values["plies"],
+                                         "width": game.unit_widths(game.Networks(
+                                             values["w1"], values["b1"], values["w2"], values["b2"],
+                                             values.get("wm"), values.get("bm")))})
         # Run files written before the league existed have no league scores: 0.5 each.
         league_score = np.array(arrays.get("league_score", np.full(len(snaps), 0.5)), dtype=np.float64)
         if league_score.shape != (len(snaps),):

@@ -135,6 +135,10 @@ class KnightsParams:
     hidden: int = option(4, "Hidden sigmoid units of each value network.", min=1, max=1024)
     hidden2: int = option(0, "Units of a second sigmoid hidden layer after the first (0: none, Bell's one layer).",
                           min=0, max=1024)
+    start_width: int = option(0, "First-layer units each agent starts with switched on, of --hidden (0: all). An "
+                                 "off unit has every weight into and out of it zero and never learns, so the "
+                                 "agent is a network of that width; the engines still compute --hidden units.",
+                              min=0, max=1024)
     lookahead: int = option(1, "Plies the agents' move chooser looks ahead: 1 plays the after-state of highest V; "
                                "2 plays minimax over V (the move after which the opponent's best reply, valued "
                                "by the same network, is least good for it; taking the last piece wins at once). "
@@ -186,6 +190,10 @@ class KnightsParams:
                                           "(each agent keeps its own --lookahead, the league's snapshots theirs): "
                                           "selection then decides whether looking deeper pays for its cost "
                                           "(0: a copy looks as deep as its parent).", min=0.0, max=1.0)
+    mutate_width: float = option(0.0, "Chance that a copy halves or doubles its number of switched-on first-layer "
+                                      "units, within [1, --hidden] (new units start with small random input "
+                                      "weights and zero output weights: the copy plays as its parent until it "
+                                      "learns; 0: a copy keeps its parent's width).", min=0.0, max=1.0)
     tournament_games: int = option(2, "Games per pair in the ranking round robin (half moving first); 0 ranks by "
                                       "the mean learning score since the last replication instead (no extra games).")
     tournament_pairing: str = option("uniform", "uniform: every pair of the ranking round robin plays "
@@ -213,6 +221,9 @@ class KnightsParams:
             (self.episodes >= 1, "episodes", "must be at least 1"),
             (1 <= self.hidden <= 1024, "hidden", "must lie in [1, 1024]"),
             (0 <= self.hidden2 <= 1024, "hidden2", "must lie in [0, 1024] (0: no second layer)"),
+            (0 <= self.start_width <= self.hidden, "start_width",
+             f"must lie in [0, --hidden = {self.hidden}] (0: every unit on)"),
+            (0.0 <= self.mutate_width <= 1.0, "mutate_width", "must lie in [0, 1]"),
             (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
             (not self.td_leaf or self.lookahead == 2, "td_leaf", "learns from the leaves of a two-ply search: "
                                                                 "add --lookahead 2"),
@@ -252,6 +263,11 @@ class KnightsParams:
                 raise ValueError(f"{name} {message} (got {getattr(self, name)!r})")
         parse_jumps(self.jumps)
         parse_opponents(self.eval_opponents)
+
+    @property
+    def widths_vary(self) -> bool:
+        """Whether some agent may have first-layer units switched off (see :func:`off_units`)."""
+        return 0 < self.start_width < self.hidden or self.mutate_width > 0.0
 
     def schedule_warnings(self) -> list[str]:
         """What an episode budget will not do that the settings ask for."""
@@ -558,6 +574,43 @@ def pack(nets: Networks) -> np.ndarray:
     return np.concatenate([nets.w1.reshape(agents, -1), nets.b1, *middle, nets.w2, nets.b2[:, None]], axis=1)
 
 
+def off_units(nets: Networks) -> np.ndarray:
+    """(agents, hidden) bool: the first-layer units switched off, every weight into and
+    out of them exactly zero. Such a unit's sigmoid sits at 1/2 and reaches nothing, so
+    the network computes what one without the unit computes; :func:`unit_parameters`
+    keeps learning and mutation off it (``--start-width``, ``--mutate-width``)."""
+    w1, b1 = np.asarray(nets.w1), np.asarray(nets.b1)
+    outgoing = np.asarray(nets.w2) == 0.0 if nets.wm is None else (np.asarray(nets.wm) == 0.0).all(axis=2)
+    return (w1 == 0.0).all(axis=1) & (b1 == 0.0) & outgoing
+
+
+def unit_widths(nets: Networks) -> np.ndarray:
+    """(agents,) int64: each network's first-layer units switched on."""
+    off = off_units(nets)
+    return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
+
+
+def unit_parameters(units: np.ndarray, inputs: int, hidden2: int = 0, *, incoming_only: bool = False) -> np.ndarray:
+    """(agents, parameter_count) bool, in :func:`pack`'s order: the weights into and out
+    of the first-layer ``units`` ((agents, hidden) bool); only those into them with
+    ``incoming_only``."""
+    agents, hidden = units.shape
+    out = np.zeros((agents, hidden), dtype=bool) if incoming_only else units
+    nets = Networks(np.broadcast_to(units[:, None, :], (agents, inputs, hidden)), units,
+                    np.zeros((agents, hidden2), dtype=bool) if hidden2 else out, np.zeros(agents, dtype=bool),
+                    *((np.broadcast_to(out[:, :, None], (agents, hidden, hidden2)),
+                       np.zeros((agents, hidden2), dtype=bool)) if hidden2 else ()))
+    return pack(nets)
+
+
+def with_widths(flat: np.ndarray, widths: np.ndarray, inputs: int, hidden: int, hidden2: int = 0) -> np.ndarray:
+    """``flat`` (agents, P) with every first-layer unit from each row's width on switched
+    off (its weights zeroed); in place, returned."""
+    beyond = np.arange(hidden)[None, :] >= np.asarray(widths)[:, None]
+    flat[unit_parameters(beyond, inputs, hidden2)] = 0.0
+    return flat
+
+
 def _sigmoid(x: Any) -> Any:
     return npx.sigmoid(x)
 
@@ -726,19 +779,30 @@ class KnightsState(NamedTuple):
 
 # Parameters the lineage records for knights agents (values after each event;
 # ``noise``: the standard deviation of the weight noise a mutation added; ``plies``: the
-# agent's chooser depth).
-LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies")
+# agent's chooser depth; ``width``: its first-layer units switched on).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies", "width")
+
+
+def founders(params: KnightsParams, agent_slots: np.ndarray) -> Networks:
+    """The initial networks of ``agent_slots`` (also what a diverged agent is reset to):
+    :func:`init_networks`, with the units beyond ``--start-width`` switched off."""
+    nets = init_networks(params.seed, agent_slots, params.inputs, params.hidden, params.init_scale, params.hidden2)
+    if not 0 < params.start_width < params.hidden:
+        return nets
+    flat = with_widths(pack(nets), np.full(len(agent_slots), params.start_width), params.inputs, params.hidden,
+                       params.hidden2)
+    return unpack(flat, params.inputs, params.hidden, params.hidden2)
 
 
 def initial_state(params: KnightsParams) -> KnightsState:
     agents = params.agents
-    nets = init_networks(params.seed, np.arange(agents), params.inputs, params.hidden, params.init_scale,
-                         params.hidden2)
+    nets = founders(params, np.arange(agents))
     full = lambda v: np.full(agents, v, dtype=np.float64)  # noqa: E731
     opponents = len(parse_opponents(params.eval_opponents))
     ids = np.arange(agents, dtype=np.int64)
     lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": params.alpha, "lam": params.lam,
-                                                      "epsilon": params.epsilon, "plies": params.lookahead})
+                                                      "epsilon": params.epsilon, "plies": params.lookahead,
+                                                      "width": params.start_width or params.hidden})
     state = KnightsState(
         np.ascontiguousarray(nets.w1), np.ascontiguousarray(nets.b1), np.ascontiguousarray(nets.w2),
         np.ascontiguousarray(nets.b2), full(params.alpha), full(params.lam), full(params.epsilon),
