@@ -119,17 +119,22 @@ def first_reaching(path: Path, threshold: float) -> int | None:
     return int(steps[hit[0]]) if hit.size else None
 
 
+VARIANTS = {
+    "independent (random search)": [],
+    "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
+    # PBT's t-test exploit, from the end of ε's fall (5,000 updates at 0.25 per env-step) on.
+    "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
+                                   "--replicate-when", "significant", "--replicate-after", "20000"],
+    "sharing": ["--share-every", "5000"],
+}
+
+
+def chosen_variants(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {name: VARIANTS[name] for name in args.variants} if args.variants else dict(VARIANTS)
+
+
 def quality(args: argparse.Namespace) -> dict:
-    variants = {
-        "independent (random search)": [],
-        "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
-        # PBT's t-test exploit, from the end of ε's fall (5,000 updates at 0.25 per env-step) on.
-        "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
-                                       "--replicate-when", "significant", "--replicate-after", "20000"],
-        "sharing": ["--share-every", "5000"],
-    }
-    if args.variants:
-        variants = {name: variants[name] for name in args.variants}
+    variants = chosen_variants(args)
     rows: dict[str, list[dict]] = {name: [] for name in variants}
     for seed in args.seeds:
         for name, extra in variants.items():
@@ -180,15 +185,7 @@ def reach_one(args: argparse.Namespace, seed: int, extra: list[str], out: Path) 
 
 
 def reach(args: argparse.Namespace) -> dict:
-    variants = {
-        "independent (random search)": [],
-        "PBT": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20"],
-        "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
-                                       "--replicate-when", "significant", "--replicate-after", "20000"],
-        "sharing": ["--share-every", "5000"],
-    }
-    if args.variants:
-        variants = {name: variants[name] for name in args.variants}
+    variants = chosen_variants(args)
     rows: dict[str, list[dict]] = {name: [] for name in variants}
     for seed in args.seeds:
         for name, extra in variants.items():

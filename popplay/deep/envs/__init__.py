@@ -4,7 +4,9 @@
 whose finished copies restart in the same step (``AutoresetMode.SAME_STEP``), or
 raises :class:`EnvError` with one line for the user: an unknown id, or an id whose
 extra is not installed (naming the pip command). popplay's own cart-pole registers as
-``popplay/CartPole-v1`` (:mod:`popplay.deep.envs.cartpole`) with a numba vector environment.
+``popplay/CartPole-v1`` (:mod:`popplay.deep.envs.cartpole`) with a numba vector environment,
+and its knights game as ``popplay/Knights-v0`` (:mod:`popplay.deep.envs.knights`), a
+two-player game whose members can rank by playing each other.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from gymnasium.vector import AutoresetMode
 from popplay.deep.envs.single import SingleCopyVectorEnv
 
 POPPLAY_CARTPOLE = "popplay/CartPole-v1"
+POPPLAY_KNIGHTS = "popplay/Knights-v0"
 
 # Families of gymnasium environments that need an extra, and the pip command for it.
 _EXTRAS = {
@@ -64,6 +67,8 @@ def register() -> None:
         gymnasium.register(id=POPPLAY_CARTPOLE, entry_point="popplay.deep.envs.cartpole:CartPoleEnv",
                            vector_entry_point="popplay.deep.envs.cartpole:CartPoleVectorEnv",
                            max_episode_steps=500, reward_threshold=475.0)
+    if POPPLAY_KNIGHTS not in gymnasium.registry:  # the game ends itself: after max_turns plies, a draw
+        gymnasium.register(id=POPPLAY_KNIGHTS, entry_point="popplay.deep.envs.knights:KnightsEnv")
     _registered = True
 
 

@@ -53,6 +53,7 @@ from popplay.distributed.group import current
 from popplay.operators import hyper
 from popplay.operators.evolution import Lineage, initial_ids, select_replacements, significant, window_means
 from popplay.operators.sharing import differentiate, share_weighted
+from popplay.tournaments.ratings import elo_ratings, elo_standard_errors
 
 TAG_SHARE = 12
 TAG_EVALUATION = 13
@@ -137,7 +138,12 @@ class PopulationExperiment(DeepExperiment):
         self.copies = int(getattr(params, self.copies_field)) if self.copies_field else 1
         probe = MemberEnvs(params.env, params.seed, self.slots[:1])
         self.info = probe.info
+        # A two-player environment ranks members by playing them against each other.
+        self.arena = getattr(probe.envs[0].unwrapped, "round_robin", None)
         probe.close()
+        if getattr(params, "rank_by", "return") == "tournament" and self.arena is None:
+            raise UsageError(f"--rank-by tournament: --env {params.env} is not a two-player game the members can "
+                             f"play each other in (popplay/Knights-v0 is)")
         self._qualities: np.ndarray | None = None
 
     def _whole(self, local: Any) -> Any:
@@ -236,6 +242,17 @@ class PopulationExperiment(DeepExperiment):
         count = seen.sum(axis=1)
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
+    def tournament(self, state: PopulationState) -> tuple[np.ndarray, np.ndarray]:
+        """Elo ratings (mean 0) and their standard errors from a round robin of
+        ``--tournament-games`` greedy games per pair of members, in the environment's
+        two-player game; its streams are keyed by the run's seed and the members'
+        env-steps, so a resumed run plays the same games."""
+        p = self.params
+        wins, draws = self.arena(self.greedy(state), len(self.whole_slots), p.tournament_games, p.seed,
+                                 state.member_env_steps)
+        ratings = elo_ratings(wins, draws)
+        return ratings, elo_standard_errors(ratings, wins, draws)
+
     def whole_hypers(self, state: PopulationState) -> dict[str, np.ndarray]:
         return {name: self._whole(values) for name, values in state.learner.hypers.items()}
 
@@ -247,14 +264,21 @@ class PopulationExperiment(DeepExperiment):
         state.replications = (state.member_env_steps // p.replicate_every if p.replicate_every
                               else state.replications + 1)
         learner = state.learner
-        scores = self.scores(state) if scores is None else np.asarray(scores, dtype=np.float64)
+        errors = None
+        if scores is not None:
+            scores = np.asarray(scores, dtype=np.float64)
+        elif p.rank_by == "tournament":
+            scores, errors = self.tournament(state)
+        else:
+            scores = self.scores(state)
         finite = self._finite_members(state)
         parents, children = select_replacements(scores, p.replicate_fraction, eligible=finite)
         copies = parents != children
         if p.replicate_when == "significant":
             # A diverged member is replaced whatever the evidence; the others only by a
-            # parent whose window mean is above theirs beyond its noise.
-            _, errors = window_means(self._whole(state.recent))
+            # parent whose window mean (or rating) is above theirs beyond its noise.
+            if errors is None:
+                _, errors = window_means(self._whole(state.recent))
             copies &= significant(parents, children, scores, errors, p.replicate_confidence) | ~finite[children]
         parents, children = parents[copies], children[copies]
         if children.size == 0:

@@ -12,6 +12,9 @@ from popplay.core.options import option
 from popplay.operators import hyper
 from popplay.operators.evolution import REPLICATE_WHEN
 
+#: What PBT ranks a deep population by.
+RANK_BY = ("return", "tournament")
+
 
 @dataclass(frozen=True)
 class PopulationLayout:
@@ -28,6 +31,12 @@ class PopulationLayout:
                                      "become copies of the best, then explore their --hp values (0: never).", min=0)
     replicate_fraction: float = option(0.25, "Fraction of members replaced at each PBT step.", min=0.0, max=0.5)
     window: int = option(10, "Episodes per member whose mean return ranks the members.", min=1)
+    rank_by: str = option("return", "What PBT ranks members by: return (their mean over the last --window "
+                                    "episodes) or tournament (Elo ratings from a round robin of greedy games between "
+                                    "the members, in a two-player environment such as popplay/Knights-v0).",
+                          choices=RANK_BY)
+    tournament_games: int = option(2, "With --rank-by tournament: games per pair of members (half with each "
+                                      "moving first).", min=2)
     replicate_when: str = option("always", "always: at every PBT step the worst --replicate-fraction become copies "
                                            "of the best; significant: only where the parent's mean return over its "
                                            "--window lies above the child's with --replicate-confidence (their "
@@ -62,6 +71,9 @@ class PopulationLayout:
     def check_ranks(self, world: int) -> None:
         """What a population cannot do over ``world`` ranks (ValueError, one line),
         checked before any rank starts."""
+        if world > 1 and self.rank_by == "tournament":
+            raise ValueError("--rank-by tournament plays every pair of members in one process: give --nproc 1 "
+                             "(or rank by return over several ranks)")
         if world > 1 and getattr(self, "episodes", 0):
             raise ValueError(f"--episodes {self.episodes}: a population over several ranks takes an --env-steps "
                              "or --time-budget budget (every rank must agree on it at every step); give --episodes 0")
@@ -83,7 +95,7 @@ class PopulationLayout:
         self.hyper_specs(allowed)
         if self.agents == 1:
             for name, value in (("hp", self.hp), ("replicate_every", self.replicate_every),
-                                ("share_every", self.share_every)):
+                                ("share_every", self.share_every), ("rank_by", self.rank_by != "return")):
                 if value:
                     raise ValueError(f"{name} acts on a population: give --agents 2 or more")
             return
@@ -92,6 +104,12 @@ class PopulationLayout:
                              f"--nproc ranks); give {layout} sequential (got {topology!r})")
         if self.replicate_every and not 0 < self.replicate_fraction <= 0.5:
             raise ValueError(f"replicate_fraction must lie in (0, 0.5] (got {self.replicate_fraction})")
+        if self.rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)} (got {self.rank_by!r})")
+        if self.rank_by == "tournament" and not self.replicate_every:
+            raise ValueError("rank_by tournament ranks the members for PBT: give --replicate-every too")
+        if self.tournament_games < 2:
+            raise ValueError(f"tournament_games must be at least 2 (got {self.tournament_games})")
         if self.replicate_when not in REPLICATE_WHEN:
             raise ValueError(f"replicate_when must be one of {', '.join(REPLICATE_WHEN)} (got {self.replicate_when!r})")
         if not 0.0 < self.replicate_confidence < 1.0:
