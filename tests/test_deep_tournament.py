@@ -124,7 +124,8 @@ def test_pbt_ranks_by_the_tournament_and_copies_its_winner_over_its_loser(monkey
     wins[2, 0] = 1
     played = []
 
-    def arena(act, members, games, seed, generation):
+    def arena(act, members, games, seed, generation, rows=None, gather=None):
+        assert rows is None and gather is None  # one process
         actions = act(np.zeros((members, experiment.info.obs_dim), dtype=np.float32))
         played.append((members, games, seed, generation, actions.shape))
         return wins, np.zeros((4, 4))
@@ -143,11 +144,11 @@ def test_significant_tournament_pbt_needs_ratings_apart_beyond_their_errors(monk
     experiment = DQNPopulation(params, None)
     state = run_phases(experiment, 1)
     close = np.full((4, 4), 1.0) - np.eye(4)  # everyone 1-1 with everyone: no evidence
-    monkeypatch.setattr(experiment, "arena", lambda *a: (close, np.zeros((4, 4))))
+    monkeypatch.setattr(experiment, "arena", lambda *a, **k: (close, np.zeros((4, 4))))
     assert experiment.replicate(state)[1].size == 0
     clear = np.zeros((4, 4))
     clear[3, :3], clear[0, 1], clear[2, 1] = 60, 60, 60  # 60 games to none: far apart
-    monkeypatch.setattr(experiment, "arena", lambda *a: (clear, np.zeros((4, 4))))
+    monkeypatch.setattr(experiment, "arena", lambda *a, **k: (clear, np.zeros((4, 4))))
     parents, children = experiment.replicate(state)
     assert parents.tolist() == [3] and children.tolist() == [1]
 
@@ -171,8 +172,6 @@ def test_a_tournament_ranked_population_resumes_exactly(tmp_path, cli) -> None:
 @pytest.mark.parametrize("args, message", [
     (["--env", "CartPole-v1", "--replicate-every", "40", "--rank-by", "tournament"], "not a two-player game"),
     (["--env", POPPLAY_KNIGHTS, "--rank-by", "tournament"], "give --replicate-every too"),
-    (["--env", POPPLAY_KNIGHTS, "--replicate-every", "40", "--rank-by", "tournament", "--nproc", "2"],
-     "in one process: give --nproc 1"),
     (["--env", POPPLAY_KNIGHTS, "--replicate-every", "40", "--rank-by", "elo"], "rank-by"),
 ])
 def test_tournament_ranking_that_cannot_work_is_refused_in_one_line(cli, args: list[str], message: str) -> None:

@@ -84,3 +84,23 @@ def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(job
     assert not stored["complete"]
     done = popplay("train", "dqn", "--resume", str(out), "--env-steps", str(stored["progress"]["env_steps"] + 400))
     assert done.returncode == 0, done.stderr
+
+
+def test_tournament_ranking_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    """--rank-by tournament over ranks: every rank keeps every game's board, acts for its
+    own members, and the actions are gathered once per ply (knights, the two-player
+    game popplay ships); the run file equals one process's."""
+    from popplay.cli.main import main
+
+    flags = ["train", "dqn", "--agents", "4", "--env", "popplay/Knights-v0", "--hidden", "16", "--batch-size", "8",
+             "--replay", "200", "--learning-starts", "20", "--phase-steps", "20", "--eval-episodes", "1",
+             "--seed", "4", "--replicate-every", "40", "--rank-by", "tournament", "--replicate-fraction", "0.5",
+             "--env-steps", "320"]
+    one, two = tmp_path / "one.h5", tmp_path / "two.h5"
+    assert main([*flags, "--out", str(one)]) == 0
+    done = popplay(*flags, "--nproc", "2", "--out", str(two), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["replications"] == 2
+    data = assert_same_run(one, two)
+    assert len(data["state/lineage_event"]) > 4  # copies were made

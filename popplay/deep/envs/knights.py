@@ -137,16 +137,23 @@ class KnightsEnv(gymnasium.Env):
 
     # --- the two-player protocol: members against each other ----------------------------
     def round_robin(self, act: Callable[[np.ndarray], np.ndarray], members: int, games_per_pair: int,
-                    seed: int, generation: int) -> tuple[np.ndarray, np.ndarray]:
+                    seed: int, generation: int, *, rows: slice | None = None,
+                    gather: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every pair of ``members`` plays ``games_per_pair`` games (rounded up to even:
         half with each moving first, from the same starting positions), every member
         choosing ``act``'s greedy action: ``act`` maps one observation per member
         (members, obs_dim) to one action each. Illegal actions play a random legal move
         from the game's own stream. Returns (wins, draws): wins[i, j] games i won against
         j, draws symmetric. Games of every pair advance together, ply by ply; the moves
-        are those of :func:`round_robin_reference`, which plays them one at a time."""
+        are those of :func:`round_robin_reference`, which plays them one at a time.
+
+        Over ranks, each rank passes the ``rows`` (members) its ``act`` serves and a
+        ``gather`` that stacks every rank's rows in member order (an all-gather): every
+        rank keeps every board, asks its own members' actions, gathers all of them once
+        per ply and plays the same moves, so the results equal one process's."""
         games = _Games(self, members, games_per_pair, seed, generation)
         obs_dim = self.observation_space.shape[0]
+        mine = np.arange(members)[rows if rows is not None else slice(None)]
         for ply in range(self.params.max_turns):
             side = ply % 2  # 0: X to move in every game still on, 1: O
             grid = games.by_mover[side]  # (members, columns) game indices, the mover's row
@@ -154,11 +161,14 @@ class KnightsEnv(gymnasium.Env):
             if not live.any():
                 break
             player = 1 if side == 0 else -1
-            obs = np.zeros(grid.shape + (obs_dim,), dtype=np.float32)
-            for m, column in zip(*np.nonzero(live)):
-                obs[m, column] = self.observation(games.boards[grid[m, column]], player)
+            obs = np.zeros((len(mine), grid.shape[1], obs_dim), dtype=np.float32)
+            for row, m in enumerate(mine):
+                for column in np.flatnonzero(live[m]):
+                    obs[row, column] = self.observation(games.boards[grid[m, column]], player)
             actions = np.stack([np.asarray(act(obs[:, column])).reshape(-1) for column in range(grid.shape[1])],
-                               axis=1)
+                               axis=1).astype(np.int64)
+            if gather is not None:
+                actions = np.asarray(gather(actions))
             for m, column in zip(*np.nonzero(live)):
                 games.advance(int(grid[m, column]), player, int(actions[m, column]), ply)
         return games.results()

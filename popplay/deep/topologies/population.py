@@ -246,10 +246,13 @@ class PopulationExperiment(DeepExperiment):
         """Elo ratings (mean 0) and their standard errors from a round robin of
         ``--tournament-games`` greedy games per pair of members, in the environment's
         two-player game; its streams are keyed by the run's seed and the members'
-        env-steps, so a resumed run plays the same games."""
+        env-steps, so a resumed run plays the same games. Over ranks each rank acts for its
+        own members and the actions are gathered once per ply (the environment's
+        ``round_robin`` protocol), so the games are one process's."""
         p = self.params
+        mine = slice(self.offset, self.offset + len(self.slots)) if self.sharded else None
         wins, draws = self.arena(self.greedy(state), len(self.whole_slots), p.tournament_games, p.seed,
-                                 state.member_env_steps)
+                                 state.member_env_steps, rows=mine, gather=self._whole if self.sharded else None)
         ratings = elo_ratings(wins, draws)
         return ratings, elo_standard_errors(ratings, wins, draws)
 

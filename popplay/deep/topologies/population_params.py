@@ -71,9 +71,6 @@ class PopulationLayout:
     def check_ranks(self, world: int) -> None:
         """What a population cannot do over ``world`` ranks (ValueError, one line),
         checked before any rank starts."""
-        if world > 1 and self.rank_by == "tournament":
-            raise ValueError("--rank-by tournament plays every pair of members in one process: give --nproc 1 "
-                             "(or rank by return over several ranks)")
         if world > 1 and getattr(self, "episodes", 0):
             raise ValueError(f"--episodes {self.episodes}: a population over several ranks takes an --env-steps "
                              "or --time-budget budget (every rank must agree on it at every step); give --episodes 0")
