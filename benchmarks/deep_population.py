@@ -32,7 +32,9 @@ chunk every member plays 20 greedy episodes (``popplay evaluate``); each member 
 mean reaches the threshold then plays the 100 that decide. Reported per run: the total
 env-steps at the first check where some member's 100-episode greedy mean reached the
 threshold (the run stops there), and the best 20-episode greedy mean at every check.
-The evaluation episodes are not counted as learning env-steps, the same for every variant.
+The checks' episodes are not counted as learning env-steps, the same for every variant;
+a variant that plays episodes of its own to rank members (``--rank-by greedy``) reports
+them apart (``ranking_env_steps_then``), to be added to its total.
 """
 from __future__ import annotations
 
@@ -126,6 +128,9 @@ VARIANTS = {
     "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
                                    "--replicate-when", "significant", "--replicate-after", "20000"],
     "sharing": ["--share-every", "5000"],
+    # PBT ranked by 5 greedy episodes per member at each step (their env-steps reported apart)
+    "PBT greedy-ranked": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--rank-by", "greedy",
+                          "--rank-episodes", "5"],
 }
 
 
@@ -166,21 +171,23 @@ def reach_one(args: argparse.Namespace, seed: int, extra: list[str], out: Path) 
     for done in range(args.check_every, args.steps + 1, args.check_every):
         total = str(members * done)
         if done == args.check_every:
-            popplay(["--agents", str(members), "--env", args.env, "--env-steps", total, "--seed", str(seed),
-                     "--phase-steps", "1000", *HP, *SCHEDULE, *extra], out)
+            summary = popplay(["--agents", str(members), "--env", args.env, "--env-steps", total, "--seed", str(seed),
+                               "--phase-steps", "1000", *HP, *SCHEDULE, *extra], out)
         else:
-            popplay(["--resume", str(out), "--env-steps", total])
+            summary = popplay(["--resume", str(out), "--env-steps", total])
         screened = evaluate(out, "--episodes", "20")["member_quality"]
         decided = {}
         for member in np.flatnonzero(np.asarray(screened) >= args.threshold):
             decided[int(member)] = evaluate(out, "--episodes", "100", "--member", str(member))["quality"]
-        checks.append({"env_steps": int(total), "best_greedy_20": max(screened), "decided_100": decided})
+        checks.append({"env_steps": int(total), "ranking_env_steps": summary.get("ranking_env_steps", 0),
+                       "best_greedy_20": max(screened), "decided_100": decided})
         print(f"  seed {seed} {int(total):>9,} env-steps: best of 20 greedy episodes {max(screened):.1f}"
               + (f"; 100 episodes {decided}" if decided else ""), flush=True)
         if any(value >= args.threshold for value in decided.values()):
             reached = int(total)
             break
-    return {"seed": seed, "env_steps_to_threshold_greedy100": reached, "checks": checks,
+    return {"seed": seed, "env_steps_to_threshold_greedy100": reached,
+            "ranking_env_steps_then": checks[-1]["ranking_env_steps"] if checks else 0, "checks": checks,
             "wall_seconds": round(time.perf_counter() - started, 1)}
 
 

@@ -149,6 +149,27 @@ def test_window_means_and_errors_follow_the_sample_formula() -> None:
     assert np.isnan(means[2]) and errors[2] == np.inf
 
 
+def test_greedy_ranking_plays_fresh_greedy_episodes_and_copies_their_best_over_their_worst() -> None:
+    from popplay import rng
+    from popplay.deep.topologies.population import TAG_RANKING, evaluate_members
+
+    params = small(agents=4, replicate_fraction=0.25, rank_by="greedy", rank_episodes=3, replicate_every=40)
+    experiment = DQNPopulation(params, None)
+    state = run_phases(experiment, 2)
+    seed = rng.key_path(params.seed, TAG_RANKING, state.member_env_steps)
+    returns = evaluate_members(params.env, seed, experiment.slots, experiment.greedy(state), 3)
+    means = returns.mean(axis=1)
+    assert not np.allclose(means, means[0])  # the members differ, so the ranking means something
+    assert not np.array_equal(returns, evaluate_members(params.env, params.seed, experiment.slots,
+                                                        experiment.greedy(state), 3))  # not the final evaluation's
+    before = state.learner.online.matrix.clone()
+    parents, children = experiment.replicate(state)
+    order = np.argsort(means, kind="stable")
+    assert children.tolist() == [int(order[0])] and parents.tolist() == [int(order[-1])]
+    assert torch.equal(state.learner.online.matrix[children[0]], before[parents[0]])
+    assert state.ranking_env_steps >= returns.shape[0] * 3 * 8  # every step of every member's episodes at least
+
+
 def test_significant_pbt_copies_only_a_parent_clearly_better_and_always_a_diverged_child() -> None:
     params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant")
     experiment = DQNPopulation(params, None)
@@ -314,6 +335,21 @@ def test_resume_is_exact_and_the_run_file_serves_lineage_evaluate_and_export(tmp
         assert torch.equal(networks.flat_parameters(module), torch.as_tensor(f["state"]["members.online"][2]))
     code, _, err = cli(["export", str(split), "--member", "2", "--out", str(straight)])
     assert code == 2 and "refused" in err
+
+
+def test_greedy_ranked_pbt_resumes_exactly_and_reports_its_ranking_steps(tmp_path, cli) -> None:
+    flags = [*FLAGS[:FLAGS.index("--share-every")], "--rank-by", "greedy", "--rank-episodes", "2"]
+    straight, split = tmp_path / "straight.h5", tmp_path / "split.h5"
+    code, out, err = cli(["train", "dqn", *flags, "--env-steps", "600", "--out", str(straight), "--json"])
+    assert code == 0, err
+    whole = json.loads(out.strip().splitlines()[-1])
+    assert cli(["train", "dqn", *flags, "--env-steps", "300", "--out", str(split)])[0] == 0
+    code, out, err = cli(["train", "dqn", "--resume", str(split), "--env-steps", "600", "--json"])
+    assert code == 0, err
+    resumed = json.loads(out.strip().splitlines()[-1])
+    assert whole["replications"] == 2 and whole["ranking_env_steps"] > 0
+    assert resumed["ranking_env_steps"] == whole["ranking_env_steps"]
+    assert_same_state(straight, split)
 
 
 def test_a_population_trains_in_a_real_process(tmp_path) -> None:

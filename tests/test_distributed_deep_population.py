@@ -86,16 +86,19 @@ def test_a_killed_rank_ends_the_job_with_one_line_and_a_resumable_checkpoint(job
     assert done.returncode == 0, done.stderr
 
 
-def test_tournament_ranking_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
-    """--rank-by tournament over ranks: every rank keeps every game's board, acts for its
-    own members, and the actions are gathered once per ply (knights, the two-player
-    game popplay ships); the run file equals one process's."""
+@pytest.mark.parametrize("ranking", [["--env", "popplay/Knights-v0", "--rank-by", "tournament"],
+                                     ["--env", "CartPole-v1", "--rank-by", "greedy", "--rank-episodes", "2"]],
+                         ids=["tournament", "greedy"])
+def test_ranking_by_play_on_two_ranks_equals_one_process(tmp_path: Path, ranking: list[str]) -> None:
+    """PBT ranking by games played for it, over ranks. Tournament: every rank keeps every
+    game's board, acts for its own members, and the actions are gathered once per ply
+    (knights, the two-player game popplay ships). Greedy: every rank plays its members'
+    ranking episodes and the returns are gathered. The run file equals one process's."""
     from popplay.cli.main import main
 
-    flags = ["train", "dqn", "--agents", "4", "--env", "popplay/Knights-v0", "--hidden", "16", "--batch-size", "8",
+    flags = ["train", "dqn", "--agents", "4", *ranking, "--hidden", "16", "--batch-size", "8",
              "--replay", "200", "--learning-starts", "20", "--phase-steps", "20", "--eval-episodes", "1",
-             "--seed", "4", "--replicate-every", "40", "--rank-by", "tournament", "--replicate-fraction", "0.5",
-             "--env-steps", "320"]
+             "--seed", "4", "--replicate-every", "40", "--replicate-fraction", "0.5", "--env-steps", "320"]
     one, two = tmp_path / "one.h5", tmp_path / "two.h5"
     assert main([*flags, "--out", str(one)]) == 0
     done = popplay(*flags, "--nproc", "2", "--out", str(two), "--json")

@@ -57,6 +57,7 @@ from popplay.tournaments.ratings import elo_ratings, elo_standard_errors
 
 TAG_SHARE = 12
 TAG_EVALUATION = 13
+TAG_RANKING = 14
 
 
 @dataclass
@@ -80,6 +81,7 @@ class PopulationState:
     episode_step: list[int] = field(default_factory=list)
     copies: int = 1  # environments per member
     agents: int = 0  # members of the whole population
+    ranking_env_steps: int = 0  # env-steps of the greedy episodes --rank-by greedy played (not learning's)
 
     @property
     def member_env_steps(self) -> int:
@@ -256,6 +258,24 @@ class PopulationExperiment(DeepExperiment):
         ratings = elo_ratings(wins, draws)
         return ratings, elo_standard_errors(ratings, wins, draws)
 
+    def greedy_ranking(self, state: PopulationState) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's mean return over ``--rank-episodes`` greedy episodes and its
+        standard error, the whole population's; the episodes come from a stream of the
+        seed and the members' env-steps (a resumed run plays the same ones), apart from
+        training's and the final evaluation's. Their env-steps, every environment step
+        taken while the longest episode finishes, are added to ``ranking_env_steps``."""
+        p = self.params
+        act, taken = self.greedy(state), [0]
+
+        def counted(obs: np.ndarray) -> np.ndarray:
+            taken[0] += len(obs)
+            return act(obs)
+
+        seed = rng.key_path(p.seed, TAG_RANKING, state.member_env_steps)
+        returns = self._whole(evaluate_members(p.env, seed, self.slots, counted, p.rank_episodes))
+        state.ranking_env_steps += int(self._whole(np.array([taken[0]], dtype=np.int64)).sum())
+        return window_means(returns)
+
     def whole_hypers(self, state: PopulationState) -> dict[str, np.ndarray]:
         return {name: self._whole(values) for name, values in state.learner.hypers.items()}
 
@@ -272,6 +292,8 @@ class PopulationExperiment(DeepExperiment):
             scores = np.asarray(scores, dtype=np.float64)
         elif p.rank_by == "tournament":
             scores, errors = self.tournament(state)
+        elif p.rank_by == "greedy":
+            scores, errors = self.greedy_ranking(state)
         else:
             scores = self.scores(state)
         finite = self._finite_members(state)
@@ -411,7 +433,8 @@ class PopulationExperiment(DeepExperiment):
     def state_counters(self, state: PopulationState) -> dict[str, Any]:
         return {**state.learner.counters(), "member_steps": state.member_steps, "episodes": state.episodes,
                 "env_steps": state.env_steps, "shares": state.shares, "max_bias": state.max_bias,
-                "replications": state.replications, "last_share_step": state.last_share_step}
+                "replications": state.replications, "last_share_step": state.last_share_step,
+                "ranking_env_steps": state.ranking_env_steps}
 
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> PopulationState:
         """This rank's part of a stored population (stored from any number of ranks)."""
@@ -456,6 +479,7 @@ class PopulationExperiment(DeepExperiment):
         state.max_bias = float(counters["max_bias"])
         state.replications = int(counters["replications"])
         state.last_share_step = int(counters["last_share_step"])
+        state.ranking_env_steps = int(counters.get("ranking_env_steps", 0))  # files written before: none
         member = np.asarray(arrays["episode_member"], dtype=np.int64)
         episodes = [member, np.asarray(arrays["episode_returns"]), np.asarray(arrays["episode_lengths"]),
                     np.asarray(arrays["episode_env_steps"])]
@@ -516,6 +540,7 @@ class PopulationExperiment(DeepExperiment):
                 "episodes": int(state.episodes),
                 "env_steps_per_second": state.env_steps / seconds if seconds > 0 else 0.0,
                 "replications": state.replications, "shares": state.shares,
+                "ranking_env_steps": int(state.ranking_env_steps),
                 "hypers": {name: [float(v) for v in values] for name, values in hypers.items()},
                 **({"diverged": self.diverged} if self.diverged is not None else {})}
 

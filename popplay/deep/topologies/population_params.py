@@ -13,7 +13,7 @@ from popplay.operators import hyper
 from popplay.operators.evolution import REPLICATE_WHEN
 
 #: What PBT ranks a deep population by.
-RANK_BY = ("return", "tournament")
+RANK_BY = ("return", "greedy", "tournament")
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,12 @@ class PopulationLayout:
     replicate_fraction: float = option(0.25, "Fraction of members replaced at each PBT step.", min=0.0, max=0.5)
     window: int = option(10, "Episodes per member whose mean return ranks the members.", min=1)
     rank_by: str = option("return", "What PBT ranks members by: return (their mean over the last --window "
-                                    "episodes) or tournament (Elo ratings from a round robin of greedy games between "
-                                    "the members, in a two-player environment such as popplay/Knights-v0).",
-                          choices=RANK_BY)
+                                    "training episodes), greedy (their mean over --rank-episodes greedy episodes "
+                                    "played for the ranking, not counted in --env-steps) or tournament (Elo ratings "
+                                    "from a round robin of greedy games between the members, in a two-player "
+                                    "environment such as popplay/Knights-v0).", choices=RANK_BY)
+    rank_episodes: int = option(5, "With --rank-by greedy: greedy episodes each member plays at each PBT step.",
+                                min=1)
     tournament_games: int = option(2, "With --rank-by tournament: games per pair of members (half with each "
                                       "moving first).", min=2)
     replicate_when: str = option("always", "always: at every PBT step the worst --replicate-fraction become copies "
@@ -103,8 +106,10 @@ class PopulationLayout:
             raise ValueError(f"replicate_fraction must lie in (0, 0.5] (got {self.replicate_fraction})")
         if self.rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)} (got {self.rank_by!r})")
-        if self.rank_by == "tournament" and not self.replicate_every:
-            raise ValueError("rank_by tournament ranks the members for PBT: give --replicate-every too")
+        if self.rank_by != "return" and not self.replicate_every:
+            raise ValueError(f"rank_by {self.rank_by} ranks the members for PBT: give --replicate-every too")
+        if self.rank_episodes < 1:
+            raise ValueError(f"rank_episodes must be at least 1 (got {self.rank_episodes})")
         if self.tournament_games < 2:
             raise ValueError(f"tournament_games must be at least 2 (got {self.tournament_games})")
         if self.replicate_when not in REPLICATE_WHEN:
