@@ -202,3 +202,44 @@ def test_the_install_hint_survives_a_module_prefix():
     assert envs.install_hint("LunarLander-v3") == "pip install 'popplay[box2d]'"
     assert envs.install_hint("my_pkg.envs:LunarLander-v3") == "pip install 'popplay[box2d]'"
     assert envs.install_hint("my_pkg.envs:Corridor-v0") is None
+
+
+def test_member_envs_step_popplay_cartpole_in_one_batch_as_the_single_environments_would(monkeypatch) -> None:
+    """popplay/CartPole-v1 offers ``batched``: a population's environments become one
+    array stepped by one numba loop. Everything a member sees (observations, rewards,
+    ends, time-limit cuts, resets from its episode seeds) and the run-file replay are
+    what the per-copy gymnasium objects give."""
+    from popplay.deep.envs.cartpole import CartPoleEnv
+    from popplay.deep.envs.members import MemberEnvs
+
+    members = np.array([0, 3, 5])
+    actions = np.random.default_rng(1).integers(0, 2, size=(1400, 6))
+    actions[:, 1] = 0  # copy 1 fails fast and often
+
+    def trace() -> tuple[list, dict]:
+        member_envs = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
+        seen = []
+        for row in actions:
+            obs = member_envs.obs[4]
+            row[4] = int(obs[2] + 0.5 * obs[3] > 0)  # copy 4 balances (PD on the pole) until the 500-step cut
+            step = member_envs.step(row)
+            seen.append((step.obs.tobytes(), step.reward.tobytes(), step.successor.tobytes(),
+                         step.terminated.tolist(), step.truncated.tolist(), step.ended.tolist(),
+                         step.returns.tolist()))
+        return seen, member_envs.arrays()
+
+    batched = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
+    assert batched.batch is not None and len(batched.envs) == 1
+    fast, stored = trace()
+    monkeypatch.delattr(CartPoleEnv, "batched")
+    plain = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
+    assert plain.batch is None and len(plain.envs) == 6
+    slow, stored_slow = trace()
+    assert fast == slow
+    assert any(truncated for row in fast for truncated in row[4])  # the time limit was met
+    for name, value in stored.items():
+        np.testing.assert_array_equal(value, stored_slow[name])
+    monkeypatch.undo()
+    resumed = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
+    resumed.load(stored)  # replays each copy's episode through the batch
+    np.testing.assert_array_equal(resumed.obs, stored["env.obs"])

@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -58,6 +59,13 @@ class CartPoleEnv(gymnasium.Env):
         self._done = False
         return self._state[0].astype(np.float32), {}
 
+    @classmethod
+    def batched(cls, count: int, max_episode_steps: int | None) -> "CartPoleBatch":
+        """``count`` copies stepped in one numba loop, for a deep population's members
+        (:class:`popplay.deep.envs.members.MemberEnvs`): the observations, rewards and
+        ends this environment gives inside its registered time limit."""
+        return CartPoleBatch(count, max_episode_steps)
+
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("call reset() before step() (the episode has ended)")
@@ -68,6 +76,48 @@ class CartPoleEnv(gymnasium.Env):
         terminated = bool(self._failed[0])
         self._done = terminated
         return self._state[0].astype(np.float32), 1.0, terminated, False, {}
+
+
+class CartPoleBatch:
+    """Copies of :class:`CartPoleEnv` (with its time limit) as arrays: ``reset`` one copy
+    with a seed, draws as ``CartPoleEnv.reset(seed=...)`` draws; ``step`` every copy (or
+    the ``rows`` given) at once. A copy whose episode ended is reset by the caller before
+    it steps again."""
+
+    def __init__(self, count: int, max_episode_steps: int | None) -> None:
+        from popplay.deep.envs._cartpole_numba import step_many  # defers numba
+
+        self._step_many = step_many
+        self._phys = PHYSICS.vector()
+        self.limit = max_episode_steps
+        self.state = np.zeros((count, 4), dtype=np.float64)
+        self.steps = np.zeros(count, dtype=np.int64)
+        self._failed = np.zeros(count, dtype=np.bool_)
+
+    def reset(self, index: int, seed: int) -> np.ndarray:
+        generator, _ = seeding.np_random(seed)
+        self.state[index] = generator.uniform(low=-_START, high=_START, size=(4,))
+        self.steps[index] = 0
+        return self.state[index].astype(np.float32)
+
+    def step(self, actions: np.ndarray, rows: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        actions = np.asarray(actions, dtype=np.int64).reshape(-1)
+        if ((actions != 0) & (actions != 1)).any():
+            raise ValueError("actions must be 0 or 1")
+        if rows is None:
+            self._step_many(self.state, actions, self._phys, self._failed)
+            state, failed, steps = self.state, self._failed, self.steps
+            steps += 1
+        else:
+            state, failed = self.state[rows], np.zeros(len(rows), dtype=np.bool_)
+            self._step_many(state, actions, self._phys, failed)
+            self.state[rows] = state
+            self.steps[rows] += 1
+            steps = self.steps[rows]
+        truncated = (steps >= self.limit) if self.limit is not None else np.zeros(len(steps), dtype=bool)
+        return (state.astype(np.float32), np.ones(len(state), dtype=np.float32), failed.copy(),
+                truncated & ~failed)
 
 
 class CartPoleVectorEnv(VectorEnv):

@@ -56,9 +56,16 @@ class MemberEnvs:
         self.members = np.asarray(members, dtype=np.int64).reshape(-1)
         self._owner = np.repeat(self.members, self.copies)  # member index of each environment
         self._copy = np.tile(np.arange(self.copies), len(self.members))
-        self.envs = [envs.make_single(env_id, disable_env_checker=True) for _ in self._owner]
-        self.info = envs.describe_single(self.envs[0], env_id)
-        p = len(self.envs)
+        first = envs.make_single(env_id, disable_env_checker=True)
+        self.info = envs.describe_single(first, env_id)
+        # An environment class that steps many copies at once (popplay/CartPole-v1: one
+        # numba loop) replaces the per-copy objects and their Python steps; it promises
+        # the same observations, rewards and ends as they give.
+        batched = getattr(type(first.unwrapped), "batched", None)
+        self.batch = None if batched is None else batched(len(self._owner), envs.time_limit(env_id))
+        self.envs = [first] if self.batch is not None else \
+            [first, *(envs.make_single(env_id, disable_env_checker=True) for _ in self._owner[1:])]
+        p = len(self._owner)
         self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
@@ -66,8 +73,10 @@ class MemberEnvs:
         self.obs = np.stack([self._reset(i) for i in range(p)]).astype(np.float32)
 
     def _reset(self, i: int) -> np.ndarray:
-        obs, _ = self.envs[i].reset(seed=episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]),
-                                                      int(self.episode[i])))
+        seed = episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]))
+        if self.batch is not None:
+            return self.batch.reset(i, seed)
+        obs, _ = self.envs[i].reset(seed=seed)
         return np.asarray(obs, dtype=np.float32)
 
     def start_episode(self, episode: int) -> None:
@@ -76,24 +85,30 @@ class MemberEnvs:
         self.episode[:] = episode
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
-        self._actions = [[] for _ in self.envs]
-        self.obs = np.stack([self._reset(i) for i in range(len(self.envs))]).astype(np.float32)
+        self._actions = [[] for _ in self._owner]
+        self.obs = np.stack([self._reset(i) for i in range(len(self._owner))]).astype(np.float32)
 
     def step(self, actions: np.ndarray) -> Step:
         """One step of every environment with ``actions`` (member-major). :attr:`obs`
         moves on (a finished environment's to its next episode's first observation)."""
-        p = len(self.envs)
+        p = len(self._owner)
         obs = self.obs
-        successor = np.empty_like(obs)
-        reward = np.empty(p, dtype=np.float32)
-        terminated = np.zeros(p, dtype=bool)
-        truncated = np.zeros(p, dtype=bool)
-        for i, env in enumerate(self.envs):
-            action = actions[i].item() if actions.ndim == 1 else actions[i]
-            nxt, r, term, trunc, _ = env.step(action)
-            self._actions[i].append(action)
-            successor[i] = nxt
-            reward[i], terminated[i], truncated[i] = r, term, trunc and not term
+        if self.batch is not None:
+            successor, reward, terminated, truncated = self.batch.step(actions)
+            truncated = truncated & ~terminated
+            for i, action in enumerate(actions.tolist()):
+                self._actions[i].append(action)
+        else:
+            successor = np.empty_like(obs)
+            reward = np.empty(p, dtype=np.float32)
+            terminated = np.zeros(p, dtype=bool)
+            truncated = np.zeros(p, dtype=bool)
+            for i, env in enumerate(self.envs):
+                action = actions[i].item() if actions.ndim == 1 else actions[i]
+                nxt, r, term, trunc, _ = env.step(action)
+                self._actions[i].append(action)
+                successor[i] = nxt
+                reward[i], terminated[i], truncated[i] = r, term, trunc and not term
         done = terminated | truncated
         self.episode_return += reward
         self.episode_length += 1
@@ -121,7 +136,7 @@ class MemberEnvs:
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         """Rebuild every member's environment from :meth:`arrays` (ValueError, one
         line, when the stored episode does not replay to the stored observation)."""
-        p = len(self.envs)
+        p = len(self._owner)
         episode = np.asarray(arrays["env.episode"], dtype=np.int64)
         counts = np.asarray(arrays["env.action_counts"], dtype=np.int64)
         stored_obs = np.asarray(arrays["env.obs"], dtype=np.float32)
@@ -140,7 +155,7 @@ class MemberEnvs:
             taken = actions[start:start + counts[i]]
             start += int(counts[i])
             for action in taken:
-                obs, _, term, trunc, _ = self.envs[i].step(action.item() if self.info.discrete else action)
+                obs, term, trunc = self._replay(i, action.item() if self.info.discrete else action)
                 if term or trunc:
                     raise ValueError(f"env.actions: member {int(self._owner[i])}'s stored episode ended early")
             self._actions[i] = [a.item() if self.info.discrete else a for a in taken]
@@ -148,6 +163,14 @@ class MemberEnvs:
                 raise ValueError(f"--env {self.env_id}: member {int(self._owner[i])}'s episode does not replay to "
                                  "its stored state (the environment is not deterministic)")
             self.obs[i] = obs
+
+    def _replay(self, i: int, action: Any) -> tuple[np.ndarray, bool, bool]:
+        """Environment ``i`` alone steps ``action`` (a resume replaying its episode)."""
+        if self.batch is not None:
+            obs, _, term, trunc = self.batch.step(np.asarray([action]), rows=np.array([i]))
+            return obs[0], bool(term[0]), bool(trunc[0])
+        obs, _, term, trunc, _ = self.envs[i].step(action)
+        return obs, bool(term), bool(trunc)
 
     def close(self) -> None:
         for env in self.envs:
