@@ -351,9 +351,7 @@ def _ziggurat_tables() -> tuple[Any, Any]:
 
 def root_key(seed: int) -> int:
     """The key of a run's seed (any Python int; reduced to 64 bits)."""
-
-    rng = make_rng(py)
-    return rng.combine(signed64(GOLDEN), signed64(seed))
+    return _py_rng().combine(signed64(GOLDEN), signed64(seed))
 
 
 def stream_keys(seed: int, tag: int, *axes: Any) -> Any:
@@ -373,6 +371,16 @@ def stream_keys(seed: int, tag: int, *axes: Any) -> Any:
 
 
 _NUMPY_RNG: Any = None
+_PY_RNG: Any = None
+
+
+def _py_rng() -> SimpleNamespace:
+    """The streams over Python ints (built once: a deep population derives a key at
+    every episode's reset, and building the namespace cost more than the key)."""
+    global _PY_RNG
+    if _PY_RNG is None:
+        _PY_RNG = make_rng(py)
+    return _PY_RNG
 
 
 def _numpy_rng() -> SimpleNamespace:
@@ -387,9 +395,13 @@ def _numpy_rng() -> SimpleNamespace:
 
 def key_path(seed: int, *path: int) -> int:
     """The key reached from ``seed`` through ``path`` (e.g. tag, trial, agent)."""
+    return key_extend(root_key(seed), *path)
 
-    rng = make_rng(py)
-    key = root_key(seed)
+
+def key_extend(key: int, *path: int) -> int:
+    """The key reached from ``key`` through ``path``: ``key_path(seed, *a, *b)`` is
+    ``key_extend(key_path(seed, *a), *b)``, so a prefix used often is derived once."""
+    rng = _py_rng()
     for part in path:
         key = rng.combine(key, signed64(int(part)))
     return key

@@ -210,7 +210,7 @@ def test_member_envs_step_popplay_cartpole_in_one_batch_as_the_single_environmen
     ends, time-limit cuts, resets from its episode seeds) and the run-file replay are
     what the per-copy gymnasium objects give."""
     from popplay.deep.envs.cartpole import CartPoleEnv
-    from popplay.deep.envs.members import MemberEnvs
+    from popplay.deep.envs.members import MemberEnvs, episode_seed
 
     members = np.array([0, 3, 5])
     actions = np.random.default_rng(1).integers(0, 2, size=(1400, 6))
@@ -230,6 +230,8 @@ def test_member_envs_step_popplay_cartpole_in_one_batch_as_the_single_environmen
 
     batched = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
     assert batched.batch is not None and len(batched.envs) == 1
+    single = CartPoleEnv()  # member 3's copy 1 (row 3) starts its episode 0 from its episode seed
+    np.testing.assert_array_equal(batched.obs[3], single.reset(seed=episode_seed(9, 3, 1, 0))[0])
     fast, stored = trace()
     monkeypatch.delattr(CartPoleEnv, "batched")
     plain = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)

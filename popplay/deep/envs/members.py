@@ -66,6 +66,9 @@ class MemberEnvs:
         self.envs = [first] if self.batch is not None else \
             [first, *(envs.make_single(env_id, disable_env_checker=True) for _ in self._owner[1:])]
         p = len(self._owner)
+        # each copy's key before its episode index (episode_seed's path, derived once)
+        self._episode_keys = [rng.key_path(seed, TAG_MEMBER_ENV, int(m), int(c))
+                              for m, c in zip(self._owner, self._copy)]
         self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
@@ -73,7 +76,7 @@ class MemberEnvs:
         self.obs = np.stack([self._reset(i) for i in range(p)]).astype(np.float32)
 
     def _reset(self, i: int) -> np.ndarray:
-        seed = episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]))
+        seed = rng.key_extend(self._episode_keys[i], int(self.episode[i])) & 0xFFFFFFFF  # episode_seed's
         if self.batch is not None:
             return self.batch.reset(i, seed)
         obs, _ = self.envs[i].reset(seed=seed)
