@@ -4,8 +4,9 @@
     python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1] [--variants "A;B"]
     python benchmarks/deep_population.py reach [--seeds 0,1,2] [--steps 100000] [--check-every 5000] [--variants "A;B"]
 
-``throughput``, side by side in one run on this machine, DQN on CartPole-v1 with one
-network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
+``throughput``, side by side in one run on this machine, DQN on CartPole-v1 (``--env
+popplay/CartPole-v1``: popplay's rows on its numba drop-in, stepped as one batch in a
+population; stable-baselines3 on gymnasium's) with one network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
 1,000 steps, one update every 4 env-steps: SB3's ``train_freq=4``), each run
 ``--steps`` env-steps per member:
 
@@ -96,7 +97,7 @@ def sb3_pair(steps: int, hidden: str) -> dict:
 
 
 def throughput(args: argparse.Namespace) -> dict:
-    common = ["--hidden", args.hidden, *SCHEDULE]
+    common = ["--env", args.env, "--hidden", args.hidden, *SCHEDULE]  # SB3 steps gymnasium's CartPole-v1
     rows = {}
     population = popplay(["--agents", str(args.members), "--env-steps", str(args.members * args.steps),
                           "--phase-steps", "500", *common])
@@ -107,7 +108,7 @@ def throughput(args: argparse.Namespace) -> dict:
     rows["stable-baselines3, 2 runs at once"] = sb3_pair(args.steps, args.hidden)
     table = {name: round(row["env_steps_per_second"], 1) for name, row in rows.items()}
     one = table["popplay one agent (sequential)"]
-    return {"hidden": args.hidden, "steps_per_member": args.steps, "env_steps_per_second": table,
+    return {"env": args.env, "hidden": args.hidden, "steps_per_member": args.steps, "env_steps_per_second": table,
             "population_over_one_agent": round(table[f"popplay population, {args.members} members"] / one, 2),
             "population_over_sb3_pairs": round(table[f"popplay population, {args.members} members"]
                                                / table["stable-baselines3, 2 runs at once"], 2)}
