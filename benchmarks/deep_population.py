@@ -4,11 +4,12 @@
     python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1] [--variants "A;B"]
     python benchmarks/deep_population.py reach [--seeds 0,1,2] [--steps 100000] [--check-every 5000] [--variants "A;B"]
 
-``throughput``, side by side in one run on this machine, DQN on CartPole-v1 (``--env
-popplay/CartPole-v1``: popplay's rows on its numba drop-in, stepped as one batch in a
-population; stable-baselines3 on gymnasium's) with one network and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at
-1,000 steps, one update every 4 env-steps: SB3's ``train_freq=4``), each run
-``--steps`` env-steps per member:
+``throughput``, side by side in one run on this machine, DQN on CartPole-v1 (with
+``--env popplay/CartPole-v1`` popplay's rows run on its numba drop-in, which a
+population steps as one batch; stable-baselines3 always on gymnasium's) with one network
+and schedule for all (``--hidden``, batch 64, replay 50k, learning starts at 1,000
+steps, one update every 4 env-steps: SB3's ``train_freq=4``), each run ``--steps``
+env-steps per member:
 
 - popplay's population engine with P members in one process, and with two;
 - popplay's one-agent DQN (``--topology sequential --train-every 4``);
