@@ -28,7 +28,8 @@ HOOKS = {"slow_learner", "slow_simulator", "inject_stale_every", "inject_huge_ev
 #: populations (--agents P), whose options they record too.
 POPULATION_KEYS = {"agents", "hp", "phase_steps", "replicate_every", "replicate_fraction", "window", "resample",
                    "replicate_when", "replicate_confidence", "replicate_after",
-                   "copy_replay", "share_every", "share_group", "differentiation", "bias_decay"}  # --agents P
+                   "copy_replay", "share_every", "share_group", "differentiation", "bias_decay",  # --agents P
+                   "rank_by", "tournament_games", "rank_episodes"}  # PBT ranked by games played for it
 ADDED = {name: {"learners", "selection", "queue_capacity"} | POPULATION_KEYS
          for name in ("dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server")}
 for _name in ("a2c", "td3", "ddpg-per"):  # A2C, TD3 and DDPG populations (--agents P)
@@ -38,7 +39,11 @@ for _name in ("a2c", "td3", "ddpg-per"):  # A2C, TD3 and DDPG populations (--age
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",
                     "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf",
                     "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies",
-                    "eval_every_seconds"}
+                    "eval_every_seconds", "start_width", "mutate_width", "state/lineage_width"}
+#: Every run's config records whether its torch engine was compiled (the default became:
+#: on CUDA only; the deep agents never are).
+for _name, *_ in commands.COMMANDS:
+    ADDED[_name] = ADDED.get(_name, set()) | {"compile"}
 
 
 def _same(got: object, expected: object) -> bool:
