@@ -166,3 +166,35 @@ def test_the_step_size_schedule_halves_alpha_every_half_life() -> None:
     by_hand = constant.phase(state._replace(alpha=state.alpha * 2.0 ** (-6 / 4)), time_left=None)
     assert np.array_equal(on_schedule.w1, by_hand.w1)
     assert not np.array_equal(on_schedule.w1, constant.phase(state, time_left=None).w1)
+
+
+def test_each_agent_keeps_its_own_half_life_and_copies_vary_it_with_a_fourth_factor() -> None:
+    from popplay.operators import evolution as evo
+
+    scheduled = dataclasses.replace(PARAMS, league=0, alpha_half_life=4, agents=4, replicate_every=3,
+                                    replicate_fraction=0.25, mutate_params=2.0, mutate_weights=0.0,
+                                    tournament_games=0)
+    experiment, after, history = _run(scheduled, 3)
+    before = history[2]  # the third episode ends with a replication
+    np.testing.assert_array_equal(before.half_life, [4.0] * 4)
+    copies = after.lineage.records["event"] == evo.EVENTS["mutation"]
+    child = int(after.lineage.records["slot"][copies][0])
+    child_id = after.agent_id[child]
+    factors = evo.vary_factors(scheduled.seed, 3, np.array([child_id]), ("alpha", "lam", "epsilon", "half_life"), 2.0)
+    three = evo.vary_factors(scheduled.seed, 3, np.array([child_id]), ("alpha", "lam", "epsilon"), 2.0)
+    assert factors["alpha"] == three["alpha"] and factors["lam"] == three["lam"]  # older runs' draws unchanged
+    assert after.half_life[child] == 4.0 * factors["half_life"][0] != 4.0
+    assert after.lineage.records["half_life"][copies][0] == after.half_life[child]
+    others = np.setdiff1d(np.arange(4), [child])
+    np.testing.assert_array_equal(after.half_life[others], [4.0] * 3)
+    # step sizes follow each agent's own half-life; 0 is a constant step size
+    mixed = after._replace(half_life=np.array([4.0, 0.0, 8.0, 2.0]))
+    np.testing.assert_array_equal(experiment.step_sizes(mixed),
+                                  mixed.alpha * np.array([2.0 ** (-3 / 4), 1.0, 2.0 ** (-3 / 8), 2.0 ** (-3 / 2)]))
+    # a run file written before half-lives were per agent loads with the run's for all
+    arrays = {k: v for k, v in experiment.state_arrays(after).items() if k not in ("half_life", "lineage_half_life")}
+    restored = experiment.restore(arrays, experiment.state_counters(after))
+    np.testing.assert_array_equal(restored.half_life, [4.0] * 4)
+    bad = {**experiment.state_arrays(after), "half_life": np.array([4.0, -1.0, 4.0, 4.0])}
+    with pytest.raises(ValueError, match="half_life"):
+        experiment.restore(bad, experiment.state_counters(after))

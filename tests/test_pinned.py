@@ -39,7 +39,8 @@ for _name in ("a2c", "td3", "ddpg-per"):  # A2C, TD3 and DDPG populations (--age
 ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "league_sampling", "tournament_pairing",
                     "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf",
                     "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies",
-                    "eval_every_seconds", "start_width", "mutate_width", "state/lineage_width"}
+                    "eval_every_seconds", "start_width", "mutate_width", "state/lineage_width",
+                    "state/half_life", "state/lineage_half_life"}
 #: Every run's config records whether its torch engine was compiled (the default became:
 #: on CUDA only; the deep agents never are).
 for _name, *_ in commands.COMMANDS:

@@ -63,8 +63,8 @@ _LINEAGE_PREFIX = "lineage_"
 
 _SNAPSHOT_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "plies")
 _MIDDLE = ("wm", "bm")  # a second hidden layer's arrays (only with --hidden2)
-_STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "plies", "score", "eval_record",
-                 "eval_episode")
+_STATE_FIELDS = ("w1", "b1", "w2", "b2", "alpha", "lam", "epsilon", "agent_id", "plies", "half_life", "score",
+                 "eval_record", "eval_episode")
 
 
 class KnightsExperiment:
@@ -188,11 +188,13 @@ class KnightsExperiment:
         return new
 
     def step_sizes(self, state: KnightsState) -> np.ndarray:
-        """Every agent's TD(λ) step size this episode: its α, on the schedule."""
-        half_life = self.params.alpha_half_life
-        if not half_life:
+        """Every agent's TD(λ) step size this episode: its α, on its own schedule."""
+        half_life = state.half_life
+        if not self.params.alpha_half_life or half_life is None:
             return state.alpha
-        return state.alpha * 2.0 ** (-state.episode / half_life)
+        scheduled = half_life > 0.0
+        return np.where(scheduled, state.alpha * 2.0 ** (-state.episode / np.where(scheduled, half_life, 1.0)),
+                        state.alpha)
 
     # -- the league of past generations -------------------------------------------
 
@@ -286,18 +288,21 @@ class KnightsExperiment:
         ids, child_ids = state.lineage.replace(
             generation, state.agent_id, parents, children,
             values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents],
-                    "plies": state.plies[parents], "width": widths[parents]})
+                    "plies": state.plies[parents], "width": widths[parents],
+                    "half_life": state.half_life[parents]})
         flat = evo.replicate(flat, parents, children, out=flat)
-        alpha, lam, epsilon, plies = (evo.replicate(getattr(state, name), parents, children)
-                                      for name in (*_VARIED, "plies"))
+        alpha, lam, epsilon, plies, half_life = (evo.replicate(getattr(state, name), parents, children)
+                                                 for name in (*_VARIED, "plies", "half_life"))
         widths = evo.replicate(widths, parents, children)
         if p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0 or p.mutate_width > 0.0:
             switch = evo.switches(p.seed, generation, child_ids, p.mutate_lookahead)
             plies[children] = np.where(switch, 3 - plies[children], plies[children])  # 1 <-> 2
             flat[children], widths[children] = self._vary_widths(flat[children], widths[children], generation,
                                                                  child_ids)
-            factors = evo.vary_factors(p.seed, generation, child_ids, _VARIED, p.mutate_params)
+            # the half-life's factor is a fourth word: α's, λ's and ε's are those of runs before it
+            factors = evo.vary_factors(p.seed, generation, child_ids, (*_VARIED, "half_life"), p.mutate_params)
             alpha = evo.multiply_at(alpha, children, factors["alpha"], out=alpha)
+            half_life = evo.multiply_at(half_life, children, factors["half_life"], out=half_life)  # 0 stays 0
             # λ and ε are probabilities/decays: a factor must not take them past 1
             lam = evo.multiply_at(lam, children, factors["lam"], low=0.0, high=1.0, out=lam)
             epsilon = evo.multiply_at(epsilon, children, factors["epsilon"], low=0.0, high=1.0, out=epsilon)
@@ -309,9 +314,11 @@ class KnightsExperiment:
             state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
                                  values={"alpha": alpha[children], "lam": lam[children],
                                          "epsilon": epsilon[children], "noise": p.mutate_weights,
-                                         "plies": plies[children], "width": widths[children]})
+                                         "plies": plies[children], "width": widths[children],
+                                         "half_life": half_life[children]})
         nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2).choosing(plies)
-        return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness)
+        return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness,
+                                   half_life=half_life)
 
     def _vary_widths(self, flat: np.ndarray, widths: np.ndarray, generation: int,
                      child_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -418,6 +425,8 @@ class KnightsExperiment:
         if p.replicate_every and p.mutate_params > 1.0:  # selection may drift them: show it live
             for name in _VARIED:
                 metrics[f"{name}_mean"] = float(np.mean(getattr(state, name)))
+        if p.replicate_every and p.mutate_params > 1.0 and p.alpha_half_life:
+            metrics["half_life_mean"] = float(np.mean(state.half_life))
         if p.widths_vary:  # the widths selection keeps, in the curves and the console
             widths = game.unit_widths(state.networks)
             metrics["width_mean"], metrics["width_max"] = float(widths.mean()), float(widths.max())
@@ -466,13 +475,15 @@ class KnightsExperiment:
         for name, values in fresh.arrays().items():
             getattr(state, name)[slots] = values
         state.alpha[slots], state.lam[slots], state.epsilon[slots] = p.alpha, p.lam, p.epsilon
+        state.half_life[slots] = p.alpha_half_life
         # A reset agent shares nothing learned with the diverged one: a new founder.
         old = state.agent_id[slots].copy()
         new = state.lineage.new_ids(len(slots))
         state.agent_id[slots] = new
         state.lineage.record(state.episode, "reset", new, replaced=old, slots=slots,
                              values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon,
-                                     "plies": state.plies[slots], "width": p.start_width or p.hidden})
+                                     "plies": state.plies[slots], "width": p.start_width or p.hidden,
+                                     "half_life": p.alpha_half_life})
         return [f"episode {state.episode}: agent {int(o)} (slot {a}) had non-finite weights; it was reset to "
                 f"fresh initial weights as agent {int(n)}" for o, a, n in zip(old, slots, new)]
 
@@ -526,13 +537,16 @@ class KnightsExperiment:
         p = self.params
         a, inputs, hidden, hidden2 = p.agents, p.inputs, p.hidden, p.hidden2
         shapes = {"w1": (a, inputs, hidden), "b1": (a, hidden), "w2": (a, hidden2 or hidden), "b2": (a,),
-                  "alpha": (a,), "lam": (a,), "epsilon": (a,), "agent_id": (a,), "plies": (a,), "score": (a,),
+                  "alpha": (a,), "lam": (a,), "epsilon": (a,), "agent_id": (a,), "plies": (a,), "half_life": (a,),
+                  "score": (a,),
                   "eval_record": (len(self.eval_opponents), a, 3), "eval_episode": (1,)}
         if hidden2:
             shapes.update(wm=(a, hidden, hidden2), bm=(a, hidden2))
         integer = ("agent_id", "plies", "eval_record", "eval_episode")
         # Run files written before agents chose their own depth: the run's --lookahead for all.
         arrays = {"plies": np.full(a, p.lookahead), **arrays}
+        # ... and before each agent kept its own step-size half-life: the run's for all.
+        arrays = {"half_life": np.full(a, float(p.alpha_half_life)), **arrays}
         if "snapshot_episode" in arrays and "snapshot_plies" not in arrays:
             arrays["snapshot_plies"] = np.full((len(np.asarray(arrays["snapshot_episode"]).reshape(-1)), a),
                                                p.lookahead)
@@ -545,6 +559,8 @@ class KnightsExperiment:
                 raise ValueError(f"state {name} has shape {values[name].shape}, expected {shape}")
         if not np.isin(values["plies"], (1, 2)).all() or not np.isin(arrays.get("snapshot_plies", 1), (1, 2)).all():
             raise ValueError("state plies (the agents' chooser depths) must be 1 or 2")
+        if not (np.isfinite(values["half_life"]).all() and (values["half_life"] >= 0).all()):
+            raise ValueError("state half_life (the agents' step-size half-lives) must be finite and non-negative")
         episodes = np.asarray(arrays.get("snapshot_episode", np.zeros(0)), dtype=np.int64).reshape(-1)
         snaps = []
         for i, episode in enumerate(episodes.tolist()):
@@ -565,7 +581,7 @@ class KnightsExperiment:
             raise ValueError(f"state fitness has shape {fitness.shape}, expected ({a},)")
         columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
                    if name.startswith(_LINEAGE_PREFIX)}
-        for name in ("plies", "width"):  # written before depths (widths) were recorded
+        for name in ("plies", "width", "half_life"):  # written before depths (widths, half-lives) were recorded
             if columns and name not in columns and "agent" in columns:
                 columns[name] = np.full(np.asarray(columns["agent"]).reshape(-1).shape, np.nan)
         if columns:
@@ -576,6 +592,7 @@ class KnightsExperiment:
             lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
                                         {"alpha": values["alpha"], "lam": values["lam"],
                                          "epsilon": values["epsilon"], "plies": values["plies"],
+                                         "half_life": values["half_life"],
                                          "width": game.unit_widths(game.Networks(
                                              values["w1"], values["b1"], values["w2"], values["b2"],
                                              values.get("wm"), values.get("bm")))})

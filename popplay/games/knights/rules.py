@@ -151,7 +151,8 @@ class KnightsParams:
                                    "in float64 only.", choices=DTYPES)
     alpha: float = option(0.05, "TD(λ) step size per game copy (copies' changes are summed).")
     alpha_half_life: int = option(0, "A learning-rate schedule: every agent's step size halves every this many "
-                                     "episodes, alpha · 2^(−episode/half-life) (0: constant).", min=0)
+                                     "episodes, alpha · 2^(−episode/half-life) (0: constant). Each agent keeps its "
+                                     "own half-life, which --mutate-params varies as it varies alpha.", min=0)
     lam: float = option(0.7, "Eligibility-trace decay λ.", min=0.0, max=1.0)
     epsilon: float = option(0.05, "Exploration: chance of a random move while learning.", min=0.0, max=1.0)
     init_scale: float = option(0.1, "Initial weights uniform on ±this.", min=0.0)
@@ -757,6 +758,9 @@ class KnightsState(NamedTuple):
     wm: np.ndarray | None = None  # (agents, hidden, hidden2): the second hidden layer (None: none)
     bm: np.ndarray | None = None  # (agents, hidden2)
     plies: np.ndarray | None = None  # (agents,) int64: each agent's chooser depth (None: the run's --lookahead)
+    # (agents,) float64: each agent's step-size half-life in episodes (0: constant; None: the run's
+    # --alpha-half-life for all)
+    half_life: np.ndarray | None = None
 
     @property
     def networks(self) -> Networks:
@@ -779,8 +783,9 @@ class KnightsState(NamedTuple):
 
 # Parameters the lineage records for knights agents (values after each event;
 # ``noise``: the standard deviation of the weight noise a mutation added; ``plies``: the
-# agent's chooser depth; ``width``: its first-layer units switched on).
-LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies", "width")
+# agent's chooser depth; ``width``: its first-layer units switched on; ``half_life``: its
+# step-size schedule's, in episodes, 0 for none).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies", "width", "half_life")
 
 
 def founders(params: KnightsParams, agent_slots: np.ndarray) -> Networks:
@@ -802,13 +807,14 @@ def initial_state(params: KnightsParams) -> KnightsState:
     ids = np.arange(agents, dtype=np.int64)
     lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": params.alpha, "lam": params.lam,
                                                       "epsilon": params.epsilon, "plies": params.lookahead,
-                                                      "width": params.start_width or params.hidden})
+                                                      "width": params.start_width or params.hidden,
+                                                      "half_life": params.alpha_half_life})
     state = KnightsState(
         np.ascontiguousarray(nets.w1), np.ascontiguousarray(nets.b1), np.ascontiguousarray(nets.w2),
         np.ascontiguousarray(nets.b2), full(params.alpha), full(params.lam), full(params.epsilon),
         ids, full(0.5), np.zeros((opponents, agents, 3), dtype=np.int64),
         np.full(1, -1, dtype=np.int64), 0, 0, (), (), full(np.nan), lineage,
-    ).with_networks(nets.choosing(params.lookahead))
+    ).with_networks(nets.choosing(params.lookahead), half_life=full(params.alpha_half_life))
     return state._replace(snapshots=(state.snapshot(),)) if params.snapshot_every else state
 
 
