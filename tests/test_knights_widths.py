@@ -2,6 +2,7 @@
 leave the network's value alone, never learn on either engine, and copies narrow or widen
 exactly where their streams say, recorded in the lineage and resumed bit for bit."""
 import dataclasses
+import json
 
 import h5py
 import numpy as np
@@ -135,6 +136,11 @@ def test_resume_with_width_mutation_is_bit_identical(tmp_path, capsys):
         for name in b["state"]:
             assert np.array_equal(a[f"state/{name}"][()], b[f"state/{name}"][()], equal_nan=True), name
         assert set(b["state/lineage_width"][()].tolist()) > {3.0}
+        widths = game.unit_widths(game.Networks(b["state/w1"][()], b["state/b1"][()], b["state/w2"][()],
+                                                b["state/b2"][()]))
+    assert main(["evaluate", str(whole), "--games", "2", "--json"]) == 0  # who each agent is, width included
+    per_agent = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["per_agent"]
+    assert [row["width"] for row in per_agent] == widths.tolist() and {row["half_life"] for row in per_agent} == {0.0}
 
 
 def test_width_options_are_checked(capsys):

@@ -22,7 +22,7 @@ from popplay.core.backend import Backend
 from popplay.core.errors import UsageError
 from popplay.core.limits import MemoryLimitError, check_fits
 from popplay.games.knights import games_bytes
-from popplay.games.knights.rules import MCTS_PLAYOUTS
+from popplay.games.knights.rules import MCTS_PLAYOUTS, unit_widths
 
 #: The knights benchmark players, weakest first (popplay.games.knights.opponents).
 Opponent = Enum("Opponent", {name: name for name in
@@ -146,11 +146,10 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     best, worst = int(q.score.argmax()), int(q.score.argmin())
     played = q.wins + q.draws + q.losses
     low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
-    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
-                  "quality": float(q.score[i]),
+    per_agent = [{**who, "quality": float(q.score[i]),
                   "quality_ci95": [float(low[i]), float(high[i])],
                   "wins": int(q.wins[i]), "draws": int(q.draws[i]), "losses": int(q.losses[i])}
-                 for i in range(len(q.score))]
+                 for i, who in enumerate(_agents(state))]
     mean, error = stats.mean_and_error(q.score)
     # The population's quality is its mean agent's: the best of P agents is biased
     # upwards by its selection (its own interval does not correct for that).
@@ -197,11 +196,10 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     rungs = ladder(params, rungs=names)
     results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in names}
     elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
-    per_agent = [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
-                  "elo": round(float(elo.elo[i]), 1),
+    per_agent = [{**who, "elo": round(float(elo.elo[i]), 1),
                   "elo_ci95": [round(float(elo.low[i]), 1), round(float(elo.high[i]), 1)],
                   "scores": {name: float(q.score[i]) for name, q in results.items()}}
-                 for i in range(params.agents)]
+                 for i, who in enumerate(_agents(state))]
     best, worst = int(elo.elo.argmax()), int(elo.elo.argmin())
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "ladder": rungs.as_dict(),
                "games_per_rung": games, "seed": seed, "lookahead": params.lookahead, "episode": state.episode,
@@ -227,6 +225,16 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
     console.print(table)
     console.print("rungs: " + ", ".join(f"{r['name']} {r['elo']:.0f} ± {1.96 * r['se']:.0f}"
                                         for r in payload["ladder"]["rungs"]))
+
+
+def _agents(state: Any) -> list[dict[str, Any]]:
+    """Who each knights agent is: slot, lineage id, chooser depth, first-layer units on and
+    step-size half-life (files written before per-agent half-lives: None)."""
+    widths = unit_widths(state.networks)
+    half_lives = state.half_life if state.half_life is not None else [None] * len(widths)
+    return [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
+             "width": int(widths[i]), "half_life": None if h is None else float(h)}
+            for i, h in enumerate(half_lives)]
 
 
 def _even_games_that_fit(params: Any, games: int) -> int:
