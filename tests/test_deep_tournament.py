@@ -44,6 +44,9 @@ def test_the_environment_passes_gymnasiums_checker_and_repeats_its_episodes() ->
     assert episode(3) == episode(3) and episode(3) != episode(4)
     sides = {_env().reset(seed=s)[1]["side"] for s in range(20)}
     assert sides == {"X", "O"}
+    assert gymnasium.make("popplay/KnightsSearch2-v0").unwrapped.opponent == "search2"
+    with pytest.raises(ValueError, match="opponent must be one of"):
+        KnightsEnv(opponent="mcts100")
 
 
 def test_a_legal_action_plays_its_move_and_taking_the_last_piece_wins() -> None:

@@ -5,8 +5,10 @@ whose finished copies restart in the same step (``AutoresetMode.SAME_STEP``), or
 raises :class:`EnvError` with one line for the user: an unknown id, or an id whose
 extra is not installed (naming the pip command). popplay's own cart-pole registers as
 ``popplay/CartPole-v1`` (:mod:`popplay.deep.envs.cartpole`) with a numba vector environment,
-and its knights game as ``popplay/Knights-v0`` (:mod:`popplay.deep.envs.knights`), a
-two-player game whose members can rank by playing each other.
+and its knights game as ``popplay/Knights-v0`` against a random opponent
+(``popplay/KnightsGreedy-v0``, ``popplay/KnightsSearch2-v0`` ...: stronger ones;
+:mod:`popplay.deep.envs.knights`), a two-player game whose members can rank by playing
+each other.
 """
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ from popplay.deep.envs.single import SingleCopyVectorEnv
 
 POPPLAY_CARTPOLE = "popplay/CartPole-v1"
 POPPLAY_KNIGHTS = "popplay/Knights-v0"
+#: The fixed opponents a knights environment can play (the ladder's fast rungs): random
+#: is popplay/Knights-v0's; each other has its own id, popplay/KnightsGreedy-v0 ...
+KNIGHTS_OPPONENTS = ("random", "greedy", "search1", "search2", "search3", "search4")
+
+
+def knights_id(opponent: str) -> str:
+    """The registered id of knights against ``opponent``."""
+    return POPPLAY_KNIGHTS if opponent == "random" else f"popplay/Knights{opponent.capitalize()}-v0"
 
 # Families of gymnasium environments that need an extra, and the pip command for it.
 _EXTRAS = {
@@ -67,8 +77,10 @@ def register() -> None:
         gymnasium.register(id=POPPLAY_CARTPOLE, entry_point="popplay.deep.envs.cartpole:CartPoleEnv",
                            vector_entry_point="popplay.deep.envs.cartpole:CartPoleVectorEnv",
                            max_episode_steps=500, reward_threshold=475.0)
-    if POPPLAY_KNIGHTS not in gymnasium.registry:  # the game ends itself: after max_turns plies, a draw
-        gymnasium.register(id=POPPLAY_KNIGHTS, entry_point="popplay.deep.envs.knights:KnightsEnv")
+    for opponent in KNIGHTS_OPPONENTS:  # the game ends itself: after max_turns plies, a draw
+        if knights_id(opponent) not in gymnasium.registry:
+            gymnasium.register(id=knights_id(opponent), entry_point="popplay.deep.envs.knights:KnightsEnv",
+                               kwargs={"opponent": opponent})
     _registered = True
 
 

@@ -16,7 +16,9 @@ The game is :mod:`popplay.games.knights.rules` (Bell's knights, default 5 × 7 b
   plays whole games.
 * **Episode**: the agent is X (moves first) or O with even odds at each reset; the
   opponent (``opponent=``: ``random``, ``greedy`` or ``search1`` … ``search4``, the
-  ladder's bots) replies inside :meth:`KnightsEnv.step`. Reward +1 when the agent takes
+  ladder's bots; registered as ``popplay/Knights-v0``, ``popplay/KnightsGreedy-v0``,
+  ``popplay/KnightsSearch1-v0`` … ``popplay/KnightsSearch4-v0``) replies inside
+  :meth:`KnightsEnv.step`. Reward +1 when the agent takes
   the opponent's last piece, −1 when it loses its last, else 0; after ``max_turns``
   plies the episode is truncated (the rules' draw).
 
@@ -35,13 +37,13 @@ import numpy as np
 from gymnasium import spaces
 
 from popplay import rng as _rng
+from popplay.deep.envs import KNIGHTS_OPPONENTS
 from popplay.games.knights import rules as game
 from popplay.games.knights.opponents import bot_move
 
 __all__ = ["KnightsEnv", "OPPONENTS", "round_robin_reference"]
 
-#: The opponents the environment can play inside its steps (the ladder's fast rungs).
-OPPONENTS = ("random", "greedy", "search1", "search2", "search3", "search4")
+OPPONENTS = KNIGHTS_OPPONENTS  # what the environment can play inside its steps
 #: The streams of the members' round robins (starting positions and illegal-move dice).
 TAG_DEEP_TOURNAMENT = 0x6B6E6474  # "kndt"
 
