@@ -135,12 +135,9 @@ class CartPoleVectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int = 1, max_episode_steps: int = MAX_EPISODE_STEPS,
                  render_mode: str | None = None) -> None:
-        from popplay.deep.envs._cartpole_numba import step_many  # defers numba
-
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1 (got {num_envs})")
-        self._step_many = _loaded(step_many)
-        self._phys = PHYSICS.vector()
+        self._batch = CartPoleBatch(num_envs, max_episode_steps)  # the copies' arrays and steps
         self.num_envs = num_envs
         self.max_episode_steps = max_episode_steps
         self.render_mode = render_mode
@@ -148,9 +145,6 @@ class CartPoleVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.single_observation_space = _observation_space()
         self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self._state = np.zeros((num_envs, 4), dtype=np.float64)
-        self._steps = np.zeros(num_envs, dtype=np.int64)
-        self._failed = np.zeros(num_envs, dtype=np.bool_)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
               ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -158,26 +152,20 @@ class CartPoleVectorEnv(VectorEnv):
             # One stream for all copies, determined by every copy's seed.
             seed = int(np.random.SeedSequence([int(s) for s in seed]).generate_state(1)[0])
         super().reset(seed=seed)
-        self._state[:] = self.np_random.uniform(low=-_START, high=_START, size=(self.num_envs, 4))
-        self._steps[:] = 0
-        return self._state.astype(np.float32), {}
+        batch = self._batch
+        batch.state[:] = self.np_random.uniform(low=-_START, high=_START, size=(self.num_envs, 4))
+        batch.steps[:] = 0
+        return batch.state.astype(np.float32), {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
-        if ((actions != 0) & (actions != 1)).any():
-            raise ValueError("actions must be 0 or 1")
-        self._step_many(self._state, actions, self._phys, self._failed)
-        self._steps += 1
-        terminated = self._failed.copy()
-        truncated = (self._steps >= self.max_episode_steps) & ~terminated
-        reward = np.ones(self.num_envs, dtype=np.float32)
+        batch = self._batch
+        final, reward, terminated, truncated = batch.step(np.asarray(actions, dtype=np.int64).reshape(self.num_envs))
         done = terminated | truncated
         info: dict[str, Any] = {}
         if done.any():
-            final = self._state.astype(np.float32)
             info["final_obs"] = np.array([final[i] if done[i] else None for i in range(self.num_envs)],
                                          dtype=object)
             info["_final_obs"] = done.copy()
-            self._state[done] = self.np_random.uniform(low=-_START, high=_START, size=(int(done.sum()), 4))
-            self._steps[done] = 0
-        return self._state.astype(np.float32), reward, terminated, truncated, info
+            batch.state[done] = self.np_random.uniform(low=-_START, high=_START, size=(int(done.sum()), 4))
+            batch.steps[done] = 0
+        return batch.state.astype(np.float32), reward, terminated, truncated, info

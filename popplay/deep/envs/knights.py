@@ -123,15 +123,10 @@ class KnightsEnv(gymnasium.Env):
     def resolve(self, board: np.ndarray, player: int, action: int, u: float) -> tuple[tuple[int, int] | None, bool]:
         """The move ``action`` plays for ``player`` (None: a pass) and whether it was
         illegal, in which case the move is the legal one ``u`` (uniform in [0, 1)) picks."""
-        moves = game.legal_moves(board, player, self.params.jumps)
-        if action == self.pass_action:
-            chosen = None
-        elif 0 <= action < self.pass_action:
-            start, jump = divmod(action, self.table.shape[1])
-            target = int(self.table[start, jump])
-            chosen = (start, target) if target >= 0 else None
-        else:
+        if not 0 <= action <= self.pass_action:
             raise ValueError(f"action must lie in [0, {self.pass_action}] (got {action})")
+        moves = game.legal_moves(board, player, self.params.jumps)
+        chosen = game.action_move(self.table, action)
         legal = (chosen in moves) if chosen is not None else (action == self.pass_action and not moves)
         if legal:
             return chosen, False

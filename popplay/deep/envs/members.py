@@ -26,9 +26,16 @@ from popplay.deep import envs
 TAG_MEMBER_ENV = 11
 
 
-def episode_seed(seed: int, member: int, copy: int, episode: int) -> int:
-    """The reset seed of episode ``episode`` of member ``member``'s copy ``copy`` (32 bits: gymnasium's)."""
-    return rng.key_path(seed, TAG_MEMBER_ENV, member, copy, episode) & 0xFFFFFFFF
+def copy_key(seed: int, member: int, copy: int) -> int:
+    """The key of member ``member``'s copy ``copy``, from which its episodes' seeds come."""
+    return rng.key_path(seed, TAG_MEMBER_ENV, member, copy)
+
+
+def episode_seed(seed: int, member: int, copy: int, episode: int, key: int | None = None) -> int:
+    """The reset seed of episode ``episode`` of member ``member``'s copy ``copy`` (32 bits:
+    gymnasium's); ``key``: that copy's :func:`copy_key`, when the caller keeps it."""
+    key = copy_key(seed, member, copy) if key is None else key
+    return rng.key_extend(key, episode) & 0xFFFFFFFF
 
 
 class Step(NamedTuple):
@@ -67,8 +74,7 @@ class MemberEnvs:
             [first, *(envs.make_single(env_id, disable_env_checker=True) for _ in self._owner[1:])]
         p = len(self._owner)
         # each copy's key before its episode index (episode_seed's path, derived once)
-        self._episode_keys = [rng.key_path(seed, TAG_MEMBER_ENV, int(m), int(c))
-                              for m, c in zip(self._owner, self._copy)]
+        self._episode_keys = [copy_key(seed, int(m), int(c)) for m, c in zip(self._owner, self._copy)]
         self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
@@ -76,7 +82,8 @@ class MemberEnvs:
         self.obs = np.stack([self._reset(i) for i in range(p)]).astype(np.float32)
 
     def _reset(self, i: int) -> np.ndarray:
-        seed = rng.key_extend(self._episode_keys[i], int(self.episode[i])) & 0xFFFFFFFF  # episode_seed's
+        seed = episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]),
+                            key=self._episode_keys[i])
         if self.batch is not None:
             return self.batch.reset(i, seed)
         obs, _ = self.envs[i].reset(seed=seed)

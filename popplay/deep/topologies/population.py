@@ -143,7 +143,7 @@ class PopulationExperiment(DeepExperiment):
         # A two-player environment ranks members by playing them against each other.
         self.arena = getattr(probe.envs[0].unwrapped, "round_robin", None)
         probe.close()
-        if getattr(params, "rank_by", "return") == "tournament" and self.arena is None:
+        if params.rank_by == "tournament" and self.arena is None:
             raise UsageError(f"--rank-by tournament: --env {params.env} is not a two-player game the members can "
                              f"play each other in (popplay/Knights-v0 is)")
         self._qualities: np.ndarray | None = None

@@ -106,7 +106,7 @@ class raw_env(AECEnv):  # noqa: N801  (PettingZoo's name for the unwrapped class
         """1 for every legal action of ``agent`` now (the pass only when nothing else is)."""
         mask = np.zeros(self.pass_action + 1, dtype=np.int8)
         for start, target in game.legal_moves(self.board, self._player[agent], self.params.jumps):
-            mask[move_action(self.table, (start, target))] = 1
+            mask[game.move_action(self.table, (start, target))] = 1
         if not mask.any():
             mask[self.pass_action] = 1
         return mask
@@ -121,9 +121,9 @@ class raw_env(AECEnv):  # noqa: N801  (PettingZoo's name for the unwrapped class
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        if action != self.pass_action:
-            start, jump = divmod(int(action), self.n_jumps)
-            self.board = game.apply_move(self.board, (start, int(self.table[start, jump])), self.params.jumps)
+        move = game.action_move(self.table, action)
+        if move is not None:  # the pass (the only other action a mask allows)
+            self.board = game.apply_move(self.board, move, self.params.jumps)
         self.plies += 1
         self._cumulative_rewards[agent] = 0.0
         won = game.winner(self.board)
@@ -155,13 +155,6 @@ class raw_env(AECEnv):  # noqa: N801  (PettingZoo's name for the unwrapped class
         pass
 
 
-def move_action(table: np.ndarray, move: tuple[int, int]) -> int:
-    """The action of ``move`` (from, to): ``from · jumps + j`` where jump ``j`` of the
-    jump ``table`` takes ``from`` to ``to``."""
-    start, target = move
-    return start * table.shape[1] + int(np.flatnonzero(table[start] == target)[0])
-
-
 def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight",
                  lookahead: int | None = None) -> Callable[[dict[str, Any]], int]:
     """A popplay agent as a policy for this environment: ``policy(observation) ->
@@ -178,6 +171,6 @@ def agent_policy(net: game.Network, *, cols: int = 7, jumps: str = "knight",
         mask = np.asarray(observation["action_mask"])
         if move is None:
             return len(mask) - 1
-        return move_action(game.geometry(board.shape[0], cols, jumps).table, move)
+        return game.move_action(game.geometry(board.shape[0], cols, jumps).table, move)
 
     return policy

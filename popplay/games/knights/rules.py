@@ -418,6 +418,24 @@ def outcome(board: np.ndarray, plies: int, max_turns: int = DEFAULT_MAX_TURNS) -
     return 0 if plies >= max_turns else None
 
 
+def move_action(table: np.ndarray, move: tuple[int, int]) -> int:
+    """The action of ``move`` (from, to) for other libraries' agents (PettingZoo's,
+    gymnasium's): ``from · jumps + j`` where jump ``j`` of the jump ``table`` takes
+    ``from`` to ``to``; the pass is action ``squares · jumps``."""
+    start, target = move
+    return start * table.shape[1] + int(np.flatnonzero(table[start] == target)[0])
+
+
+def action_move(table: np.ndarray, action: int) -> tuple[int, int] | None:
+    """The move (from, to) of ``action`` (:func:`move_action`'s inverse); None for the
+    pass, or for a jump that leaves the board."""
+    start, jump = divmod(int(action), table.shape[1])
+    if start >= table.shape[0]:
+        return None
+    target = int(table[start, jump])
+    return (start, target) if target >= 0 else None
+
+
 def encode(board: np.ndarray, player: int) -> np.ndarray:
     """The network input for ``player``: float64, shaped (2 · squares,): 1 where
     ``player`` has a piece, then 1 where the opponent has one."""
