@@ -16,7 +16,10 @@ from popplay.xp import th
 
 _rules = make_rules(th)
 _rng = _rules.rng
-NOISE_BLOCK_DRAWS = 2**22  # reward draws made at once, at most (32 MiB)
+# Reward draws made at once, at most, by device type: 32 MiB of words on a CPU; on a
+# GPU 1 GiB, so that the normal draws' retry rounds (hundreds of small launches that
+# keep the GPU waiting) are paid once per 16 steps at 8.4 M agents, not at every step.
+NOISE_BLOCK_DRAWS = {"cpu": 2**22, "cuda": 2**27}
 
 
 class TorchBanditEngine:
@@ -45,6 +48,7 @@ class TorchBanditEngine:
         self.shape = (trials, agents, arms)
         self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         self._step = th.compiled(self._learning_step, compile)
+        self._arms = torch.arange(arms, device=self.device)
         # The noise words are most of a step's arithmetic (a hash per draw, hundreds
         # of elementwise operations): compiled, they run as one fused kernel. The
         # ziggurat's retry rounds stay eager: compiled with them, the CPU build took
@@ -53,7 +57,7 @@ class TorchBanditEngine:
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
         # at every step.
-        self.noise_block = max(1, NOISE_BLOCK_DRAWS // (trials * agents))
+        self.noise_block = max(1, NOISE_BLOCK_DRAWS.get(self.device.type, 2**22) // (trials * agents))
         self.bias = None
         if use_bias:
             static = put(static_keys)[:, :, None]
@@ -106,14 +110,16 @@ class TorchBanditEngine:
                 noises, fell_short = (_exact_reward_noise(self.keys, block, words) if exact
                                       else _bounded_reward_noise(self.keys, block, words))
                 short |= fell_short
-            self._step(biased, pulls, rewards, base_q, base_n, means, mixed[s], noises[s % self.noise_block])
+            biased, pulls, rewards = self._step(biased, pulls, rewards, base_q, base_n, means, mixed[s],
+                                                noises[s % self.noise_block])
         return pulls.sum(dim=1), rewards.sum(dim=1), short
 
 
     def _learning_step(self, biased: torch.Tensor, pulls: torch.Tensor, rewards: torch.Tensor, base_q: torch.Tensor,
-                       base_n: torch.Tensor, means: torch.Tensor, mixed: torch.Tensor, noise: torch.Tensor) -> None:
-        """One step of every agent: choose arms, draw rewards, update ``biased``
-        (greedy values, bias included), ``pulls`` and ``rewards`` in place."""
+                       base_n: torch.Tensor, means: torch.Tensor, mixed: torch.Tensor,
+                       noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of every agent: choose arms, draw rewards; returns the next
+        ``biased`` (greedy values, bias included), ``pulls`` and ``rewards``."""
         arms = self.shape[2]
         w0 = _rng.draw(self.keys, mixed)
         u_choice = _rng.uniform_lo32(w0)
@@ -125,14 +131,18 @@ class TorchBanditEngine:
             arm = torch.where(self.topk_agent, order.gather(-1, rank[..., None])[..., 0], arm)
         arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
         index = arm[..., None]
-        reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)
-        pulls.scatter_add_(-1, index, torch.ones_like(index))
-        rewards.scatter_add_(-1, index, reward[..., None])
-        new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index),
-                                    pulls.gather(-1, index), rewards.gather(-1, index))
+        reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)[..., None]
+        pulls_at = pulls.gather(-1, index) + 1
+        rewards_at = rewards.gather(-1, index) + reward
+        new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index), pulls_at, rewards_at)
         if self.bias is not None:
             new_value = new_value + self.bias.gather(-1, index)
-        biased.scatter_(-1, index, new_value)
+        # A one-hot select, not in-place scatters into the step's inputs: compiled, those
+        # cost copies of the three tables and write-backs every step; selected, the
+        # updates fuse into one pass over them.
+        pulled = self._arms == index
+        return (torch.where(pulled, new_value, biased), torch.where(pulled, pulls_at, pulls),
+                torch.where(pulled, rewards_at, rewards))
 
 
 def _noise_words(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:

@@ -184,10 +184,11 @@ class TorchKnightsEngine:
         f = origin.gather(1, slot[:, None])[:, 0]
         t = targets.gather(1, slot[:, None])[:, 0]
         cap = capture.gather(1, slot[:, None])[:, 0] & moving
-        dump = torch.full_like(f, S)
-        board.scatter_(1, torch.where(moving, f, dump)[:, None], 0)
-        board.scatter_(1, torch.where(moving, t, dump)[:, None], mover)
-        board[:, S] = 0
+        # Selected, not scattered into the ply's input in place: an input written in
+        # place costs compiled code a copy and keeps a ply out of a CUDA graph.
+        square = torch.arange(S + 1, device=board.device)
+        board = torch.where(moving[:, None] & (square == f[:, None]), 0, board)
+        board = torch.where(moving[:, None] & (square == t[:, None]), mover, board)
         own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
         opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
         pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
