@@ -117,6 +117,21 @@ def table(values: Any) -> _Table:
 sigmoid = torch.sigmoid
 
 
+def put_along(table: torch.Tensor, index: torch.Tensor, value: torch.Tensor,
+              columns: torch.Tensor | None = None) -> torch.Tensor:
+    """``table`` with ``value`` written at ``index`` along the last axis (``index`` and
+    ``value`` shaped like ``table`` with 1 there).
+
+    With ``columns`` (``arange`` of the last axis) a one-hot select into a new tensor:
+    compiled, an in-place write into a step's input costs a copy of the whole table and
+    a write-back, where the select fuses into the step's one pass over it. Without,
+    ``scatter_`` in place: eager, that touches one element a row where the select is a
+    dense pass. The values written are the same either way."""
+    if columns is None:
+        return table.scatter_(-1, index, value)
+    return torch.where(columns == index, value, table)
+
+
 def compiled(step: Callable, enabled: bool) -> Callable:
     """``step`` through ``torch.compile`` as one graph (``fullgraph``: a graph break is an
     error, not a silent fall-back to Python), shapes fixed (every step of an engine

@@ -37,7 +37,7 @@ class TorchCartPoleEngine:
         self.accumulate = bool(accumulate)
         self.watkins = bool(watkins)
         self._step = th.compiled(self._learning_step, compile)
-        self._columns = torch.arange(STATE_ACTIONS, device=self.device)
+        self._columns = torch.arange(STATE_ACTIONS, device=self.device) if compile else None  # see th.put_along
 
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
@@ -55,7 +55,9 @@ class TorchCartPoleEngine:
         """``n_steps`` steps of every agent with its own α, λ, ε (each shaped like
         ``action``); returns (q, e, w, cart, action, failures)."""
         r = _rules
-        e_hat = e  # the step replaces tensors, never writes into them: the inputs stay as they are
+        if self._columns is None:  # the eager step writes into its tables: the caller's stay as they are
+            q, w, e = q.clone(), w.clone(), e.clone()
+        e_hat = e
         c_start = torch.zeros_like(e_hat)
         d_start = torch.zeros_like(e_hat)
         clock = torch.ones(action.shape, dtype=torch.float64, device=self.device)
@@ -107,16 +109,13 @@ class TorchCartPoleEngine:
         if self.watkins:
             keep = keep & (torch.where(a2 == 1, q_right, q_left) == q_next)
         e_sa = e_hat.gather(-1, sa)
-        # A one-hot select, not scatter_: an in-place scatter into the step's inputs makes
-        # the compiler copy all five tables first, an extra pass over them every step;
-        # selected, the visit fuses into the one pass over the tables below.
-        visited = self._columns == sa
-        q = torch.where(visited, q_sa, q)
-        w = torch.where(visited, r.flush(w.gather(-1, sa), alpha_item, e_sa, clock_sum[..., None],
-                                         c_start.gather(-1, sa)), w)
-        e_hat = torch.where(visited, r.bump(e_sa, (1.0 / clock)[..., None], self.accumulate), e_hat)
-        c_start = torch.where(visited, clock_sum[..., None], c_start)
-        d_start = torch.where(visited, d_sum[..., None], d_start)
+        columns = self._columns
+        q = th.put_along(q, sa, q_sa, columns)
+        w = th.put_along(w, sa, r.flush(w.gather(-1, sa), alpha_item, e_sa, clock_sum[..., None],
+                                        c_start.gather(-1, sa)), columns)
+        e_hat = th.put_along(e_hat, sa, r.bump(e_sa, (1.0 / clock)[..., None], self.accumulate), columns)
+        c_start = th.put_along(c_start, sa, clock_sum[..., None], columns)
+        d_start = th.put_along(d_start, sa, d_sum[..., None], columns)
         clock_sum = clock_sum + clock
         d_sum = r.advance(d_sum, alpha * delta, clock)
         decayed = clock * gamma_lambda
