@@ -215,6 +215,7 @@ def test_bandit_step_is_one_graph(differentiation: str) -> None:
 
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
         experiment._torch._noise_words = _one_graph(_torch._noise_words)
+        experiment._torch._arms = torch.arange(params.arms)  # the one-hot writes of compiled steps
 
     plain, compiled = _final_state(BanditExperiment, params), _final_state(BanditExperiment, params, compile_step)
     np.testing.assert_array_equal(plain.q, compiled.q)
@@ -229,6 +230,7 @@ def test_cartpole_step_is_one_graph() -> None:
 
     def compile_step(experiment) -> None:
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
+        experiment._torch._columns = torch.arange(72)  # the one-hot writes of compiled steps
 
     plain = _final_state(CartPoleExperiment, params)
     compiled = _final_state(CartPoleExperiment, params, compile_step)
@@ -253,6 +255,23 @@ def test_knights_ply_is_one_graph(lookahead: int, td_leaf: bool) -> None:
         engine._ENGINES.clear()
     np.testing.assert_array_equal(plain.w1, compiled.w1)
     np.testing.assert_array_equal(plain.score, compiled.score)
+
+
+def test_put_along_writes_in_place_or_selects_the_same_values() -> None:
+    from popplay.xp import th
+
+    table = torch.arange(12.0).reshape(2, 2, 3)
+    index = torch.tensor([[[2], [0]], [[1], [1]]])
+    value = -torch.arange(1.0, 5.0).reshape(2, 2, 1)
+    selected = th.put_along(table, index, value, torch.arange(3))
+    assert selected.data_ptr() != table.data_ptr() and table[0, 0, 2] == 2.0  # the input is left alone
+    expected = table.clone()
+    for t, a in np.ndindex(2, 2):
+        expected[t, a, index[t, a, 0]] = value[t, a, 0]
+    np.testing.assert_array_equal(selected, expected)
+    written = th.put_along(table, index, value)
+    assert written.data_ptr() == table.data_ptr()  # eager: one element a row, in place
+    np.testing.assert_array_equal(table, expected)
 
 
 def test_train_compile_runs_the_inductor_build_and_agrees() -> None:
