@@ -215,7 +215,7 @@ def test_bandit_step_is_one_graph(differentiation: str) -> None:
 
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
         experiment._torch._noise_words = _one_graph(_torch._noise_words)
-        experiment._torch._arms = torch.arange(params.arms)  # the one-hot writes of compiled steps
+        experiment._torch._columns = torch.arange(params.arms)  # the one-hot writes of compiled steps
 
     plain, compiled = _final_state(BanditExperiment, params), _final_state(BanditExperiment, params, compile_step)
     np.testing.assert_array_equal(plain.q, compiled.q)

@@ -48,7 +48,7 @@ class TorchBanditEngine:
         self.shape = (trials, agents, arms)
         self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
         self._step = th.compiled(self._learning_step, compile)
-        self._arms = torch.arange(arms, device=self.device) if compile else None  # see th.put_along
+        self._columns = torch.arange(arms, device=self.device) if compile else None  # see th.put_along
         # The noise words are most of a step's arithmetic (a hash per draw, hundreds
         # of elementwise operations): compiled, they run as one fused kernel. The
         # ziggurat's retry rounds stay eager: compiled with them, the CPU build took
@@ -137,9 +137,9 @@ class TorchBanditEngine:
         new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index), pulls_at, rewards_at)
         if self.bias is not None:
             new_value = new_value + self.bias.gather(-1, index)
-        arms = self._arms
-        return (th.put_along(biased, index, new_value, arms), th.put_along(pulls, index, pulls_at, arms),
-                th.put_along(rewards, index, rewards_at, arms))
+        columns = self._columns
+        return (th.put_along(biased, index, new_value, columns), th.put_along(pulls, index, pulls_at, columns),
+                th.put_along(rewards, index, rewards_at, columns))
 
 
 def _noise_words(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:

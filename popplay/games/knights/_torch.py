@@ -184,8 +184,8 @@ class TorchKnightsEngine:
         f = origin.gather(1, slot[:, None])[:, 0]
         t = targets.gather(1, slot[:, None])[:, 0]
         cap = capture.gather(1, slot[:, None])[:, 0] & moving
-        # Selected, not scattered into the ply's input in place: an input written in
-        # place costs compiled code a copy and keeps a ply out of a CUDA graph.
+        # Selected, not scattered into the ply's input in place: compiled, an input
+        # written in place costs a copy of the board and a write-back every ply.
         square = torch.arange(S + 1, device=board.device)
         board = torch.where(moving[:, None] & (square == f[:, None]), 0, board)
         board = torch.where(moving[:, None] & (square == t[:, None]), mover, board)
