@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         numba_side_by_side(bench)
     report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "compile": args.compile,
               "when": time.strftime("%Y-%m-%d"), "rows": bench.rows, "notes": bench.notes,
-              # counted uncompiled: a dispatch mode sees no operations inside a compiled graph
-              # (and torch 2.13 refuses to compile under one), while the host waits are the phase's own
+              # counted uncompiled, also for a compiled table: the host waits are the phase's own
+              # either way, but a dispatch mode sees no operations inside a compiled graph (and
+              # torch 2.13 refuses to compile under one), so "tensor ops" are the eager path's
               "syncs": phase_syncs(Backend("torch", args.device, False), sizes, domains),
               "dqn_population": None if args.skip_dqn else dqn_population(
                   args.device, 8 if args.quick else DQN_MEMBERS, 50 if args.quick else DQN_STEPS_PER_MEMBER)}

@@ -49,6 +49,23 @@ def test_backends_equal_reference_bit_for_bit(differentiation):
             assert np.array_equal(n, np.array(n_ref)), backend
 
 
+def test_torch_noise_drawn_in_blocks_that_end_inside_a_phase_is_the_same(monkeypatch):
+    """The reward noise of a block of steps is drawn at once, the block sized by device
+    (a GPU's holds 16 steps at 8.4 M agents): blocks of 4 steps that end inside the
+    phases of 6 steps give the reference's tables bit for bit."""
+    from popplay.games.bandit import _torch
+
+    params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=6, epsilon=0.2, seed=11)
+    monkeypatch.setitem(_torch.NOISE_BLOCK_DRAWS, "cpu", 4 * params.agents * params.trials)
+    experiment = BanditExperiment(params, TORCH)
+    assert experiment._torch.noise_block == 4
+    got = _history(params, TORCH)
+    expected = _reference_history(params)
+    assert len(got) == len(expected) == 4
+    for (q, n), (q_ref, n_ref) in zip(got, expected):
+        assert np.array_equal(q, np.array(q_ref)) and np.array_equal(n, np.array(n_ref))
+
+
 def _scanning(experiment: BanditExperiment) -> BanditExperiment:
     """The same experiment with the ranked rescans of the numba engine turned off."""
     experiment._ranked = False

@@ -234,8 +234,25 @@ def test_cartpole_step_is_one_graph() -> None:
 
     plain = _final_state(CartPoleExperiment, params)
     compiled = _final_state(CartPoleExperiment, params, compile_step)
-    np.testing.assert_array_equal(plain.q, compiled.q)
-    np.testing.assert_array_equal(plain.failures, compiled.failures)
+    for name in ("q", "weight", "trace", "cart", "action", "failures"):
+        np.testing.assert_array_equal(getattr(plain, name), getattr(compiled, name), err_msg=name)
+
+
+def test_a_compiled_cartpole_phase_leaves_its_inputs_alone() -> None:
+    """The one-hot step no longer clones the tables it is given: nothing may write into
+    them (replication compares the phase's result with the state it started from)."""
+    from popplay.games.cartpole.experiment import CartPoleExperiment
+    from popplay.games.cartpole.rules import CartPolePopulationParams
+
+    params = CartPolePopulationParams(agents=3, trials=2, share_every=8, steps_per_agent=16, replicate_every=1)
+    experiment = CartPoleExperiment(params, TORCH, dist=Dist())
+    experiment._torch._columns = torch.arange(72)
+    state = experiment.phase(experiment.initial_state(), time_left=None)
+    before = {name: getattr(state, name).clone() for name in ("q", "weight", "trace", "cart", "action")}
+    after = experiment.phase(state, time_left=None)
+    assert not torch.equal(after.q, state.q)  # the phase learned
+    for name, value in before.items():
+        assert torch.equal(getattr(state, name), value), name
 
 
 @pytest.mark.parametrize("lookahead, td_leaf", [(1, False), (2, False), (2, True)])
@@ -255,6 +272,15 @@ def test_knights_ply_is_one_graph(lookahead: int, td_leaf: bool) -> None:
         engine._ENGINES.clear()
     np.testing.assert_array_equal(plain.w1, compiled.w1)
     np.testing.assert_array_equal(plain.score, compiled.score)
+
+
+def test_put_along_refuses_a_value_of_another_dtype() -> None:
+    from popplay.xp import th
+
+    table = torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(TypeError, match="float64 value into a torch.int64 table"):
+        th.put_along(table, torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1, dtype=torch.float64),
+                     torch.arange(3))
 
 
 def test_put_along_writes_in_place_or_selects_the_same_values() -> None:

@@ -126,7 +126,10 @@ def put_along(table: torch.Tensor, index: torch.Tensor, value: torch.Tensor,
     compiled, an in-place write into a step's input costs a copy of the whole table and
     a write-back, where the select fuses into the step's one pass over it. Without,
     ``scatter_`` in place: eager, that touches one element a row where the select is a
-    dense pass. The values written are the same either way."""
+    dense pass. The values written are the same either way; so that they are, ``value``
+    must have ``table``'s dtype (``where`` would promote silently where ``scatter_`` refuses)."""
+    if value.dtype != table.dtype:
+        raise TypeError(f"put_along: a {value.dtype} value into a {table.dtype} table")
     if columns is None:
         return table.scatter_(-1, index, value)
     return torch.where(columns == index, value, table)
