@@ -2,7 +2,8 @@
 
     python benchmarks/knights_ladder.py [--seconds 1800] [--seeds 0,1,2] [--agents 64]
         [--settings a,b,c,d] [--eval-every 100,d=20] [--eval-every-seconds 90] [--parallel 2] [--final-games 1000]
-        [--out benchmarks/results/knights_ladder.json]
+        [--confirm-games 4000] [--out benchmarks/results/knights_ladder.json]
+    python benchmarks/knights_ladder.py --confirm-runs RUN.h5[,RUN.h5...] [--final-games 1000] [--confirm-games 4000]
 
 Settings (each `popplay train knights` with `--eval-opponents ladder`, so the curves
 carry the population's ladder Elo at every evaluation):
@@ -22,7 +23,12 @@ learning (evaluation excluded). Then every final population is placed on the lad
 Reported per setting and seed: the ladder Elo curve (best, mean, worst), the slope of
 the mean over the last third of the run with its 95 % interval (least squares), the
 final ladder Elo and the best agent's score against search with its Wilson interval,
-also with the agents choosing two plies deep (``evaluate --lookahead 2``).
+also with the agents choosing two plies deep (``evaluate --lookahead 2``). The best of the
+``--agents`` agents on the (own-depth) games is picked partly for its luck on them, so its
+score there is biased upwards; the agent picked then plays ``--confirm-games`` held-out
+games alone at its own depth (``evaluate --member``, another seed), whose score is not.
+``--confirm-runs`` does only that, for run files a study left (into its own ``--out``,
+by default ``results/knights_ladder_confirm.json``).
 """
 from __future__ import annotations
 
@@ -51,6 +57,44 @@ SETTINGS = {name: options(name) for name in LADDER_SETTINGS}
 def popplay(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "popplay", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+# Held-out games: the best of 64 agents on one set of games is chosen by its luck there
+# too (its score is biased upwards); its score on games it was not chosen on is not.
+CONFIRM_SEED_OFFSET = 1_000
+
+
+def versus_search(path: Path, games: int, env: dict | None = None, *extra: str) -> dict:
+    """Every agent of run ``path`` against the two-ply search (``popplay evaluate --json``)."""
+    done = popplay("evaluate", str(path), "--opponent", "search", "--games", str(games), "--json", *extra, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"evaluate {path} failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def confirm_best(path: Path, chosen: dict, games: int, env: dict | None = None) -> dict:
+    """The agent ``chosen`` (``versus_search``'s payload) picked as best, replayed alone
+    (``--member``) over ``games`` fresh games: another seed, so other openings and dice."""
+    seed = int(chosen["seed"]) + CONFIRM_SEED_OFFSET
+    again = versus_search(path, games, env, "--member", str(chosen["best_agent"]), "--seed", str(seed))
+    row = again["per_agent"][0]
+    return {"agent": row["agent"], "lookahead": row["lookahead"], "games": again["games"], "seed": seed,
+            "score": row["quality"], "ci95": row["quality_ci95"], "wins": row["wins"], "draws": row["draws"],
+            "losses": row["losses"], "chosen_on": {"games": chosen["games"], "seed": chosen["seed"],
+                                                  "score": chosen["best"], "ci95": chosen["best_ci95"]}}
+
+
+def confirm_runs(args: argparse.Namespace) -> dict:
+    """``--confirm-runs``: finished run files, each one's best agent against the search
+    chosen over ``--final-games`` and confirmed over ``--confirm-games`` held-out games."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    report: dict = {"final_games": args.final_games, "confirm_games": args.confirm_games, "runs": {}}
+    for path in args.confirm_runs:
+        chosen = versus_search(Path(path), args.final_games, env)
+        report["runs"][path] = {"episode": chosen["episode"], "mean": chosen["mean"],
+                                "confirmed": confirm_best(Path(path), chosen, args.confirm_games, env)}
+        print(path, report["runs"][path], file=sys.stderr, flush=True)
+    return report
 
 
 def run_study(args: argparse.Namespace) -> dict:
@@ -102,13 +146,9 @@ def run_study(args: argparse.Namespace) -> dict:
             ladder = popplay("evaluate", str(path), "--ladder", "--games", "200", "--json", env=env)
             ladder_final = json.loads(ladder.stdout.strip().splitlines()[-1])
             best = int(ladder_final["best_agent"])
-            search = popplay("evaluate", str(path), "--opponent", "search", "--games", str(args.final_games),
-                             "--json", env=env)
-            versus = json.loads(search.stdout.strip().splitlines()[-1])
+            versus = versus_search(path, args.final_games, env)
             # the same agents choosing by minimax over their V two plies deep (docs/knights.md)
-            deeper = popplay("evaluate", str(path), "--opponent", "search", "--games", str(args.final_games),
-                             "--lookahead", "2", "--json", env=env)
-            versus2 = json.loads(deeper.stdout.strip().splitlines()[-1])
+            versus2 = versus_search(path, args.final_games, env, "--lookahead", "2")
             report["runs"][f"{name}-{seed}"] = {
                 "setting": name, "seed": seed, "episodes": summary["phases"],
                 "learning_seconds": summary["seconds"],
@@ -125,6 +165,9 @@ def run_study(args: argparse.Namespace) -> dict:
                                             "best_ci95": versus2["best_ci95"], "mean": versus2["mean"],
                                             "worst": versus2["worst"]},
             }
+            if args.confirm_games:
+                report["runs"][f"{name}-{seed}"]["versus_search_confirmed"] = confirm_best(
+                    path, versus, args.confirm_games, env)
             print(f"{name}-{seed}: {report['runs'][f'{name}-{seed}']['final_ladder']}, vs search best "
                   f"{versus['best']:.3f} {versus['best_ci95']}", file=sys.stderr, flush=True)
     return report
@@ -181,8 +224,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="also evaluate after this much learning time since the last (0: by episodes only)")
     parser.add_argument("--eval-games", type=int, default=20)
     parser.add_argument("--final-games", type=int, default=1000)
-    parser.add_argument("--out", default=str(HERE / "results" / "knights_ladder.json"))
+    parser.add_argument("--confirm-games", type=int, default=4000,
+                        help="held-out games of the best agent against the search, on another seed (0: none)")
+    parser.add_argument("--confirm-runs", default="",
+                        help="only confirm: finished run files (comma-separated), no study")
+    parser.add_argument("--out", default=None, help="the report (default results/knights_ladder.json, or "
+                                                    "results/knights_ladder_confirm.json with --confirm-runs)")
     args = parser.parse_args(argv)
+    args.out = args.out or str(HERE / "results" / ("knights_ladder_confirm.json" if args.confirm_runs
+                                                   else "knights_ladder.json"))
+    if args.confirm_runs:
+        args.confirm_runs = [p.strip() for p in args.confirm_runs.split(",") if p.strip()]
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(confirm_runs(args), indent=2))
+        return
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.settings = [s.strip() for s in args.settings.split(",")]
     args.eval_every = eval_schedule(args.eval_every, args.settings)

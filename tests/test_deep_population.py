@@ -91,6 +91,21 @@ def test_member_k_of_a_population_is_member_k_alone() -> None:
         assert mine == alone.episode_return
 
 
+def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
+    from popplay import rng
+    from popplay.deep.agents.dqn_members import _EXPLORE, EXPLORE_BLOCK
+    from popplay.xp import th
+
+    learner = DQNPopulation(small(), None).initial_state().learner
+    r = rng.make_rng(th)
+    for step in (0, 1, EXPLORE_BLOCK - 1, EXPLORE_BLOCK, 3 * EXPLORE_BLOCK + 5, 2):  # back into an earlier block
+        word = r.draw(learner._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64)))
+        chance, action = learner._explore_draws(step)
+        assert torch.equal(chance, r.uniform_hi32(word))
+        assert torch.equal(action, (r.uniform_lo32(word) * learner.actions).to(torch.int64))
+    assert len(set(learner._explore_draws(7)[0].tolist())) == learner.count  # members draw from their own streams
+
+
 PPO_SMALL = dict(agents=3, hidden=(8, 8), copies=2, n_steps=16, n_epochs=2, batch_size=12, env_steps=3 * 2 * 160,
                  phase_steps=40, eval_episodes=1, seed=2, hp="lr=loguniform:1e-4:3e-3;clip_range=uniform:0.1:0.3")
 

@@ -79,6 +79,42 @@ def test_evaluate_json_has_per_agent_best_mean_worst(run_file, capsys):
     assert code == 0 and "greedy" in stdout and "best" in stdout and "95% interval" in stdout
 
 
+def test_evaluate_member_plays_one_agents_games_of_the_whole_evaluation(run_file, capsys):
+    """``--member K`` plays agent K's own games (against a bot every agent meets the same
+    games), so it reproduces K's row of the whole population's evaluation, on the ladder too."""
+    args = ["evaluate", str(run_file), "--opponent", "search", "--games", "30", "--json"]
+    whole = json.loads(_run(capsys, args)[1].strip().splitlines()[-1])
+    alone = json.loads(_run(capsys, args + ["--member", "2"])[1].strip().splitlines()[-1])
+    assert [row["agent"] for row in alone["per_agent"]] == [2] and alone["best_agent"] == 2
+    assert alone["per_agent"][0] == whole["per_agent"][2] and "quality_se" not in alone
+    assert len({row["quality"] for row in whole["per_agent"]}) > 1  # a row taken from the wrong agent would show
+    ladder = ["evaluate", str(run_file), "--ladder", "--rungs", "random,greedy", "--games", "20", "--json"]
+    whole = json.loads(_run(capsys, ladder)[1].strip().splitlines()[-1])
+    alone = json.loads(_run(capsys, ladder + ["--member", "1"])[1].strip().splitlines()[-1])
+    assert alone["per_agent"] == [whole["per_agent"][1]] and alone["best_agent"] == 1
+    code, stdout, _ = _run(capsys, ["evaluate", str(run_file), "--member", "0", "--games", "10"])
+    assert code == 0 and "agent 0:" in stdout
+    code, _, stderr = _run(capsys, ["evaluate", str(run_file), "--member", "3"])
+    assert code == 2 and "--member 3" in stderr and "0 to 2" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_td_leaf_follows_each_agents_depth_when_copies_switch_to_two_plies(tmp_path, capsys):
+    """``--td-leaf --mutate-lookahead`` from one-ply founders: the same games and choices
+    with and without it until a copy looks two plies deep; then those copies learn from
+    leaves, so the weights part."""
+    mixed = {leaf: tmp_path / f"mixed{leaf}.h5" for leaf in (True, False)}
+    for leaf, path in mixed.items():
+        assert main(SMALL + ["--out", str(path), "--json", "--mutate-lookahead", "1", "--replicate-every", "2",
+                             "--replicate-fraction", "0.34", "--tournament-games", "2"] + ["--td-leaf"] * leaf) == 0
+    capsys.readouterr()
+    with h5py.File(mixed[True]) as a, h5py.File(mixed[False]) as b:
+        assert 2 in a["state/plies"][()] and 1 in a["state/plies"][()]
+        assert np.array_equal(a["state/plies"][()], b["state/plies"][()])
+        assert not np.array_equal(a["state/w1"][()], b["state/w1"][()])  # the deep copies learned otherwise
+    code, _, stderr = _run(capsys, SMALL + ["--out", str(tmp_path / "no.h5"), "--td-leaf"])
+    assert code == 2 and "--mutate-lookahead" in stderr and len(stderr.strip().splitlines()) == 1
+
+
 def test_agents_can_be_evaluated_and_trained_with_the_two_ply_chooser(run_file, tmp_path, capsys):
     """``--lookahead 2``: evaluate plays the stored agents with it (what they learned is
     unchanged), and a population trains with it; the search plays the same either way."""
@@ -102,6 +138,8 @@ def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, cap
     capsys.readouterr()
     code, _, stderr = _run(capsys, ["evaluate", str(bandit), "--opponent", "greedy"])
     assert code == 2 and "--opponent" in stderr and "knights" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = _run(capsys, ["evaluate", str(bandit), "--member", "0"])
+    assert code == 2 and "--member" in stderr and "bandit run" in stderr and len(stderr.strip().splitlines()) == 1
     code, _, stderr = _run(capsys, ["play", str(bandit)])
     assert code == 2 and "knights run" in stderr and len(stderr.strip().splitlines()) == 1
 
@@ -119,7 +157,7 @@ def test_knights_options_of_evaluate_are_refused_for_other_domains(tmp_path, cap
     (["--backend", "jax"], "--backend"),
     (["--time-budget", "-1"], "--time-budget"),
     (["--lookahead", "3"], "--lookahead"),
-    (["--td-leaf"], "add --lookahead 2"),
+    (["--td-leaf"], "add --lookahead 2 (or --mutate-lookahead"),
     (["--hidden2", "-1"], "--hidden2"),
 ])
 def test_bad_options_are_one_line_usage_errors(tmp_path, capsys, extra, fragment):

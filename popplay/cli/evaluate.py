@@ -57,11 +57,13 @@ def evaluate(
     episodes: Annotated[Optional[int], typer.Option(
         min=1, help="dqn, reinforce: greedy episodes to play (default 100).")] = None,
     member: Annotated[Optional[int], typer.Option(
-        min=0, help="A deep population (--agents): only this member (default: every member).")] = None,
+        min=0, help="A deep population (--agents) or knights: only this member, or agent (default: every "
+                    "one), e.g. to confirm a chosen agent's score on many fresh games.")] = None,
 ) -> None:
     """Re-measure the population stored in a run file (bandit: block-estimate quality;
     cartpole: the shared greedy policy's balancing test; knights: every agent's quality
-    against a benchmark opponent)."""
+    against a benchmark opponent, or on the ladder; deep populations and knights:
+    ``--member K`` for one member or agent)."""
 
     try:
         stored = load_run(run)
@@ -73,8 +75,8 @@ def evaluate(
 
         evaluate_deep(run, stored, episodes or 100, seed, json_output, member)
         return
-    if member is not None:
-        raise UsageError(f"--member applies to deep populations only ({run} is a {stored.domain} run)")
+    if member is not None and stored.domain != "knights":
+        raise UsageError(f"--member applies to deep populations and knights only ({run} is a {stored.domain} run)")
     if episodes is not None:
         raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
     given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead, rungs))
@@ -93,15 +95,20 @@ def evaluate(
         state = experiment.restore(stored.state, stored.state_counters)
         if lookahead is not None:  # every agent, whatever depth it chose while learning
             state = state._replace(plies=np.full_like(state.plies, lookahead))
+        agents = len(state.agent_id) if stored.domain == "knights" else 0
     except (TypeError, ValueError, KeyError) as error:
         raise UsageError(f"{run}: damaged run file ({error})") from None
+    if member is not None:
+        if member >= agents:
+            raise UsageError(f"--member {member}: {run} holds agents 0 to {agents - 1}")
+        state = _one_agent(state, member)
     if stored.domain == "knights" and ladder:
         _evaluate_ladder(run, stored, params, state, games or 200, params.seed if seed is None else seed,
-                         json_output, rungs)
+                         json_output, rungs, member or 0)
         return
     if stored.domain == "knights":
         _evaluate_knights(run, stored, params, state, opponent or Opponent.greedy, games or 200,
-                          params.seed if seed is None else seed, json_output)
+                          params.seed if seed is None else seed, json_output, member or 0)
         return
     metrics = experiment.measure(state)
     interval = _quality_interval(stored.domain, experiment.results(state), metrics)
@@ -136,28 +143,29 @@ def _quality_interval(domain: str, results: dict[str, Any], metrics: dict[str, f
 
 
 def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent: Opponent, games: int, seed: int,
-                      json_output: bool) -> None:
-    """Every agent against one benchmark opponent; a table or one JSON object."""
+                      json_output: bool, first: int = 0) -> None:
+    """Every agent of ``state`` (the first is agent ``first``) against one benchmark
+    opponent; a table or one JSON object."""
     from popplay.games.knights.opponents import quality  # defers numba
 
 
-    games = _even_games_that_fit(params, games)
+    games = _even_games_that_fit(len(state.agent_id), games)
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
-    best, worst = int(q.score.argmax()), int(q.score.argmin())
     played = q.wins + q.draws + q.losses
     low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
     per_agent = [{**who, "quality": float(q.score[i]),
                   "quality_ci95": [float(low[i]), float(high[i])],
                   "wins": int(q.wins[i]), "draws": int(q.draws[i]), "losses": int(q.losses[i])}
-                 for i, who in enumerate(_agents(state))]
+                 for i, who in enumerate(_agents(state, first))]
+    best, worst = int(q.score.argmax()), int(q.score.argmin())
     mean, error = stats.mean_and_error(q.score)
     # The population's quality is its mean agent's: the best of P agents is biased
     # upwards by its selection (its own interval does not correct for that).
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "opponent": opponent.value,
                "games": games, "seed": seed, "lookahead": params.lookahead, "episode": state.episode,
-               "agent_steps": state.turns, "per_agent": per_agent, "best": float(q.score.max()), "best_agent": best,
-               "best_ci95": per_agent[best]["quality_ci95"],
-               "mean": float(mean), "worst": float(q.score.min()), "worst_agent": worst,
+               "agent_steps": state.turns, "per_agent": per_agent, "best": float(q.score.max()),
+               "best_agent": per_agent[best]["agent"], "best_ci95": per_agent[best]["quality_ci95"],
+               "mean": float(mean), "worst": float(q.score.min()), "worst_agent": per_agent[worst]["agent"],
                "worst_ci95": per_agent[worst]["quality_ci95"], "quality": float(mean)}
     if len(q.score) > 1:
         payload["quality_se"] = float(error)
@@ -166,8 +174,8 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
         print_json(payload)
         return
 
-    table = Table(title=f"{run}: {len(per_agent)} agents after {state.episode:,} episodes "
-                        f"vs {opponent.value}, {games} games each")
+    who = f"{len(per_agent)} agents" if len(per_agent) > 1 else f"agent {per_agent[0]['agent']}"
+    table = Table(title=f"{run}: {who} after {state.episode:,} episodes vs {opponent.value}, {games} games each")
     table.caption = "quality = (wins + draws/2) / games; 95% interval: Wilson score interval"
     for column in ("agent", "quality", "95% interval", "wins", "draws", "losses"):
         table.add_column(column, justify="right")
@@ -178,12 +186,16 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     console = Console()
     console.print(table)
     spread = (f" ± {1.96 * payload['quality_se']:.3f} (95%, over agents)" if "quality_se" in payload else "")
+    if len(per_agent) == 1:
+        console.print(f"agent {per_agent[0]['agent']}: {payload['best']:.3f} over {games} games")
+        return
     console.print(f"population quality (mean agent) {payload['mean']:.3f}{spread}; best {payload['best']:.3f} "
-                  f"(agent {best}, optimistic: selected), worst {payload['worst']:.3f} (agent {worst})")
+                  f"(agent {payload['best_agent']}, optimistic: selected), worst {payload['worst']:.3f} "
+                  f"(agent {payload['worst_agent']})")
 
 
 def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int, seed: int,
-                     json_output: bool, rung_spec: str | None) -> None:
+                     json_output: bool, rung_spec: str | None, first: int = 0) -> None:
     """Every agent against every rung of the ladder; its ladder Elo with a 95 % interval."""
     from popplay.games.knights.opponents import quality  # defers numba
     from popplay.tournaments.ladder import ladder, ladder_elo, parse_rungs  # defers numba
@@ -192,25 +204,25 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
         names = parse_rungs(rung_spec)
     except ValueError as error:
         raise UsageError(f"--rungs: {error}") from None
-    games = _even_games_that_fit(params, games)
+    games = _even_games_that_fit(len(state.agent_id), games)
     rungs = ladder(params, rungs=names)
     results = {name: quality(state.networks, name, games, params=params, seed=seed) for name in names}
     elo = ladder_elo({name: (q.wins, q.draws, q.losses) for name, q in results.items()}, rungs)
     per_agent = [{**who, "elo": round(float(elo.elo[i]), 1),
                   "elo_ci95": [round(float(elo.low[i]), 1), round(float(elo.high[i]), 1)],
                   "scores": {name: float(q.score[i]) for name, q in results.items()}}
-                 for i, who in enumerate(_agents(state))]
+                 for i, who in enumerate(_agents(state, first))]
     best, worst = int(elo.elo.argmax()), int(elo.elo.argmin())
     payload = {"domain": "knights", "path": str(run), "complete": stored.complete, "ladder": rungs.as_dict(),
                "games_per_rung": games, "seed": seed, "lookahead": params.lookahead, "episode": state.episode,
                "agent_steps": state.turns,
                "per_agent": per_agent, **{f"elo_{k}": round(v, 1) for k, v in elo.summary().items()},
-               "best_agent": best, "worst_agent": worst}
+               "best_agent": per_agent[best]["agent"], "worst_agent": per_agent[worst]["agent"]}
     if json_output:
         print_json(payload)
         return
-    table = Table(title=f"{run}: {params.agents} agents after {state.episode:,} episodes on the ladder, "
-                        f"{games} games per rung")
+    who = f"{len(per_agent)} agents" if len(per_agent) > 1 else f"agent {per_agent[0]['agent']}"
+    table = Table(title=f"{run}: {who} after {state.episode:,} episodes on the ladder, {games} games per rung")
     table.caption = ("ladder Elo: maximum likelihood against the rungs' fixed ratings (random = 0); "
                      "95% interval from the agent's own games; then the score against each rung")
     for column in ("agent", "elo", "95% CI"):
@@ -227,22 +239,33 @@ def _evaluate_ladder(run: Path, stored: Any, params: Any, state: Any, games: int
                                         for r in payload["ladder"]["rungs"]))
 
 
-def _agents(state: Any) -> list[dict[str, Any]]:
-    """Who each knights agent is: slot, lineage id, chooser depth, first-layer units on and
-    step-size half-life (files written before per-agent half-lives: None)."""
+def _one_agent(state: Any, slot: int) -> Any:
+    """A knights state holding agent ``slot`` alone (the per-agent arrays cut to its
+    row: its networks, depth, half-life, identity and learning parameters, all that an
+    evaluation reads; the population's records, such as scores and lineage, stay whole);
+    ``_agents(state, first=slot)`` names it by its slot."""
+    per_agent = ("w1", "b1", "w2", "b2", "wm", "bm", "plies", "half_life", "agent_id", "alpha", "lam", "epsilon")
+    cut = {name: getattr(state, name)[slot:slot + 1] for name in per_agent if getattr(state, name) is not None}
+    return state._replace(**cut)
+
+
+def _agents(state: Any, first: int = 0) -> list[dict[str, Any]]:
+    """Who each knights agent is: slot (``first`` for the state's first agent), lineage id,
+    chooser depth, first-layer units on and step-size half-life (files written before
+    per-agent half-lives: None)."""
     widths = unit_widths(state.networks)
     half_lives = state.half_life if state.half_life is not None else [None] * len(widths)
-    return [{"agent": i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
+    return [{"agent": first + i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
              "width": int(widths[i]), "half_life": None if h is None else float(h)}
             for i, h in enumerate(half_lives)]
 
 
-def _even_games_that_fit(params: Any, games: int) -> int:
+def _even_games_that_fit(agents: int, games: int) -> int:
     """``games`` rounded up to even (half moving first), refused in one line when one
-    opponent's batch of games for every agent (allocated at once) cannot fit."""
+    opponent's batch of games for ``agents`` agents (allocated at once) cannot fit."""
     games += games % 2
     try:
-        check_fits(games_bytes(params.agents * games), f"--games {games} for {params.agents} agents")
+        check_fits(games_bytes(agents * games), f"--games {games} for {agents} agent{'s' * (agents != 1)}")
     except MemoryLimitError as error:
         raise UsageError(str(error)) from None
     return games

@@ -77,8 +77,10 @@ class MemberReplay:
         """Every field at slots ``index`` (P, batch), member-major: (P, batch, ...)."""
         p, b = index.shape
         flat = (self._row_base.unsqueeze(1) + index).reshape(-1)
-        return {name: table.view(p * self.capacity, *table.shape[2:])[flat].view(p, b, *table.shape[2:])
-                for name, table in self.tables.items()}
+        # index_select, not table[flat]: advanced indexing's general kernel took about 3x as
+        # long for these few thousand rows (1.7 against 0.5 ms an update at 64 members)
+        return {name: torch.index_select(table.view(p * self.capacity, *table.shape[2:]), 0, flat)
+                .view(p, b, *table.shape[2:]) for name, table in self.tables.items()}
 
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, torch.Tensor]:

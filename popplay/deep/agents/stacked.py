@@ -26,6 +26,10 @@ TAG_MEMBER = 10
 _INIT = 2
 
 _threshold_backward = torch.ops.aten.threshold_backward
+# Inputs this narrow get their weight gradient as the (in, out) product, transposed: for
+# 64 members, batch 64 and 64 units that ran 3-4x faster than the (out, in) one at 4 or 8
+# inputs, and slower from 16 on (CPU, one thread).
+_NARROW = 8
 
 
 def member_seed(seed: int, member: int) -> int:
@@ -113,7 +117,10 @@ class StackedMLP:
         inputs = [x, *hidden]
         g = grad_output
         for i in range(len(self.weights) - 1, -1, -1):
-            self._weight_grads[i].copy_(torch.bmm(g.transpose(1, 2), inputs[i]))
+            if self.weights[i].shape[2] <= _NARROW:  # an observation of a few features
+                self._weight_grads[i].copy_(torch.bmm(inputs[i].transpose(1, 2), g).transpose(1, 2))
+            else:
+                self._weight_grads[i].copy_(torch.bmm(g.transpose(1, 2), inputs[i]))
             self._bias_grads[i].copy_(g.sum(1))
             if i:
                 g = _threshold_backward(torch.bmm(g, self.weights[i]), inputs[i], 0.0)

@@ -57,7 +57,8 @@ class TorchBanditEngine:
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
         # at every step.
-        self.noise_block = max(1, NOISE_BLOCK_DRAWS.get(self.device.type, 2**22) // (trials * agents))
+        block = NOISE_BLOCK_DRAWS.get(self.device.type, NOISE_BLOCK_DRAWS["cpu"])  # other devices: the CPU's
+        self.noise_block = max(1, block // (trials * agents))
         self.bias = None
         if use_bias:
             static = put(static_keys)[:, :, None]

@@ -143,9 +143,10 @@ class KnightsParams:
                                "2 plays minimax over V (the move after which the opponent's best reply, valued "
                                "by the same network, is least good for it; taking the last piece wins at once). "
                                "Learning stays TD(λ) on the after-states played unless --td-leaf.", min=1, max=2)
-    td_leaf: bool = option(False, "With --lookahead 2: learn TD-Leaf(λ) from the leaves of each move's two-ply "
+    td_leaf: bool = option(False, "Agents choosing two plies deep (--lookahead 2, or copies switched by "
+                                  "--mutate-lookahead) learn TD-Leaf(λ) from the leaves of each move's two-ply "
                                   "search (the position after the opponent's best reply) instead of the "
-                                  "after-states played.")
+                                  "after-states played; one-ply agents learn TD(λ) as ever.")
     dtype: str = option("float64", "Floating point of the torch engine's games and TD(λ) sums (float32: half the "
                                    "memory traffic on a GPU; the weights stay float64). The numba engine computes "
                                    "in float64 only.", choices=DTYPES)
@@ -226,8 +227,9 @@ class KnightsParams:
              f"must lie in [0, --hidden = {self.hidden}] (0: every unit on)"),
             (0.0 <= self.mutate_width <= 1.0, "mutate_width", "must lie in [0, 1]"),
             (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
-            (not self.td_leaf or self.lookahead == 2, "td_leaf", "learns from the leaves of a two-ply search: "
-                                                                "add --lookahead 2"),
+            (not self.td_leaf or self.lookahead == 2 or self.mutate_lookahead > 0.0, "td_leaf",
+             "learns from the leaves of a two-ply search: add --lookahead 2 (or --mutate-lookahead, so that "
+             "copies that switch to two plies learn so)"),
             (self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}"),
             (math.isfinite(self.alpha) and self.alpha > 0.0, "alpha", "must be positive"),
             (self.alpha_half_life >= 0, "alpha_half_life", "must be non-negative (0: constant step size)"),
