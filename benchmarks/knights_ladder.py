@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from popplay.reproduce.knights_ladder import CONFIRM_SEED_OFFSET, options, slope
 from popplay.reproduce.knights_ladder import SETTINGS as LADDER_SETTINGS
-from popplay.reproduce.knights_ladder import options, slope
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,11 +57,6 @@ SETTINGS = {name: options(name) for name in LADDER_SETTINGS}
 def popplay(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "popplay", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-# Held-out games: the best of 64 agents on one set of games is chosen by its luck there
-# too (its score is biased upwards); its score on games it was not chosen on is not.
-CONFIRM_SEED_OFFSET = 1_000
 
 
 def versus_search(path: Path, games: int, env: dict | None = None, *extra: str) -> dict:

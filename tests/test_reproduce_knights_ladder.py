@@ -27,6 +27,10 @@ def test_every_setting_is_on_the_ladder_with_its_slope_and_its_best_agent_agains
         assert 0.0 <= group.attrs["versus_search_ci95_low"] <= group.attrs["versus_search_best"] \
             <= group.attrs["versus_search_ci95_high"] <= 1.0
         assert group.attrs["versus_search_games"] == 20
+        # the agent chosen there, alone on 40 games of another seed
+        assert group.attrs["confirmed_games"] == 40
+        assert 0.0 <= group.attrs["confirmed_ci95_low"] <= group.attrs["confirmed_best"] \
+            <= group.attrs["confirmed_ci95_high"] <= 1.0
         assert group.attrs["command"].startswith("popplay train knights --agents 8 --episodes 30")
     assert "--hidden 32" in data.groups["d-0"].attrs["command"] and "--league 4" in data.groups["c-0"].attrs["command"]
     assert "--replicate-every 5" in data.groups["b-0"].attrs["command"]  # tiny's schedule, so that it happens
@@ -34,6 +38,7 @@ def test_every_setting_is_on_the_ladder_with_its_slope_and_its_best_agent_agains
     run = summary["figures"][0]["a-0"]  # --json: strict JSON, no NaN (too few points for a slope: None)
     assert run["episodes"] == 30 and (run["slope_elo_per_minute"] is None or np.isfinite(run["slope_elo_per_minute"]))
     assert run["versus_search_best"] == round(data.groups["a-0"].attrs["versus_search_best"], 4)
+    assert run["confirmed_best"] == round(data.groups["a-0"].attrs["confirmed_best"], 4)
 
 
 def test_the_slope_is_least_squares_over_the_last_third_with_its_interval():

@@ -244,9 +244,9 @@ def _one_agent(state: Any, slot: int) -> Any:
     row: its networks, depth, half-life, identity and learning parameters, all that an
     evaluation reads; the population's records, such as scores and lineage, stay whole);
     ``_agents(state, first=slot)`` names it by its slot."""
-    per_agent = ("w1", "b1", "w2", "b2", "wm", "bm", "plies", "half_life", "agent_id", "alpha", "lam", "epsilon")
+    per_agent = ("half_life", "agent_id", "alpha", "lam", "epsilon")
     cut = {name: getattr(state, name)[slot:slot + 1] for name in per_agent if getattr(state, name) is not None}
-    return state._replace(**cut)
+    return state.with_networks(state.networks.take([slot]), **cut)
 
 
 def _agents(state: Any, first: int = 0) -> list[dict[str, Any]]:

@@ -18,7 +18,9 @@ Each curve point is the population's best, mean and worst ladder Elo at an evalu
 Reported per run: the slope of the mean over the last third of the run (least squares,
 Elo per minute, with its 95 % interval: a population that keeps improving has one above
 zero), the final ladder Elo, and the best agent's score against the two-ply search over
-``final_games`` games with its Wilson interval (the issue's goal: 0.5).
+``final_games`` games with its Wilson interval (the issue's goal: 0.5); then that agent
+alone over ``confirm_games`` held-out games (another seed), a score its choice did not
+bias upwards.
 
 Learning time is wall time, so curves differ a little from run to run and machine to
 machine (the ``command`` attribute of each run says how to learn it again). Scales:
@@ -54,6 +56,10 @@ LABELS = {"a": "a: Bell's self-play", "b": "b: + replication with variation",
           "c": "c: + league (PFSP), significant replacement, adaptive pairing", "d": "d: c + 32 hidden units, depth by selection"}
 OPPONENT = "search"  # the two-ply material search: the goal's opponent
 GOAL = 0.5
+# The best of the final agents on ``final_games`` games is chosen partly by its luck on
+# them (its score there is biased upwards); it then plays ``confirm_games`` games alone on
+# this seed offset, which it was not chosen on (benchmarks/knights_ladder.py uses the same).
+CONFIRM_SEED_OFFSET = 1_000
 
 
 def options(setting: str, scale: "LadderScale | None" = None) -> list[str]:
@@ -74,6 +80,7 @@ class LadderScale:
     eval_every: int
     eval_games: int  # games per agent and rung at each evaluation
     final_games: int  # games of every final agent against the two-ply search
+    confirm_games: int  # held-out games of the agent chosen as best there (another seed)
     overrides: dict[str, int] = field(default_factory=dict)  # schedule changes, for the settings that have them
     # episodes between evaluations where a setting differs: d's two-ply agents play ~35x
     # fewer episodes per minute than c's, and its slope over the last third needs points there
@@ -85,11 +92,12 @@ class LadderScale:
 
 SCALES: dict[str, LadderScale] = {
     "tiny": LadderScale("tiny", agents=8, seeds=1, seconds=None, episodes=30, eval_every=10, eval_games=4,
-                        final_games=20, overrides={"replicate_every": 5, "snapshot_every": 10}),
+                        final_games=20, confirm_games=40, overrides={"replicate_every": 5, "snapshot_every": 10}),
     "small": LadderScale("small", agents=64, seeds=1, seconds=120.0, episodes=20_000, eval_every=100, eval_games=20,
-                         final_games=200, setting_eval_every={"d": 5}, eval_seconds=10.0),
+                         final_games=200, confirm_games=1000, setting_eval_every={"d": 5}, eval_seconds=10.0),
     "paper": LadderScale("paper", agents=64, seeds=3, seconds=1800.0, episodes=20_000, eval_every=100,
-                         eval_games=20, final_games=1000, setting_eval_every={"d": 20}, eval_seconds=90.0),
+                         eval_games=20, final_games=1000, confirm_games=4000,
+                         setting_eval_every={"d": 20}, eval_seconds=90.0),
 }
 
 
@@ -136,7 +144,8 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
     """One run: its ladder curve, and its final agents against the two-ply search."""
 
     def make() -> Group:
-        from popplay.games.knights.experiment import KnightsExperiment  # defers numba
+        from popplay.games.knights import opponents as bots  # defers numba
+        from popplay.games.knights.experiment import KnightsExperiment
 
         experiment = KnightsExperiment(params_for(scale, setting, seed), ctx.backend)
         rows: dict[str, list[float]] = {k: [] for k in ("episode", "seconds", "elo_best", "elo_mean", "elo_worst")}
@@ -156,11 +165,16 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
         best = int(np.argmax(versus.score))
         games = float(versus.wins[best] + versus.draws[best] + versus.losses[best])
         low, high = stats.wilson_interval(versus.wins[best] + 0.5 * versus.draws[best], games)
+        held = bots.quality(result.state.networks.take([best]), OPPONENT, scale.confirm_games,
+                            params=experiment.params, seed=seed + CONFIRM_SEED_OFFSET)
+        held_games = float(held.wins[0] + held.draws[0] + held.losses[0])
+        held_low, held_high = stats.wilson_interval(held.wins[0] + 0.5 * held.draws[0], held_games)
         arrays = {k: np.asarray(v, dtype=np.int64 if k == "episode" else np.float64) for k, v in rows.items()}
         trend = slope(arrays["seconds"], arrays["elo_mean"])
         ctx.note(f"knights_ladder: setting {setting}, seed {seed}: final ladder Elo mean "
                  f"{arrays['elo_mean'][-1]:.0f}, best {arrays['elo_best'][-1]:.0f}; best agent against "
-                 f"{OPPONENT} {versus.score[best]:.3f} [{float(low):.3f}, {float(high):.3f}]")
+                 f"{OPPONENT} {versus.score[best]:.3f} [{float(low):.3f}, {float(high):.3f}], on held-out games "
+                 f"{held.score[0]:.3f} [{float(held_low):.3f}, {float(held_high):.3f}]")
         return Group(arrays=arrays, attrs={
             "setting": setting, "seed": seed, "label": LABELS[setting], "episodes": result.state.episode,
             "learning_seconds": result.learning_seconds, "command": command_for(scale, setting, seed),
@@ -169,7 +183,9 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
             "slope_ci95_high": trend["ci95"][1] if trend["ci95"] else np.nan,
             "versus_search_best": float(versus.score[best]), "versus_search_best_agent": best,
             "versus_search_ci95_low": float(low), "versus_search_ci95_high": float(high),
-            "versus_search_games": int(games), "versus_search_mean": float(np.mean(versus.score))})
+            "versus_search_games": int(games), "versus_search_mean": float(np.mean(versus.score)),
+            "confirmed_best": float(held.score[0]), "confirmed_ci95_low": float(held_low),
+            "confirmed_ci95_high": float(held_high), "confirmed_games": int(held_games)})
 
     key = f"knights_ladder/{scale.name}/{seed}/{setting}/{ctx.backend.name}/{ctx.backend.device}"
     return ctx.memo(key, make)
@@ -219,6 +235,12 @@ def draw(data: FigureData, fig: Any) -> None:
     high = np.array([float(data.groups[n].attrs["versus_search_ci95_high"]) for n in names])
     final.bar(x, score, color=[COLOURS.get(str(data.groups[n].attrs["setting"]), "black") for n in names])
     final.errorbar(x, score, yerr=[score - low, high - score], fmt="none", ecolor="black", capsize=3)
+    held = np.array([float(data.groups[n].attrs.get("confirmed_best", np.nan)) for n in names])
+    if np.isfinite(held).any():  # the same agent on held-out games: no selection in it
+        held_low = np.array([float(data.groups[n].attrs.get("confirmed_ci95_low", np.nan)) for n in names])
+        held_high = np.array([float(data.groups[n].attrs.get("confirmed_ci95_high", np.nan)) for n in names])
+        final.errorbar(x + 0.25, held, yerr=[held - held_low, held_high - held], fmt="D", color="black",
+                       markersize=4, capsize=2, label="that agent on held-out games")
     final.axhline(float(a["goal"]), color="tab:red", linestyle="--", linewidth=1.0, label=f"goal {a['goal']}")
     final.set_xticks(x, names, fontsize=8)
     final.set_ylim(0.0, 1.0)
@@ -251,7 +273,11 @@ def summary(data: FigureData) -> dict[str, Any]:
                      "slope_ci95": [_number(g["slope_ci95_low"], 2), _number(g["slope_ci95_high"], 2)],
                      "versus_search_best": _number(g["versus_search_best"], 4),
                      "versus_search_ci95": [_number(g["versus_search_ci95_low"], 4),
-                                            _number(g["versus_search_ci95_high"], 4)]}
+                                            _number(g["versus_search_ci95_high"], 4)],
+                     # figures computed before the held-out games (cached) have none
+                     "confirmed_best": _number(g.get("confirmed_best", np.nan), 4),
+                     "confirmed_ci95": [_number(g.get("confirmed_ci95_low", np.nan), 4),
+                                        _number(g.get("confirmed_ci95_high", np.nan), 4)]}
     return out
 
 

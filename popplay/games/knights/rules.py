@@ -562,6 +562,13 @@ class Networks(NamedTuple):
         return Networks(**{name: np.ascontiguousarray(np.concatenate([value] + [o.arrays()[name] for o in others]))
                            for name, value in self.arrays().items()}, plies=plies)
 
+    def take(self, rows: Sequence[int] | np.ndarray) -> "Networks":
+        """The networks ``rows`` (slots), in that order: contiguous copies, their chooser
+        depths with them."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        cut = {name: np.ascontiguousarray(value[rows]) for name, value in self.arrays().items()}
+        return Networks(**cut, plies=None if self.plies is None else self.plies[rows].copy())
+
     def choosing(self, plies: np.ndarray | int | None) -> "Networks":
         """These networks with the chooser depths ``plies`` (one for all, or one each)."""
         return self._replace(plies=None if plies is None else
