@@ -565,12 +565,39 @@ def test_a_missing_setting_is_refused_not_defaulted(run_copy, capsys):
 
 def test_files_from_before_the_mark_still_default_settings_added_later(run_copy, capsys):
     def older(f):  # as written before config_complete existed, and before --explorer-fraction did
-        del f.attrs["config_complete"]
+        del f.attrs["config_complete"], f.attrs["config_settings"]
         _drop_config("explorer_fraction")(f)
 
     _craft(run_copy, older)
     assert main(["evaluate", str(run_copy), "--json"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("vintage", ["settings list without it", "complete mark without a list"])
+def test_a_setting_added_after_the_file_was_written_takes_its_default(run_copy, capsys, vintage):
+    """A file written before --explorer-fraction existed: its writer's settings list lacks
+    it (or, from before the list, the file has only the "every setting" mark, which a later
+    setting made untrue): evaluate and resume give it its default instead of calling the
+    file damaged (they did, for every knights run written before --start-width)."""
+    def older(f):
+        _drop_config("explorer_fraction")(f)
+        if vintage.startswith("settings list"):
+            names = json.loads(f.attrs["config_settings"])
+            f.attrs["config_settings"] = json.dumps([n for n in names if n != "explorer_fraction"])
+        else:
+            del f.attrs["config_settings"]
+
+    _craft(run_copy, older)
+    assert main(["evaluate", str(run_copy), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["train", "bandit", "--resume", str(run_copy), "--agent-steps", "128", "--quiet"]) == 0
+    capsys.readouterr()
+
+
+def test_a_settings_list_that_is_not_one_is_damage(run_copy, capsys):
+    _craft(run_copy, lambda f: f.attrs.__setitem__("config_settings", "[1, 2"))
+    assert main(["evaluate", str(run_copy)]) == 2
+    assert "config_settings" in _error_line(capsys)
 
 
 def test_inspect_shows_a_crafted_attribute_without_running_its_escapes(run_copy, capsys):

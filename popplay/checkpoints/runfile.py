@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Collection, Protocol
 
 import numpy as np
 
@@ -280,7 +280,7 @@ class RunCheck(Protocol):
     raises ``ValueError`` (or ``TypeError``) with a one-line reason."""
 
     def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any], *,
-                 complete: bool = False) -> None: ...
+                 known: Collection[str] | None = None) -> None: ...
 
     def contents(self, run: "RunFile") -> None: ...
 
@@ -442,9 +442,27 @@ def content_digest(f: Any) -> str:
 def _check_settings(check: RunCheck, path: Path, domain: Any, config: dict[str, Any],
                     counters: dict[str, Any], attrs: dict[str, Any]) -> None:
     try:
-        check.settings(domain, config, counters, complete=bool(attrs.get("config_complete", False)))
+        check.settings(domain, config, counters, known=known_settings(attrs))
     except (TypeError, ValueError) as error:
         raise RunFileError(f"{path}: damaged run file ({error})") from None
+
+
+def known_settings(attrs: dict[str, Any]) -> frozenset[str] | None:
+    """The settings a file's writer had (its ``config_settings`` attribute, a JSON list
+    of names): a missing one of these is damage; a setting it did not have was added
+    since and takes its default. None for files written before the list existed (the
+    earlier ``config_complete`` mark alone said "every setting", which a setting added
+    later made false). ValueError (one line) for a list that is not one."""
+    if "config_settings" not in attrs:
+        return None
+    text = attrs["config_settings"]
+    try:
+        names = json.loads(text.decode() if isinstance(text, bytes) else str(text))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError("config_settings is not a list of setting names")
+    return frozenset(names)
 
 
 def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> RunFile:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -51,12 +51,13 @@ def check_value(name: str, value: Any, kind: type) -> None:
 
 
 def params_from_config(domain: str, config: Any, *, run_options: bool = True, check_memory: bool = True,
-                       complete: bool = False) -> Any:
+                       known: Collection[str] | None = None) -> Any:
     """A domain's parameters from a run file's config, checked like the CLI's options;
     with ``run_options``, also the backend, device and time budget a resume reuses.
-    ``complete``: the file says its config holds every setting (files written since
-    that mark exists), so a missing one is damage, refused, not a default; in older
-    files a missing setting is one added later and takes its default."""
+    ``known``: the settings the file's writer had (its ``config_settings``): a missing
+    one of those is damage, refused, not a default; a setting the writer did not have
+    was added since and takes its default, as every missing setting does in files
+    written before that list existed (``known`` None)."""
     if not registry.known(domain):
         raise ValueError(f"unknown domain {domain!r}")
     if not isinstance(config, dict):
@@ -65,8 +66,8 @@ def params_from_config(domain: str, config: Any, *, run_options: bool = True, ch
     values = {}
     for field in dataclasses.fields(params_type):
         if field.name not in config:
-            if complete:
-                raise ValueError(f"no {field.name} in the config, which the file says holds every setting")
+            if known is not None and field.name in known:
+                raise ValueError(f"no {field.name} in the config, whose writer had that setting")
             continue  # written before the field existed: its default
         default = field.default if field.default is not dataclasses.MISSING else None
         value = config[field.name]
@@ -199,9 +200,9 @@ class _RegisteredRules:
     """:class:`popplay.checkpoints.runfile.RunCheck` by the registered domains' rules."""
 
     def settings(self, domain: str, config: dict[str, Any], counters: dict[str, Any], *,
-                 complete: bool = False) -> None:
+                 known: Collection[str] | None = None) -> None:
         if registry.known(domain):
-            params_from_config(domain, config, run_options=False, complete=complete)
+            params_from_config(domain, config, run_options=False, known=known)
         check_counters(counters)
 
     def contents(self, run: Any) -> None:

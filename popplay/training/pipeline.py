@@ -114,10 +114,11 @@ class RunWriter:
             static=self.experiment.static_arrays(),
             curves={"agent_steps": curve.agent_steps, "seconds": curve.seconds, **curve.metrics},
             results=results, result_attrs={**metrics, "events_json": self.events},
-            # config_complete: the config holds every setting, so a reader refuses a file
-            # that lacks one instead of filling it in with a default
+            # config_settings: every setting this version has, so a reader refuses a file
+            # that lacks one of them instead of filling it in with a default, and still
+            # defaults a setting added after the file was written
             attrs={"learning_seconds": learning_seconds, "phases": len(curve), "config_complete": True,
-                   **self.provenance},
+                   "config_settings": json.dumps(sorted(self.config)), **self.provenance},
             complete=complete,
         )
         try:
