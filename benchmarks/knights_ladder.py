@@ -74,7 +74,8 @@ def confirm_best(path: Path, chosen: dict, games: int, env: dict | None = None) 
     again = versus_search(path, games, env, "--member", str(chosen["best_agent"]), "--seed", str(seed))
     row = again["per_agent"][0]
     return {"agent": row["agent"], "lookahead": row["lookahead"], "games": again["games"], "seed": seed,
-            "score": row["quality"], "ci95": row["quality_ci95"], "wins": row["wins"], "draws": row["draws"],
+            "score": row["quality"], "ci95": row["quality_ci95"], "score_ci95": row["score_ci95"],
+            "wins": row["wins"], "draws": row["draws"],
             "losses": row["losses"], "chosen_on": {"games": chosen["games"], "seed": chosen["seed"],
                                                   "score": chosen["best"], "ci95": chosen["best_ci95"]}}
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from popplay import stats
 from popplay.cli.main import main
 from popplay.cli.play import Session, parse_move, render_board
 from popplay.games.knights import rules as game
@@ -70,6 +71,7 @@ def test_evaluate_json_has_per_agent_best_mean_worst(run_file, capsys):
     for row in payload["per_agent"]:
         low, high = row["quality_ci95"]
         assert 0.0 <= low <= row["quality"] <= high <= 1.0 and high - low > 0.05
+        assert row["score_ci95"] == [float(v) for v in stats.score_interval(row["wins"], row["draws"], row["losses"])]
     assert payload["quality"] == payload["mean"]
     assert payload["quality_se"] == pytest.approx(np.std(scores, ddof=1) / np.sqrt(3))
     low, high = payload["quality_ci95"]

@@ -153,8 +153,11 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
     played = q.wins + q.draws + q.losses
     low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
+    # narrower where most games are drawn: a draw adds no spread (Wilson prices it as a coin flip)
+    score_low, score_high = stats.score_interval(q.wins, q.draws, q.losses)
     per_agent = [{**who, "quality": float(q.score[i]),
                   "quality_ci95": [float(low[i]), float(high[i])],
+                  "score_ci95": [float(score_low[i]), float(score_high[i])],
                   "wins": int(q.wins[i]), "draws": int(q.draws[i]), "losses": int(q.losses[i])}
                  for i, who in enumerate(_agents(state, first))]
     best, worst = int(q.score.argmax()), int(q.score.argmin())
