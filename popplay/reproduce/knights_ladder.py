@@ -145,7 +145,7 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
 
     def make() -> Group:
         from popplay.games.knights import opponents as bots  # defers numba
-        from popplay.games.knights.experiment import KnightsExperiment
+        from popplay.games.knights.experiment import KnightsExperiment  # defers numba
 
         experiment = KnightsExperiment(params_for(scale, setting, seed), ctx.backend)
         rows: dict[str, list[float]] = {k: [] for k in ("episode", "seconds", "elo_best", "elo_mean", "elo_worst")}
