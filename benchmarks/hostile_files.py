@@ -427,7 +427,7 @@ def candidates(domain: str, info: dict[str, Any]) -> dict[str, list[dict[str, An
             continue
         where = ("header" if group == "/" and key in HEADER_VALUES else
                  "counter" if group == "state" else
-                 "json_attr" if key.endswith("_json") or key in ("lost",) else
+                 "json_attr" if key.endswith("_json") or key in ("lost", "config_settings") else
                  "root_attr" if group == "/" else
                  "config_attr" if group == "config" else "other_attr")
         cats["attr_delete"].append({"op": "attr_delete", "group": group, "key": key})

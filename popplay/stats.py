@@ -55,8 +55,8 @@ def score_interval(wins: float | np.ndarray, draws: float | np.ndarray, losses: 
     """An interval of a score (wins + draws/2)/games that counts the spread draws do not
     add: the normal interval of the mean per-game score (1, ½, 0) with the per-game
     variance estimated from the games, after adding one win and one loss (so that a
-    run of draws alone, or of wins alone, still gets a width; Agresti and Caffo's
-    "add successes and failures" for a three-way outcome). Where most games are
+    run of draws alone, or of wins alone, still gets a width; in the spirit of
+    Agresti and Coull's added successes and failures, here one of each). Where most games are
     drawn it is much narrower than :func:`wilson_interval`, which prices every draw as
     a coin flip; with no draws the two nearly agree. Clipped to [0, 1].
 

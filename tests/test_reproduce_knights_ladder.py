@@ -31,6 +31,7 @@ def test_every_setting_is_on_the_ladder_with_its_slope_and_its_best_agent_agains
         assert group.attrs["confirmed_games"] == 40
         assert 0.0 <= group.attrs["confirmed_ci95_low"] <= group.attrs["confirmed_best"] \
             <= group.attrs["confirmed_ci95_high"] <= 1.0
+        assert 0.0 <= group.attrs["confirmed_score_ci95_low"] < group.attrs["confirmed_score_ci95_high"] <= 1.0
         assert group.attrs["command"].startswith("popplay train knights --agents 8 --episodes 30")
     assert "--hidden 32" in data.groups["d-0"].attrs["command"] and "--league 4" in data.groups["c-0"].attrs["command"]
     assert "--replicate-every 5" in data.groups["b-0"].attrs["command"]  # tiny's schedule, so that it happens

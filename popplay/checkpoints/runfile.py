@@ -458,7 +458,7 @@ def known_settings(attrs: dict[str, Any]) -> frozenset[str] | None:
     text = attrs["config_settings"]
     try:
         names = json.loads(text.decode() if isinstance(text, bytes) else str(text))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         names = None
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise ValueError("config_settings is not a list of setting names")

@@ -169,6 +169,7 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
                             params=experiment.params, seed=seed + CONFIRM_SEED_OFFSET)
         held_games = float(held.wins[0] + held.draws[0] + held.losses[0])
         held_low, held_high = stats.wilson_interval(held.wins[0] + 0.5 * held.draws[0], held_games)
+        held_score_low, held_score_high = stats.score_interval(held.wins[0], held.draws[0], held.losses[0])
         arrays = {k: np.asarray(v, dtype=np.int64 if k == "episode" else np.float64) for k, v in rows.items()}
         trend = slope(arrays["seconds"], arrays["elo_mean"])
         ctx.note(f"knights_ladder: setting {setting}, seed {seed}: final ladder Elo mean "
@@ -185,7 +186,8 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
             "versus_search_ci95_low": float(low), "versus_search_ci95_high": float(high),
             "versus_search_games": int(games), "versus_search_mean": float(np.mean(versus.score)),
             "confirmed_best": float(held.score[0]), "confirmed_ci95_low": float(held_low),
-            "confirmed_ci95_high": float(held_high), "confirmed_games": int(held_games)})
+            "confirmed_ci95_high": float(held_high), "confirmed_games": int(held_games),
+            "confirmed_score_ci95_low": float(held_score_low), "confirmed_score_ci95_high": float(held_score_high)})
 
     key = f"knights_ladder/{scale.name}/{seed}/{setting}/{ctx.backend.name}/{ctx.backend.device}"
     return ctx.memo(key, make)
@@ -199,6 +201,7 @@ def compute(ctx: Context) -> FigureData:
                              "seconds": scale.seconds if scale.seconds is not None else np.nan,
                              "episodes": scale.episodes, "eval_every": scale.eval_every,
                              "eval_games": scale.eval_games, "final_games": scale.final_games,
+                             "confirm_games": scale.confirm_games,
                              "opponent": OPPONENT, "goal": GOAL, "backend": ctx.backend.name,
                              "device": ctx.backend.device})
     for setting in SETTINGS:
@@ -237,8 +240,13 @@ def draw(data: FigureData, fig: Any) -> None:
     final.errorbar(x, score, yerr=[score - low, high - score], fmt="none", ecolor="black", capsize=3)
     held = np.array([float(data.groups[n].attrs.get("confirmed_best", np.nan)) for n in names])
     if np.isfinite(held).any():  # the same agent on held-out games: no selection in it
-        held_low = np.array([float(data.groups[n].attrs.get("confirmed_ci95_low", np.nan)) for n in names])
-        held_high = np.array([float(data.groups[n].attrs.get("confirmed_ci95_high", np.nan)) for n in names])
+        # the draw-aware interval where the group has it (most games against the search are drawn)
+        held_low = np.array([float(data.groups[n].attrs.get("confirmed_score_ci95_low",
+                                                             data.groups[n].attrs.get("confirmed_ci95_low", np.nan)))
+                             for n in names])
+        held_high = np.array([float(data.groups[n].attrs.get("confirmed_score_ci95_high",
+                                                              data.groups[n].attrs.get("confirmed_ci95_high", np.nan)))
+                              for n in names])
         final.errorbar(x + 0.25, held, yerr=[held - held_low, held_high - held], fmt="D", color="black",
                        markersize=4, capsize=2, label="that agent on held-out games")
     final.axhline(float(a["goal"]), color="tab:red", linestyle="--", linewidth=1.0, label=f"goal {a['goal']}")
@@ -277,7 +285,9 @@ def summary(data: FigureData) -> dict[str, Any]:
                      # figures computed before the held-out games (cached) have none
                      "confirmed_best": _number(g.get("confirmed_best", np.nan), 4),
                      "confirmed_ci95": [_number(g.get("confirmed_ci95_low", np.nan), 4),
-                                        _number(g.get("confirmed_ci95_high", np.nan), 4)]}
+                                        _number(g.get("confirmed_ci95_high", np.nan), 4)],
+                     "confirmed_score_ci95": [_number(g.get("confirmed_score_ci95_low", np.nan), 4),
+                                              _number(g.get("confirmed_score_ci95_high", np.nan), 4)]}
     return out
 
 

@@ -116,7 +116,8 @@ class RunWriter:
             results=results, result_attrs={**metrics, "events_json": self.events},
             # config_settings: every setting this version has, so a reader refuses a file
             # that lacks one of them instead of filling it in with a default, and still
-            # defaults a setting added after the file was written
+            # defaults a setting added after the file was written (config_complete stays
+            # for readers that predate the list)
             attrs={"learning_seconds": learning_seconds, "phases": len(curve), "config_complete": True,
                    "config_settings": json.dumps(sorted(self.config)), **self.provenance},
             complete=complete,
