@@ -128,7 +128,11 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
         assert run["topology_produced_checksum"] == run["topology_reads_checksum"]
         assert run["topology_learners_identical"] == 1
         reads = [int(v) for v in run["topology_reads_by_learner"].split(",")]
-        assert len(reads) == 2 and min(reads) > 0  # both learners stored and trained
+        # Both learners report; which one reads an episode is timing (an idle learner takes
+        # trajectories of another's actors, and DDPG's one actor belongs to learner 1), so
+        # with three episodes one may read them all (it did, once, under CI's load). That
+        # both trained is the identical networks above and the updates below.
+        assert len(reads) == 2 and sum(reads) == run["episodes"]
         # One update per env-step once 200 were stored, the round that crossed that
         # included (its first episode is 200 steps): every step was paid for.
         assert run["updates"] == steps
