@@ -231,15 +231,16 @@ def main(argv: list[str] | None = None) -> None:
                                                    else "knights_ladder.json"))
     if args.confirm_runs:
         args.confirm_runs = [p.strip() for p in args.confirm_runs.split(",") if p.strip()]
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(confirm_runs(args), indent=2))
-        return
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.settings = [s.strip() for s in args.settings.split(",")]
-    args.eval_every = eval_schedule(args.eval_every, args.settings)
-    report = run_study(args)
+        report = confirm_runs(args)
+    else:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.settings = [s.strip() for s in args.settings.split(",")]
+        args.eval_every = eval_schedule(args.eval_every, args.settings)
+        report = run_study(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
+    if args.confirm_runs:
+        return
     try:
         plot(report, Path(args.out).with_suffix(".png"))
     except ImportError:

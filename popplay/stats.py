@@ -50,6 +50,13 @@ def wilson_interval(successes: float | np.ndarray, trials: float | np.ndarray, z
     return low, high
 
 
+def wilson_score_interval(wins: float | np.ndarray, draws: float | np.ndarray, losses: float | np.ndarray,
+                          z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`wilson_interval` of a score (wins + draws/2)/games, a draw half a success."""
+    w, d = np.asarray(wins, dtype=np.float64), np.asarray(draws, dtype=np.float64)
+    return wilson_interval(w + 0.5 * d, w + d + np.asarray(losses, dtype=np.float64), z)
+
+
 def score_interval(wins: float | np.ndarray, draws: float | np.ndarray, losses: float | np.ndarray,
                    z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
     """An interval of a score (wins + draws/2)/games that counts the spread draws do not

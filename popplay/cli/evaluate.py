@@ -151,8 +151,7 @@ def _evaluate_knights(run: Path, stored: Any, params: Any, state: Any, opponent:
 
     games = _even_games_that_fit(len(state.agent_id), games)
     q = quality(state.networks, opponent.value, games, params=params, seed=seed)
-    played = q.wins + q.draws + q.losses
-    low, high = stats.wilson_interval(q.wins + 0.5 * q.draws, played)
+    low, high = stats.wilson_score_interval(q.wins, q.draws, q.losses)
     # narrower where most games are drawn: a draw adds no spread (Wilson prices it as a coin flip)
     score_low, score_high = stats.score_interval(q.wins, q.draws, q.losses)
     per_agent = [{**who, "quality": float(q.score[i]),

@@ -164,11 +164,11 @@ def learn(ctx: Context, scale: LadderScale, setting: str, seed: int) -> Group:
         versus = experiment.evaluate(result.state, scale.final_games, (OPPONENT,))[OPPONENT]
         best = int(np.argmax(versus.score))
         games = float(versus.wins[best] + versus.draws[best] + versus.losses[best])
-        low, high = stats.wilson_interval(versus.wins[best] + 0.5 * versus.draws[best], games)
+        low, high = stats.wilson_score_interval(versus.wins[best], versus.draws[best], versus.losses[best])
         held = bots.quality(result.state.networks.take([best]), OPPONENT, scale.confirm_games,
                             params=experiment.params, seed=seed + CONFIRM_SEED_OFFSET)
         held_games = float(held.wins[0] + held.draws[0] + held.losses[0])
-        held_low, held_high = stats.wilson_interval(held.wins[0] + 0.5 * held.draws[0], held_games)
+        held_low, held_high = stats.wilson_score_interval(held.wins[0], held.draws[0], held.losses[0])
         held_score_low, held_score_high = stats.score_interval(held.wins[0], held.draws[0], held.losses[0])
         arrays = {k: np.asarray(v, dtype=np.int64 if k == "episode" else np.float64) for k, v in rows.items()}
         trend = slope(arrays["seconds"], arrays["elo_mean"])
@@ -240,13 +240,12 @@ def draw(data: FigureData, fig: Any) -> None:
     final.errorbar(x, score, yerr=[score - low, high - score], fmt="none", ecolor="black", capsize=3)
     held = np.array([float(data.groups[n].attrs.get("confirmed_best", np.nan)) for n in names])
     if np.isfinite(held).any():  # the same agent on held-out games: no selection in it
-        # the draw-aware interval where the group has it (most games against the search are drawn)
-        held_low = np.array([float(data.groups[n].attrs.get("confirmed_score_ci95_low",
-                                                             data.groups[n].attrs.get("confirmed_ci95_low", np.nan)))
-                             for n in names])
-        held_high = np.array([float(data.groups[n].attrs.get("confirmed_score_ci95_high",
-                                                              data.groups[n].attrs.get("confirmed_ci95_high", np.nan)))
-                              for n in names])
+        def bound(n: str, side: str) -> float:  # draw-aware where the group has it (most games are drawn)
+            g = data.groups[n].attrs
+            return float(g.get(f"confirmed_score_ci95_{side}", g.get(f"confirmed_ci95_{side}", np.nan)))
+
+        held_low = np.array([bound(n, "low") for n in names])
+        held_high = np.array([bound(n, "high") for n in names])
         final.errorbar(x + 0.25, held, yerr=[held - held_low, held_high - held], fmt="D", color="black",
                        markersize=4, capsize=2, label="that agent on held-out games")
     final.axhline(float(a["goal"]), color="tab:red", linestyle="--", linewidth=1.0, label=f"goal {a['goal']}")
