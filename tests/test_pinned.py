@@ -40,7 +40,8 @@ ADDED["knights"] = {"dtype", "alpha_half_life", "league", "league_fraction", "le
                     "replicate_when", "replicate_confidence", "state/league_score", "lookahead", "hidden2", "td_leaf",
                     "mutate_lookahead", "state/plies", "state/snapshot_plies", "state/lineage_plies",
                     "eval_every_seconds", "start_width", "mutate_width", "state/lineage_width",
-                    "state/half_life", "state/lineage_half_life"}
+                    "state/half_life", "state/lineage_half_life",
+                    "start_width2", "mutate_width2", "state/lineage_width2"}
 #: Every run's config records whether its torch engine was compiled (the default became:
 #: on CUDA only; the deep agents never are).
 for _name, *_ in commands.COMMANDS:

@@ -22,7 +22,7 @@ from popplay.core.backend import Backend
 from popplay.core.errors import UsageError
 from popplay.core.limits import MemoryLimitError, check_fits
 from popplay.games.knights import games_bytes
-from popplay.games.knights.rules import MCTS_PLAYOUTS, unit_widths
+from popplay.games.knights.rules import MCTS_PLAYOUTS, unit_widths, unit_widths2
 
 #: The knights benchmark players, weakest first (popplay.games.knights.opponents).
 Opponent = Enum("Opponent", {name: name for name in
@@ -253,12 +253,12 @@ def _one_agent(state: Any, slot: int) -> Any:
 
 def _agents(state: Any, first: int = 0) -> list[dict[str, Any]]:
     """Who each knights agent is: slot (``first`` for the state's first agent), lineage id,
-    chooser depth, first-layer units on and step-size half-life (files written before
-    per-agent half-lives: None)."""
-    widths = unit_widths(state.networks)
+    chooser depth, units on in each hidden layer (second: 0 without one) and step-size
+    half-life (files written before per-agent half-lives: None)."""
+    widths, widths2 = unit_widths(state.networks), unit_widths2(state.networks)
     half_lives = state.half_life if state.half_life is not None else [None] * len(widths)
     return [{"agent": first + i, "agent_id": int(state.agent_id[i]), "lookahead": int(state.plies[i]),
-             "width": int(widths[i]), "half_life": None if h is None else float(h)}
+             "width": int(widths[i]), "width2": int(widths2[i]), "half_life": None if h is None else float(h)}
             for i, h in enumerate(half_lives)]
 
 

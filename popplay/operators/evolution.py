@@ -42,6 +42,7 @@ _SLOT_WEIGHT_NOISE = 2
 _SLOT_SWITCHES = 3
 _SLOT_WIDTH = 4
 _SLOT_GROWTH = 5
+_SLOT_WIDTH2 = 6
 
 
 def replacement_count(agents: int, fraction: float) -> int:
@@ -248,16 +249,20 @@ def switches(seed: int, generation: int, agent_ids: np.ndarray, probability: flo
 
 
 def width_changes(seed: int, generation: int, agent_ids: np.ndarray, probability: float,
-                  widths: np.ndarray, most: int) -> np.ndarray:
+                  widths: np.ndarray, most: int, *, layer: int = 1) -> np.ndarray:
     """New widths: each agent id's width halved or doubled (even odds) with
-    ``probability``, within [1, ``most``], from its own stream; shaped like ``agent_ids``."""
+    ``probability``, within [1, ``most``], from its own stream (one per hidden
+    ``layer``, 1 or 2, so the two layers' changes are independent); shaped like
+    ``agent_ids``."""
+    if layer not in (1, 2):
+        raise ValueError(f"layer must be 1 or 2 (got {layer})")
     if not 0.0 <= probability <= 1.0:
         raise ValueError(f"probability must lie in [0, 1] (got {probability})")
     agent_ids = np.asarray(agent_ids, dtype=np.int64)
     widths = np.asarray(widths, dtype=np.int64).reshape(agent_ids.shape)
     if probability == 0.0 or agent_ids.size == 0:
         return widths.copy()
-    _, _, words = _words(seed, generation, agent_ids, _SLOT_WIDTH, 2)
+    _, _, words = _words(seed, generation, agent_ids, _SLOT_WIDTH if layer == 1 else _SLOT_WIDTH2, 2)
     change = _uniform(words[:, 0]) < probability
     grow = _uniform(words[:, 1]) < 0.5
     changed = np.clip(np.where(grow, 2 * widths.ravel(), widths.ravel() // 2), 1, most)

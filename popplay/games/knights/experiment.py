@@ -164,7 +164,7 @@ class KnightsExperiment:
         self.backend.synchronize()
         change = self.step_sizes(state)[:, None] * played.delta[:p.agents]  # league members never learn
         if p.widths_vary:  # a switched-off unit stays off: its weights never learn
-            change[game.unit_parameters(game.off_units(state.networks), p.inputs, p.hidden2)] = 0.0
+            change[game.frozen_parameters(state.networks, p.inputs)] = 0.0
         flat = game.pack(state.networks) + change
         nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2)
         sign = np.where(self.home_side == 0, 1, -1)
@@ -284,21 +284,22 @@ class KnightsExperiment:
         if not len(children):
             return state._replace(fitness=fitness)
         parent_ids = state.agent_id[parents]
-        widths = game.unit_widths(state.networks)
+        widths, widths2 = game.unit_widths(state.networks), game.unit_widths2(state.networks)
         ids, child_ids = state.lineage.replace(
             generation, state.agent_id, parents, children,
             values={"alpha": state.alpha[parents], "lam": state.lam[parents], "epsilon": state.epsilon[parents],
-                    "plies": state.plies[parents], "width": widths[parents],
+                    "plies": state.plies[parents], "width": widths[parents], "width2": widths2[parents],
                     "half_life": state.half_life[parents]})
         flat = evo.replicate(flat, parents, children, out=flat)
         alpha, lam, epsilon, plies, half_life = (evo.replicate(getattr(state, name), parents, children)
                                                  for name in (*_VARIED, "plies", "half_life"))
-        widths = evo.replicate(widths, parents, children)
-        if p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0 or p.mutate_width > 0.0:
+        widths, widths2 = evo.replicate(widths, parents, children), evo.replicate(widths2, parents, children)
+        if (p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0 or p.mutate_width > 0.0
+                or p.mutate_width2 > 0.0):
             switch = evo.switches(p.seed, generation, child_ids, p.mutate_lookahead)
             plies[children] = np.where(switch, 3 - plies[children], plies[children])  # 1 <-> 2
-            flat[children], widths[children] = self._vary_widths(flat[children], widths[children], generation,
-                                                                 child_ids)
+            flat[children], widths[children], widths2[children] = self._vary_widths(
+                flat[children], widths[children], widths2[children], generation, child_ids)
             # the half-life's factor is a fourth word: α's, λ's and ε's are those of runs before it
             factors = evo.vary_factors(p.seed, generation, child_ids, (*_VARIED, "half_life"), p.mutate_params)
             alpha = evo.multiply_at(alpha, children, factors["alpha"], out=alpha)
@@ -308,34 +309,41 @@ class KnightsExperiment:
             epsilon = evo.multiply_at(epsilon, children, factors["epsilon"], low=0.0, high=1.0, out=epsilon)
             noise = evo.gaussian_noise(p.seed, generation, child_ids, flat.shape[1], p.mutate_weights)
             if p.widths_vary:  # noise would switch a unit back on
-                off = game.off_units(game.unpack(flat[children], p.inputs, p.hidden, p.hidden2))
-                noise[game.unit_parameters(off, p.inputs, p.hidden2)] = 0.0
+                noise[game.frozen_parameters(game.unpack(flat[children], p.inputs, p.hidden, p.hidden2),
+                                             p.inputs)] = 0.0
             flat = evo.add_at(flat, children, noise, out=flat)
             state.lineage.record(generation, "mutation", child_ids, parents=parent_ids, slots=children,
                                  values={"alpha": alpha[children], "lam": lam[children],
                                          "epsilon": epsilon[children], "noise": p.mutate_weights,
                                          "plies": plies[children], "width": widths[children],
-                                         "half_life": half_life[children]})
+                                         "width2": widths2[children], "half_life": half_life[children]})
         nets = game.unpack(flat, p.inputs, p.hidden, p.hidden2).choosing(plies)
         return state.with_networks(nets, alpha=alpha, lam=lam, epsilon=epsilon, agent_id=ids, fitness=fitness,
                                    half_life=half_life)
 
-    def _vary_widths(self, flat: np.ndarray, widths: np.ndarray, generation: int,
-                     child_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copies' networks and widths after ``--mutate-width``: a copy that narrows
-        switches its last units off; one that widens switches the next units on with
-        input weights drawn as a founder's (uniform on ±``--init-scale``, from its own
-        stream) and zero output weights, so it plays exactly as before until it learns."""
+    def _vary_widths(self, flat: np.ndarray, widths: np.ndarray, widths2: np.ndarray, generation: int,
+                     child_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies' networks and widths (both hidden layers) after ``--mutate-width`` and
+        ``--mutate-width2``: a copy that narrows a layer switches its last units off; one
+        that widens switches the next units on with input weights drawn as a founder's
+        (uniform on ±``--init-scale``, from its own stream) and zero output weights, so
+        it plays exactly as before until it learns."""
         p = self.params
         new = evo.width_changes(p.seed, generation, child_ids, p.mutate_width, widths, p.hidden)
-        if np.array_equal(new, widths):
-            return flat, widths
+        new2 = evo.width_changes(p.seed, generation, child_ids, p.mutate_width2, widths2, p.hidden2, layer=2)
+        if np.array_equal(new, widths) and np.array_equal(new2, widths2):
+            return flat, widths, widths2
         units = np.arange(p.hidden)[None, :]
-        grown = (units >= widths[:, None]) & (units < new[:, None])
-        incoming = game.unit_parameters(grown, p.inputs, p.hidden2, incoming_only=True)
+        incoming = game.unit_parameters((units >= widths[:, None]) & (units < new[:, None]), p.inputs, p.hidden2,
+                                        incoming_only=True)
+        if p.hidden2:
+            units2 = np.arange(p.hidden2)[None, :]
+            # weights from first-layer units that are off come out zero again in with_widths
+            incoming |= game.unit_parameters2((units2 >= widths2[:, None]) & (units2 < new2[:, None]), p.inputs,
+                                              p.hidden, incoming_only=True)
         fresh = evo.uniform_values(p.seed, generation, child_ids, flat.shape[1], p.init_scale)
         flat = np.where(incoming, fresh, flat)
-        return game.with_widths(flat, new, p.inputs, p.hidden, p.hidden2), new
+        return game.with_widths(flat, new, p.inputs, p.hidden, p.hidden2, new2), new, new2
 
     def fitness(self, state: KnightsState, flat: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """What selection ranks by (NaN for agents that may not be parents).
@@ -430,6 +438,9 @@ class KnightsExperiment:
         if p.widths_vary:  # the widths selection keeps, in the curves and the console
             widths = game.unit_widths(state.networks)
             metrics["width_mean"], metrics["width_max"] = float(widths.mean()), float(widths.max())
+        if p.widths2_vary:
+            widths2 = game.unit_widths2(state.networks)
+            metrics["width2_mean"], metrics["width2_max"] = float(widths2.mean()), float(widths2.max())
         first = {name: metrics.pop(name) for name in ("quality", "quality_se") if name in metrics}
         return {**first, **metrics}
 
@@ -483,7 +494,7 @@ class KnightsExperiment:
         state.lineage.record(state.episode, "reset", new, replaced=old, slots=slots,
                              values={"alpha": p.alpha, "lam": p.lam, "epsilon": p.epsilon,
                                      "plies": state.plies[slots], "width": p.start_width or p.hidden,
-                                     "half_life": p.alpha_half_life})
+                                     "width2": p.start_width2 or p.hidden2, "half_life": p.alpha_half_life})
         return [f"episode {state.episode}: agent {int(o)} (slot {a}) had non-finite weights; it was reset to "
                 f"fresh initial weights as agent {int(n)}" for o, a, n in zip(old, slots, new)]
 
@@ -581,7 +592,8 @@ class KnightsExperiment:
             raise ValueError(f"state fitness has shape {fitness.shape}, expected ({a},)")
         columns = {name[len(_LINEAGE_PREFIX):]: value for name, value in arrays.items()
                    if name.startswith(_LINEAGE_PREFIX)}
-        for name in ("plies", "width", "half_life"):  # written before depths (widths, half-lives) were recorded
+        # written before depths (widths, half-lives, second-layer widths) were recorded
+        for name in ("plies", "width", "half_life", "width2"):
             if columns and name not in columns and "agent" in columns:
                 columns[name] = np.full(np.asarray(columns["agent"]).reshape(-1).shape, np.nan)
         if columns:
@@ -589,13 +601,13 @@ class KnightsExperiment:
             if values["agent_id"].size and values["agent_id"].max() >= lineage.next_id:
                 raise ValueError("state agent_id holds ids the lineage never handed out")
         else:
+            nets = game.Networks(values["w1"], values["b1"], values["w2"], values["b2"], values.get("wm"),
+                                 values.get("bm"))
             lineage = evo.Lineage.start(values["agent_id"], LINEAGE_PARAMETERS,
                                         {"alpha": values["alpha"], "lam": values["lam"],
                                          "epsilon": values["epsilon"], "plies": values["plies"],
-                                         "half_life": values["half_life"],
-                                         "width": game.unit_widths(game.Networks(
-                                             values["w1"], values["b1"], values["w2"], values["b2"],
-                                             values.get("wm"), values.get("bm")))})
+                                         "half_life": values["half_life"], "width": game.unit_widths(nets),
+                                         "width2": game.unit_widths2(nets)})
         # Run files written before the league existed have no league scores: 0.5 each.
         league_score = np.array(arrays.get("league_score", np.full(len(snaps), 0.5)), dtype=np.float64)
         if league_score.shape != (len(snaps),):

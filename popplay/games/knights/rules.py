@@ -139,6 +139,9 @@ class KnightsParams:
                                  "off unit has every weight into and out of it zero and never learns, so the "
                                  "agent is a network of that width; the engines still compute --hidden units.",
                               min=0, max=1024)
+    start_width2: int = option(0, "Second-layer units each agent starts with switched on, of --hidden2 (0: all; "
+                                  "needs --hidden2): as --start-width, for the second hidden layer.",
+                               min=0, max=1024)
     lookahead: int = option(1, "Plies the agents' move chooser looks ahead: 1 plays the after-state of highest V; "
                                "2 plays minimax over V (the move after which the opponent's best reply, valued "
                                "by the same network, is least good for it; taking the last piece wins at once). "
@@ -196,6 +199,9 @@ class KnightsParams:
                                       "units, within [1, --hidden] (new units start with small random input "
                                       "weights and zero output weights: the copy plays as its parent until it "
                                       "learns; 0: a copy keeps its parent's width).", min=0.0, max=1.0)
+    mutate_width2: float = option(0.0, "As --mutate-width, for the second hidden layer's switched-on units, within "
+                                       "[1, --hidden2], from a stream of its own (needs --hidden2).",
+                                  min=0.0, max=1.0)
     tournament_games: int = option(2, "Games per pair in the ranking round robin (half moving first); 0 ranks by "
                                       "the mean learning score since the last replication instead (no extra games).")
     tournament_pairing: str = option("uniform", "uniform: every pair of the ranking round robin plays "
@@ -226,6 +232,11 @@ class KnightsParams:
             (0 <= self.start_width <= self.hidden, "start_width",
              f"must lie in [0, --hidden = {self.hidden}] (0: every unit on)"),
             (0.0 <= self.mutate_width <= 1.0, "mutate_width", "must lie in [0, 1]"),
+            (0 <= self.start_width2 <= self.hidden2, "start_width2",
+             f"must lie in [0, --hidden2 = {self.hidden2}] (0: every unit on; a second layer needs --hidden2)"),
+            (0.0 <= self.mutate_width2 <= 1.0, "mutate_width2", "must lie in [0, 1]"),
+            (self.mutate_width2 == 0.0 or self.hidden2 > 0, "mutate_width2",
+             "varies the second hidden layer: add --hidden2"),
             (self.lookahead in (1, 2), "lookahead", "must be 1 or 2"),
             (not self.td_leaf or self.lookahead == 2 or self.mutate_lookahead > 0.0, "td_leaf",
              "learns from the leaves of a two-ply search: add --lookahead 2 (or --mutate-lookahead, so that "
@@ -269,8 +280,14 @@ class KnightsParams:
 
     @property
     def widths_vary(self) -> bool:
-        """Whether some agent may have first-layer units switched off (see :func:`off_units`)."""
-        return 0 < self.start_width < self.hidden or self.mutate_width > 0.0
+        """Whether some agent may have units switched off, in either hidden layer (see
+        :func:`off_units`, :func:`off_units2`)."""
+        return 0 < self.start_width < self.hidden or self.mutate_width > 0.0 or self.widths2_vary
+
+    @property
+    def widths2_vary(self) -> bool:
+        """Whether some agent may have second-layer units switched off."""
+        return 0 < self.start_width2 < self.hidden2 or self.mutate_width2 > 0.0
 
     def schedule_warnings(self) -> list[str]:
         """What an episode budget will not do that the settings ask for."""
@@ -612,9 +629,25 @@ def off_units(nets: Networks) -> np.ndarray:
     return (w1 == 0.0).all(axis=1) & (b1 == 0.0) & outgoing
 
 
+def off_units2(nets: Networks) -> np.ndarray:
+    """(agents, hidden2) bool: the second-layer units switched off, as :func:`off_units`
+    for the first layer (every weight into and out of them exactly zero); (agents, 0)
+    without a second layer."""
+    if nets.wm is None:
+        return np.zeros((nets.count, 0), dtype=bool)
+    wm, bm, w2 = np.asarray(nets.wm), np.asarray(nets.bm), np.asarray(nets.w2)
+    return (wm == 0.0).all(axis=1) & (bm == 0.0) & (w2 == 0.0)
+
+
 def unit_widths(nets: Networks) -> np.ndarray:
     """(agents,) int64: each network's first-layer units switched on."""
     off = off_units(nets)
+    return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
+
+
+def unit_widths2(nets: Networks) -> np.ndarray:
+    """(agents,) int64: each network's second-layer units switched on (0 without one)."""
+    off = off_units2(nets)
     return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
 
 
@@ -631,11 +664,37 @@ def unit_parameters(units: np.ndarray, inputs: int, hidden2: int = 0, *, incomin
     return pack(nets)
 
 
-def with_widths(flat: np.ndarray, widths: np.ndarray, inputs: int, hidden: int, hidden2: int = 0) -> np.ndarray:
-    """``flat`` (agents, P) with every first-layer unit from each row's width on switched
-    off (its weights zeroed); in place, returned."""
+def unit_parameters2(units2: np.ndarray, inputs: int, hidden: int, *, incoming_only: bool = False) -> np.ndarray:
+    """(agents, parameter_count) bool, in :func:`pack`'s order: the weights into and out
+    of the second-layer ``units2`` ((agents, hidden2) bool); only those into them with
+    ``incoming_only``."""
+    agents, hidden2 = units2.shape
+    nothing = np.zeros((agents, inputs, hidden), dtype=bool)
+    nets = Networks(nothing, nothing[:, 0], np.zeros_like(units2) if incoming_only else units2,
+                    np.zeros(agents, dtype=bool), np.broadcast_to(units2[:, None, :], (agents, hidden, hidden2)),
+                    units2)
+    return pack(nets)
+
+
+def frozen_parameters(nets: Networks, inputs: int) -> np.ndarray:
+    """(agents, parameter_count) bool: the weights of every switched-off unit, in either
+    hidden layer: what learning and weight noise must leave at exactly zero."""
+    frozen = unit_parameters(off_units(nets), inputs, nets.hidden2)
+    if nets.wm is not None:
+        frozen |= unit_parameters2(off_units2(nets), inputs, int(nets.b1.shape[1]))
+    return frozen
+
+
+def with_widths(flat: np.ndarray, widths: np.ndarray, inputs: int, hidden: int, hidden2: int = 0,
+                widths2: np.ndarray | None = None) -> np.ndarray:
+    """``flat`` (agents, P) with every first-layer unit from each row's width on (and,
+    given ``widths2``, every second-layer unit from its second-layer width on) switched
+    off, its weights zeroed; in place, returned."""
     beyond = np.arange(hidden)[None, :] >= np.asarray(widths)[:, None]
     flat[unit_parameters(beyond, inputs, hidden2)] = 0.0
+    if widths2 is not None and hidden2:
+        beyond2 = np.arange(hidden2)[None, :] >= np.asarray(widths2)[:, None]
+        flat[unit_parameters2(beyond2, inputs, hidden)] = 0.0
     return flat
 
 
@@ -811,18 +870,20 @@ class KnightsState(NamedTuple):
 # Parameters the lineage records for knights agents (values after each event;
 # ``noise``: the standard deviation of the weight noise a mutation added; ``plies``: the
 # agent's chooser depth; ``width``: its first-layer units switched on; ``half_life``: its
-# step-size schedule's, in episodes, 0 for none).
-LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies", "width", "half_life")
+# step-size schedule's, in episodes, 0 for none; ``width2``: its second-layer units
+# switched on, 0 without a second layer).
+LINEAGE_PARAMETERS = ("alpha", "lam", "epsilon", "noise", "plies", "width", "half_life", "width2")
 
 
 def founders(params: KnightsParams, agent_slots: np.ndarray) -> Networks:
     """The initial networks of ``agent_slots`` (also what a diverged agent is reset to):
-    :func:`init_networks`, with the units beyond ``--start-width`` switched off."""
+    :func:`init_networks`, with the units beyond ``--start-width`` (and
+    ``--start-width2``) switched off."""
     nets = init_networks(params.seed, agent_slots, params.inputs, params.hidden, params.init_scale, params.hidden2)
-    if not 0 < params.start_width < params.hidden:
+    if not (0 < params.start_width < params.hidden or 0 < params.start_width2 < params.hidden2):
         return nets
-    flat = with_widths(pack(nets), np.full(len(agent_slots), params.start_width), params.inputs, params.hidden,
-                       params.hidden2)
+    flat = with_widths(pack(nets), np.full(len(agent_slots), params.start_width or params.hidden), params.inputs,
+                       params.hidden, params.hidden2, np.full(len(agent_slots), params.start_width2 or params.hidden2))
     return unpack(flat, params.inputs, params.hidden, params.hidden2)
 
 
@@ -835,6 +896,7 @@ def initial_state(params: KnightsParams) -> KnightsState:
     lineage = Lineage.start(ids, LINEAGE_PARAMETERS, {"alpha": params.alpha, "lam": params.lam,
                                                       "epsilon": params.epsilon, "plies": params.lookahead,
                                                       "width": params.start_width or params.hidden,
+                                                      "width2": params.start_width2 or params.hidden2,
                                                       "half_life": params.alpha_half_life})
     state = KnightsState(
         np.ascontiguousarray(nets.w1), np.ascontiguousarray(nets.b1), np.ascontiguousarray(nets.w2),
