@@ -37,6 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(args[1:])
 
 
+def _leave(code: int) -> None:
+    """End the rank without the interpreter's finalization: gloo's C++ threads may still
+    hold objects whose destruction then needs a GIL being torn down, and abort (seen
+    under load: a worker of a finished parameter-server job killed by SIGABRT after the
+    run file was saved, which the launcher must report as a lost rank). Every file is
+    closed and the group left by now; only the standard streams need flushing."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
     _die_with_launcher()
-    sys.exit(main())
+    _leave(main())
