@@ -31,12 +31,13 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 def test_stronger_agents_on_two_ranks_equal_one_process(tmp_path: Path) -> None:
     """A second hidden layer, the two-ply chooser, TD-Leaf, a step-size schedule,
-    copies that switch their depth and agents of their own width are per-game choices of
+    copies that switch their depth and agents of their own widths (both layers) are per-game choices of
     the kernels and per-agent state: sharding the games changes nothing."""
     from popplay.cli.main import main
 
     args = [*TINY, "--hidden2", "3", "--lookahead", "2", "--td-leaf", "--alpha-half-life", "2",
-            "--mutate-lookahead", "0.5", "--start-width", "2", "--mutate-width", "0.5"]
+            "--mutate-lookahead", "0.5", "--start-width", "2", "--mutate-width", "0.5", "--start-width2", "2",
+            "--mutate-width2", "0.5"]
     one = tmp_path / "one.h5"
     assert main([*args, "--out", str(one)]) == 0
     out = tmp_path / "n2.h5"
