@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,25 @@ def test_parameter_server_sums_the_workers_gradients(jobs, tmp_path: Path) -> No
     assert summary["env_steps"] > 0 and networks is not None
 
 
+def _start_dqn(jobs, out: Path, topology: str, simulators: int, extra: dict[str, float]):
+    return jobs.start(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
+                       "--episodes", "10", "--out", str(out), "--json", *TINY], hooks=extra)
+
+
+@pytest.fixture(scope="module")
+def pipelined_run(tmp_path_factory) -> Iterator[tuple[Path, tuple[int, str, str]]]:
+    """The pipelined job of the test below and how it ended: its run file is also the
+    one test_a_multi_rank_run_resumes continues, so its ranks start once for both."""
+    from tests.conftest import Jobs
+
+    out = tmp_path_factory.mktemp("pipelined") / "pipelined.h5"
+    jobs = Jobs()
+    try:
+        yield out, jobs.finish(_start_dqn(jobs, out, "pipelined", 1, {}))
+    finally:
+        jobs.close()
+
+
 @pytest.mark.parametrize("topology,simulators,extra", [
     ("pipelined", 1, {}),
     ("collective", 2, {}),
@@ -64,21 +84,23 @@ def test_parameter_server_sums_the_workers_gradients(jobs, tmp_path: Path) -> No
     # nobody) in one run: each process spends most of its time asleep.
     ("async", 2, {"slow_simulator": 0.05, "slow_learner": 0.01}),
 ])
-def test_learner_receives_exactly_what_the_simulators_produced(jobs, tmp_path: Path, topology: str, simulators: int,
-                                                               extra: dict[str, float]) -> None:
-    out = tmp_path / f"{topology}.h5"
-    process = jobs.start(["train", "dqn", "--topology", topology, "--simulators", str(simulators), "--sync-every", "2",
-                        "--episodes", "10", "--out", str(out), "--json", *TINY], hooks=extra)
-    seen: set[str] = set()
-    if "slow_simulator" in extra:
-        roles = {"learner", "simulator 1", "simulator 2"}
-        deadline = time.monotonic() + 30
-        # Wait for all three: each rank names itself once it has started, in no set order.
-        while process.poll() is None and time.monotonic() < deadline and not roles <= seen:
-            seen |= _comms()
-            time.sleep(0.1)
-        assert roles <= seen  # roles visible to ps -e / pgrep
-    code, stdout, err = jobs.finish(process)
+def test_learner_receives_exactly_what_the_simulators_produced(jobs, tmp_path: Path, request, topology: str,
+                                                               simulators: int, extra: dict[str, float]) -> None:
+    if topology == "pipelined":
+        out, (code, stdout, err) = request.getfixturevalue("pipelined_run")
+    else:
+        out = tmp_path / f"{topology}.h5"
+        process = _start_dqn(jobs, out, topology, simulators, extra)
+        seen: set[str] = set()
+        if "slow_simulator" in extra:
+            roles = {"learner", "simulator 1", "simulator 2"}
+            deadline = time.monotonic() + 30
+            # Wait for all three: each rank names itself once it has started, in no set order.
+            while process.poll() is None and time.monotonic() < deadline and not roles <= seen:
+                seen |= _comms()
+                time.sleep(0.1)
+            assert roles <= seen  # roles visible to ps -e / pgrep
+        code, stdout, err = jobs.finish(process)
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["backend"] == "gloo" and summary["ranks"] == simulators + 1 and summary["topology"] == topology
@@ -144,16 +166,17 @@ def test_a_killed_simulator_ends_the_job_with_one_line(jobs, tmp_path: Path) -> 
     assert load_run(out).domain == "dqn"  # the last checkpoint is intact
 
 
-def test_a_multi_rank_run_resumes(jobs, tmp_path: Path) -> None:
+def test_a_multi_rank_run_resumes(jobs, tmp_path: Path, pipelined_run) -> None:
     """The launcher reads the run file to learn its layout, then leaves the lock to rank 0
     (it used to keep it, and rank 0 was refused)."""
-    out = tmp_path / "p.h5"
-    first = jobs.start(["train", "dqn", "--topology", "pipelined", "--episodes", "3", "--out", str(out), "--json",
-                      *TINY])
-    code, _, err = jobs.finish(first)
+    import shutil
+
+    first, (code, _, err) = pipelined_run
     assert code == 0, err
-    again = jobs.start(["train", "dqn", "--resume", str(out), "--episodes", "6", "--json"])
+    out = tmp_path / "p.h5"
+    shutil.copy(first, out)  # the other test reads the original
+    again = jobs.start(["train", "dqn", "--resume", str(out), "--episodes", "13", "--json"])
     code, stdout, err = jobs.finish(again)
     assert code == 0, err
     summary = json.loads(stdout.strip().splitlines()[-1])
-    assert summary["episodes"] == 6 and summary["ranks"] == 2 and load_run(out).state_counters["episodes"] == 6
+    assert summary["episodes"] == 13 and summary["ranks"] == 2 and load_run(out).state_counters["episodes"] == 13

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests._dist_helpers import assert_same_run, popplay
+from tests._dist_helpers import ROOT, WAIT, assert_same_run, popplay
 
 # Real ranks on gloo: `pytest -m "not procs"` leaves them out for a fast loop.
 pytestmark = pytest.mark.procs
@@ -24,17 +27,27 @@ def _single(tmp_path: Path, name: str, *extra: str) -> Path:
     return out
 
 
-def test_two_and_four_ranks_equal_one_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def sharded_default_out(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """TINY with per-agent static streams on 2 ranks, started without --out in a directory
+    of its own: one start serves the comparison with one process and the check of the
+    latest link it makes (each start of ranks costs seconds on two cores)."""
+    cwd = tmp_path_factory.mktemp("default-out")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "popplay", *TINY, "--differentiation", "bias", "--nproc", "2",
+                           "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    return cwd, done
+
+
+def test_two_and_four_ranks_equal_one_process(tmp_path: Path, sharded_default_out) -> None:
     extra = ["--differentiation", "bias"]  # per-agent static streams: the layout-sensitive case
     one = _single(tmp_path, "one.h5", *extra)
-    for n in (2,):  # four ranks of the agent layout: test_two_and_four_ranks_equal_one_process
-        out = tmp_path / f"n{n}.h5"
-        done = popplay(*TINY, *extra, "--nproc", str(n), "--out", str(out), "--json")
-        assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stdout.strip().splitlines()[-1])
-        assert summary["world_size"] == n
-        data = assert_same_run(one, out)
-        assert np.count_nonzero(data["state/q"]) > 0  # the comparison is not of empty tables
+    cwd, done = sharded_default_out
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2
+    data = assert_same_run(one, cwd / "runs" / "latest-bandit.h5")
+    assert np.count_nonzero(data["state/q"]) > 0  # the comparison is not of empty tables
 
 
 def test_trials_split_over_ranks_equal_one_process(tmp_path: Path) -> None:
@@ -139,17 +152,8 @@ def test_time_budget_ends_every_rank_after_the_same_phase(tmp_path: Path, trials
     assert_same_run(steps, out)
 
 
-def test_a_sharded_run_with_the_default_out_says_which_latest_link_it_made(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    from tests._dist_helpers import ROOT, WAIT
-
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "popplay", *TINY, "--nproc", "2"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=WAIT)
-    assert done.returncode == 0, done.stderr
-    link = tmp_path / "runs" / "latest-bandit.h5"
-    assert link.is_symlink() and (tmp_path / "runs" / os.readlink(link)).is_file()
+def test_a_sharded_run_with_the_default_out_says_which_latest_link_it_made(sharded_default_out) -> None:
+    cwd, done = sharded_default_out
+    link = cwd / "runs" / "latest-bandit.h5"
+    assert link.is_symlink() and (cwd / "runs" / os.readlink(link)).is_file()
     assert f"runs/latest-bandit.h5 links to {os.readlink(link)}" in done.stderr

@@ -17,16 +17,30 @@ TINY = ["train", "cartpole", "--agents", "8", "--trials", "2", "--agent-steps", 
         "--test-steps", "50", "--test-starts", "2", "--seed", "3"]
 
 
-def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """TINY in this process: the run every layout below must equal bit for bit (read only)."""
     from popplay.cli.main import main
 
-    one = tmp_path / "one.h5"
+    one = tmp_path_factory.mktemp("one") / "one.h5"
     assert main([*TINY, "--out", str(one), "--json"]) == 0
-    out = tmp_path / "n4.h5"
+    return one
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> tuple[Path, dict]:
+    """TINY on 4 ranks (the agent layout) and its summary: started once for the two
+    tests that compare it, each 4-rank start costing seconds on two cores."""
+    out = tmp_path_factory.mktemp("n4") / "n4.h5"
     done = popplay(*TINY, "--nproc", "4", "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 4
-    data = assert_same_run(one, out)
+    return out, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_four_ranks_equal_one_process(one_process: Path, four_ranks: tuple[Path, dict]) -> None:
+    out, summary = four_ranks
+    assert summary["world_size"] == 4
+    data = assert_same_run(one_process, out)
     # Selection copied and mutated agents (the lineage says so): replication really ran.
     from popplay.operators.evolution import EVENTS
 
@@ -34,47 +48,44 @@ def test_four_ranks_equal_one_process(tmp_path: Path) -> None:
     assert {EVENTS["copy"], EVENTS["mutation"]} <= events
 
 
-def test_two_ranks_take_whole_trials_and_equal_one_process(tmp_path: Path) -> None:
+def test_two_ranks_take_whole_trials_and_equal_one_process(tmp_path: Path, one_process: Path,
+                                                             four_ranks: tuple[Path, dict]) -> None:
     """2 ranks divide the 2 trials: the trial layout (a rank holds its trials' tables
     only), with replication across the ranks' selections, bit for bit."""
-    from popplay.cli.main import main
-
-    one = tmp_path / "one.h5"
-    assert main([*TINY, "--out", str(one), "--json"]) == 0
     out = tmp_path / "n2.h5"
     done = popplay(*TINY, "--nproc", "2", "--out", str(out), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2
-    assert_same_run(one, out)
+    assert_same_run(one_process, out)
     # Only shared tables, failure counts and the save travel: far less than the
-    # agent layout's gathered tables (4 ranks of the same job, checked above).
-    four = popplay(*TINY, "--nproc", "4", "--out", str(tmp_path / "n4.h5"), "--json", "--overwrite")
-    assert four.returncode == 0, four.stderr
-    assert summary["comm_bytes"] * 4 < json.loads(four.stdout.strip().splitlines()[-1])["comm_bytes"]
+    # agent layout's gathered tables (4 ranks of the same job).
+    assert summary["comm_bytes"] * 4 < four_ranks[1]["comm_bytes"]
 
 
-def test_resume_moves_between_the_trial_and_the_agent_layout(tmp_path: Path) -> None:
-    """Half the run on 2 ranks (whole trials), the rest on 4 (blocks of agents); half on 4,
-    the rest in one process: both equal one process."""
+def test_resume_moves_between_the_trial_and_the_agent_layout(tmp_path: Path, one_process: Path) -> None:
+    """One run in three legs: 2 ranks (whole trials), then 4 (blocks of agents), then one
+    process (the file's layout is the whole population's, whoever wrote it). After each
+    resume the file equals one process's run to that point."""
     from popplay.cli.main import main
 
-    one = tmp_path / "one.h5"
-    assert main([*TINY, "--out", str(one), "--json"]) == 0
-    half = [a if a != "800" else "320" for a in TINY]
-    # 2 ranks (trials) -> 4 (agents), and 4 (agents) -> one process (in this one: the
-    # file's layout is the whole population's, whoever wrote it)
-    for first, second in (("2", "4"), ("4", "1")):
-        out = tmp_path / f"{first}{second}.h5"
-        done = popplay(*half, "--nproc", first, "--out", str(out))
-        assert done.returncode == 0, done.stderr
-        resume = ["train", "cartpole", "--resume", str(out), "--agent-steps", "800"]
-        if second == "1":
-            assert main(resume) == 0
-        else:
-            done = popplay(*resume, "--nproc", second)
-            assert done.returncode == 0, done.stderr
-        assert_same_run(one, out)
+    def budget(steps: str) -> list[str]:
+        return [a if a != "800" else steps for a in TINY]
+
+    # Every leg ends on a curve point (one each 160 steps here): a leg that ends between
+    # them adds a point of its own (its final evaluation), which the uninterrupted run lacks.
+    out = tmp_path / "run.h5"
+    done = popplay(*budget("320"), "--nproc", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    # 2 ranks (trials) -> 4 (agents)
+    done = popplay("train", "cartpole", "--resume", str(out), "--agent-steps", "480", "--nproc", "4")
+    assert done.returncode == 0, done.stderr
+    straight = tmp_path / "straight.h5"
+    assert main([*budget("480"), "--out", str(straight)]) == 0
+    assert_same_run(straight, out)
+    # 4 (agents) -> one process, in this one
+    assert main(["train", "cartpole", "--resume", str(out), "--agent-steps", "800"]) == 0
+    assert_same_run(one_process, out)
 
 
 def test_diverged_agents_and_trials_in_the_trial_layout_match_one_process(tmp_path: Path) -> None:

@@ -44,8 +44,12 @@ def _roles_running(marker: str) -> set[str]:
     return set(_gorila_ranks(marker))
 
 
-def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys):
-    out = tmp_path / "g.h5"
+@pytest.fixture(scope="module")
+def console_run(tmp_path_factory) -> dict:
+    """One ``popplay train gorila`` through the console script, with injected faults,
+    watched while it runs: the roles of its ranks and the addresses its launcher listens
+    on. Two tests read it, as a Gorila job starts five processes."""
+    out = tmp_path_factory.mktemp("console") / "g.h5"
     process = subprocess.Popen(
         ["popplay", "train", "gorila", "--env", "CartPole-v1", "--actors", "1", "--learners", "1", "--shards", "2",
          "--env-steps", "400", "--seed", "3", *TINY, "--out", str(out), "--json",
@@ -56,14 +60,31 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
         # computed is scaled by 1e30.
         env={**os.environ, variable("inject_stale_every"): "7", variable("inject_huge_every"): "11"})
     roles: set[str] = set()
+    listening: list[str] = []
     deadline = time.monotonic() + 150
-    while process.poll() is None and time.monotonic() < deadline:
-        roles |= _roles_running(str(out) + ".parts")
-        time.sleep(0.1)
-    stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    assert roles == {"shard 0", "shard 1", "learner 0", "actor 0"}  # every rank findable by role
-    summary = json.loads(stdout)
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            roles |= _roles_running(str(out) + ".parts")
+            if not listening:
+                try:
+                    listening = _listening(process.pid)
+                except OSError:  # it ended between the poll and the look
+                    pass
+            time.sleep(0.1)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return {"out": out, "code": process.returncode, "stdout": stdout, "stderr": stderr, "roles": roles,
+            "listening": listening}
+
+
+def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(console_run, capsys):
+    out = console_run["out"]
+    assert console_run["code"] == 0, console_run["stderr"]
+    assert console_run["roles"] == {"shard 0", "shard 1", "learner 0", "actor 0"}  # every rank findable by role
+    summary = json.loads(console_run["stdout"])
     assert summary["complete"] and summary["lost"] == []
     assert summary["env_steps"] >= 400 and summary["quality"] is not None and summary["seconds"] > 0
     # No transition lost between actor and learner; every gradient sent reached both
@@ -85,7 +106,7 @@ def test_train_gorila_cli_writes_a_run_file_that_evaluate_reads(tmp_path, capsys
     stored = load_run(out, expected_domain="gorila")
     assert stored.complete and stored.state["params"].size == 4 * 16 + 16 + 16 * 2 + 2
     assert stored.curves["agent_steps"][-1] == summary["env_steps"]
-    assert not (tmp_path / "g.h5.parts").exists()
+    assert not out.with_name("g.h5.parts").exists()
     assert main(["evaluate", str(out), "--episodes", "2", "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["domain"] == "gorila" and evaluated["server_version"] == sent - stale
@@ -115,13 +136,14 @@ def test_a_parts_directory_gorila_did_not_make_is_refused_and_kept(tmp_path, cli
     assert not (tmp_path / "victim.h5").exists()
 
 
-def test_gorila_takes_the_run_files_lock(tmp_path, jobs):
+def test_gorila_takes_the_run_files_lock(tmp_path, cli):
     from popplay.checkpoints.lock import RunLock
 
     out = tmp_path / "held.h5"
+    # In this process: flock refuses a second open of the file within one process too,
+    # so the refusal needs no process of its own.
     with RunLock(out):  # another writer of the same run file
-        code, _, err = jobs.finish(jobs.start(["train", "gorila", "--env-steps", "100", *TINY, "--out", str(out)]),
-                                   timeout=60)
+        code, _, err = cli(["train", "gorila", "--env-steps", "100", *TINY, "--out", str(out)])
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "Error: " in err
     assert not out.exists() and not (tmp_path / "held.h5.parts").exists()
@@ -146,27 +168,23 @@ def _listening(pid: int) -> list[str]:
     return found
 
 
-def test_the_local_launch_listens_on_loopback_only(tmp_path, jobs):
-    process = jobs.start(["train", "gorila", "--actors", "1", "--env-steps", "300", *TINY,
-                          "--out", str(tmp_path / "l.h5")])
-    seen: list[str] = []
-    deadline = time.monotonic() + 60
-    while process.poll() is None and time.monotonic() < deadline and not seen:
-        seen = _listening(process.pid)
-        time.sleep(0.05)
-    jobs.finish(process, timeout=120, expect=0)
+def test_the_local_launch_listens_on_loopback_only(console_run):
+    assert console_run["code"] == 0, console_run["stderr"]
+    seen = console_run["listening"]
     assert seen, "the launcher's store was never seen listening"
     assert all(address.startswith("0100007F:") for address in seen), seen  # 127.0.0.1
 
 
-def test_a_resume_plays_to_the_runs_total_and_keeps_its_history(tmp_path, cli):
+def test_a_resume_plays_to_the_runs_total_and_keeps_its_history(tmp_path, cli, small_run):
     """The budget is the run's total, as in every domain: the continuation plays what is
     left, counts and curves go on from the stored ones; the file plots and exports."""
+    import shutil
+
     out = tmp_path / "r.h5"
-    assert cli(["train", "gorila", "--actors", "1", "--env-steps", "300", *TINY, "--out", str(out)])[0] == 0
+    shutil.copy(small_run, out)  # the damage tests below copy the original
     first = load_run(out, expected_domain="gorila")
     played = int(first.state_counters["env_steps"])
-    assert played >= 300 and first.curves["agent_steps"][-1] == played
+    assert played >= SMALL_STEPS and first.curves["agent_steps"][-1] == played
     code, _, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", str(played)])
     assert code == 2 and "already reached this budget" in err
     code, stdout, err = cli(["train", "gorila", "--resume", str(out), "--env-steps", "600", "--json"])
@@ -294,13 +312,17 @@ def test_a_full_disk_ends_the_job_in_one_line_and_the_run_file_resumes(small_dis
     assert load_run(out, expected_domain="gorila").complete
 
 
+SMALL_STEPS = 150
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory) -> Path:
-    """One small Gorila run file, trained once for the tests that damage copies of it."""
+    """One small Gorila run file, trained once for the tests that copy it: the resume test
+    above continues a copy, the tests below damage copies."""
     from popplay.cli.main import main as run
 
     out = tmp_path_factory.mktemp("gorila") / "small.h5"
-    assert run(["train", "gorila", "--actors", "1", "--env-steps", "150", *TINY, "--out", str(out)]) == 0
+    assert run(["train", "gorila", "--actors", "1", "--env-steps", str(SMALL_STEPS), *TINY, "--out", str(out)]) == 0
     return out
 
 
