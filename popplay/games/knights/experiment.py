@@ -294,8 +294,7 @@ class KnightsExperiment:
         alpha, lam, epsilon, plies, half_life = (evo.replicate(getattr(state, name), parents, children)
                                                  for name in (*_VARIED, "plies", "half_life"))
         widths, widths2 = evo.replicate(widths, parents, children), evo.replicate(widths2, parents, children)
-        if (p.mutate_params > 1.0 or p.mutate_weights > 0.0 or p.mutate_lookahead > 0.0 or p.mutate_width > 0.0
-                or p.mutate_width2 > 0.0):
+        if p.copies_vary:
             switch = evo.switches(p.seed, generation, child_ids, p.mutate_lookahead)
             plies[children] = np.where(switch, 3 - plies[children], plies[children])  # 1 <-> 2
             flat[children], widths[children], widths2[children] = self._vary_widths(
@@ -333,14 +332,12 @@ class KnightsExperiment:
         new2 = evo.width_changes(p.seed, generation, child_ids, p.mutate_width2, widths2, p.hidden2, layer=2)
         if np.array_equal(new, widths) and np.array_equal(new2, widths2):
             return flat, widths, widths2
-        units = np.arange(p.hidden)[None, :]
-        incoming = game.unit_parameters((units >= widths[:, None]) & (units < new[:, None]), p.inputs, p.hidden2,
+        incoming = game.unit_parameters(game.units_between(widths, new, p.hidden), p.inputs, p.hidden2,
                                         incoming_only=True)
         if p.hidden2:
-            units2 = np.arange(p.hidden2)[None, :]
             # weights from first-layer units that are off come out zero again in with_widths
-            incoming |= game.unit_parameters2((units2 >= widths2[:, None]) & (units2 < new2[:, None]), p.inputs,
-                                              p.hidden, incoming_only=True)
+            incoming |= game.unit_parameters2(game.units_between(widths2, new2, p.hidden2), p.inputs, p.hidden,
+                                              incoming_only=True)
         fresh = evo.uniform_values(p.seed, generation, child_ids, flat.shape[1], p.init_scale)
         flat = np.where(incoming, fresh, flat)
         return game.with_widths(flat, new, p.inputs, p.hidden, p.hidden2, new2), new, new2

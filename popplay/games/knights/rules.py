@@ -289,6 +289,12 @@ class KnightsParams:
         """Whether some agent may have second-layer units switched off."""
         return 0 < self.start_width2 < self.hidden2 or self.mutate_width2 > 0.0
 
+    @property
+    def copies_vary(self) -> bool:
+        """Whether selective replication's copies differ from their parents (any mutation on)."""
+        return (self.mutate_params > 1.0 or self.mutate_weights > 0.0 or self.mutate_lookahead > 0.0
+                or self.mutate_width > 0.0 or self.mutate_width2 > 0.0)
+
     def schedule_warnings(self) -> list[str]:
         """What an episode budget will not do that the settings ask for."""
         return replication_warning(self.replicate_every, self.episodes, "episodes")
@@ -639,16 +645,25 @@ def off_units2(nets: Networks) -> np.ndarray:
     return (wm == 0.0).all(axis=1) & (bm == 0.0) & (w2 == 0.0)
 
 
+def _units_on(off: np.ndarray) -> np.ndarray:
+    return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
+
+
 def unit_widths(nets: Networks) -> np.ndarray:
     """(agents,) int64: each network's first-layer units switched on."""
-    off = off_units(nets)
-    return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
+    return _units_on(off_units(nets))
 
 
 def unit_widths2(nets: Networks) -> np.ndarray:
     """(agents,) int64: each network's second-layer units switched on (0 without one)."""
-    off = off_units2(nets)
-    return (off.shape[1] - off.sum(axis=1)).astype(np.int64)
+    return _units_on(off_units2(nets))
+
+
+def units_between(low: np.ndarray, high: np.ndarray, size: int) -> np.ndarray:
+    """(agents, size) bool: unit j of row a where ``low[a] <= j < high[a]`` (the units a
+    width change switches on, or those beyond a width with ``high`` = ``size``)."""
+    units = np.arange(size)[None, :]
+    return (units >= np.asarray(low)[:, None]) & (units < np.asarray(high)[:, None])
 
 
 def unit_parameters(units: np.ndarray, inputs: int, hidden2: int = 0, *, incoming_only: bool = False) -> np.ndarray:
@@ -690,11 +705,9 @@ def with_widths(flat: np.ndarray, widths: np.ndarray, inputs: int, hidden: int, 
     """``flat`` (agents, P) with every first-layer unit from each row's width on (and,
     given ``widths2``, every second-layer unit from its second-layer width on) switched
     off, its weights zeroed; in place, returned."""
-    beyond = np.arange(hidden)[None, :] >= np.asarray(widths)[:, None]
-    flat[unit_parameters(beyond, inputs, hidden2)] = 0.0
+    flat[unit_parameters(units_between(widths, np.full(len(widths), hidden), hidden), inputs, hidden2)] = 0.0
     if widths2 is not None and hidden2:
-        beyond2 = np.arange(hidden2)[None, :] >= np.asarray(widths2)[:, None]
-        flat[unit_parameters2(beyond2, inputs, hidden)] = 0.0
+        flat[unit_parameters2(units_between(widths2, np.full(len(widths2), hidden2), hidden2), inputs, hidden)] = 0.0
     return flat
 
 
