@@ -15,6 +15,9 @@ import pytest
 
 # Tests must not depend on the number of cores of the machine running them.
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+# Two test workers share the cores: one torch thread each, or a deep population (which
+# takes every core it may use) would spin against the other worker's.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds for a whole job on a loaded 2-core machine: generous, never forever.

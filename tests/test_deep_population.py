@@ -91,6 +91,43 @@ def test_member_k_of_a_population_is_member_k_alone() -> None:
         assert mine == alone.episode_return
 
 
+def test_a_population_computes_the_same_bits_on_one_thread_and_on_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sizes at which torch and MKL do split the work between two threads
+    params = small(agents=8, hidden=(64, 64), batch_size=64, replay_capacity=400, learning_starts=40,
+                   replicate_every=60, share_every=90)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+            population = DQNPopulation(params, None)
+            assert torch.get_num_threads() == threads
+            runs.append(run_phases(population, 4))
+    finally:
+        torch.set_num_threads(before)
+    one, two = runs
+    assert one.learner.updates > 20 and one.replications and one.shares
+    for name in ("online", "target"):
+        assert torch.equal(getattr(one.learner, name).matrix, getattr(two.learner, name).matrix)
+    assert torch.equal(one.learner.adam.exp_avg_sq, two.learner.adam.exp_avg_sq)
+    assert one.episode_return == two.episode_return
+
+
+def test_a_population_takes_the_cores_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from popplay.core.limits import cores_per_process
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cores_per_process() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert cores_per_process() == cores
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    assert cores_per_process() == max(1, cores // 2)  # the ranks on this machine share its cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "zero")  # not a count: ignored
+    assert cores_per_process() == max(1, cores // 2)
+
+
 def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
     from popplay import rng
     from popplay.deep.agents.dqn_members import _EXPLORE, EXPLORE_BLOCK

@@ -1,4 +1,5 @@
-"""Memory: what this machine has available, and what a run or an evaluation needs.
+"""Memory: what this machine has available, and what a run or an evaluation needs; and
+the cores a process should use.
 
 Every domain estimates (its spec's ``memory``) the arrays that dominate its memory
 (state, scratch buffers, traces, snapshots, the batch of games), from its parameters
@@ -90,6 +91,21 @@ def ranks_here() -> tuple[int, int]:
     except ValueError:
         return 1, 1
     return (world, local) if world >= 1 and 1 <= local <= world else (1, 1)
+
+
+def cores_per_process(variable: str = "OMP_NUM_THREADS") -> int:
+    """The threads one process should run: ``variable`` when set to a count (``--nproc``
+    sets it for each rank, torchrun sets ``OMP_NUM_THREADS``), else the cores this
+    process may run on, shared between the ranks on this machine."""
+    given = os.environ.get(variable, "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not every platform has affinity masks
+        cores = os.cpu_count() or 1
+    local = ranks_here()[1] if "RANK" in os.environ else 1
+    return max(1, cores // local)
 
 
 def check_run_fits(domain: str, params: Any, what: str | None = None) -> None:

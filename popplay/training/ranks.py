@@ -21,6 +21,7 @@ from popplay.checkpoints.validation import load_run, summarize
 from popplay.core import registry
 from popplay.core.backend import shard_layout
 from popplay.core.errors import UsageError
+from popplay.core.limits import cores_per_process
 from popplay.core.registry import POPULATION, DomainSpec
 from popplay.distributed.collectives import any_flag, barrier, max_float, traffic
 from popplay.distributed.group import DEFAULT_TIMEOUT, Dist, init_from_env, shutdown
@@ -137,11 +138,10 @@ def split_numba_threads(dist: Dist) -> None:
 
     if not dist.distributed or "NUMBA_NUM_THREADS" in os.environ:
         return
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     try:
         import numba  # defers numba
 
-        numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, (os.cpu_count() or 1) // max(1, local))))
+        numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, cores_per_process("NUMBA_NUM_THREADS"))))
     except (ImportError, ValueError):
         pass
 

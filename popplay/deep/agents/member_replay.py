@@ -9,6 +9,7 @@ DDPG's and TD3's).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ import torch
 from popplay.deep.agents.stacked import check_shapes
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+#: Updates whose minibatch words :meth:`MemberReplay.sample_index` draws at once.
+SAMPLE_BLOCK = 16
 
 
 class MemberReplay:
@@ -29,11 +32,26 @@ class MemberReplay:
         self.count, self.capacity, self.obs_dim = members, capacity, obs_dim
         self.batch_size, self.learning_starts, self.update_ratio = batch_size, learning_starts, update_ratio
         self.device = device
-        self.tables = {"obs": torch.zeros(members, capacity, obs_dim, device=device),
-                       "action": torch.zeros(members, capacity, *action_shape, dtype=action_dtype, device=device),
-                       "reward": torch.zeros(members, capacity, device=device),
-                       "next_obs": torch.zeros(members, capacity, obs_dim, device=device),
-                       "terminated": torch.zeros(members, capacity, device=device)}
+        # One float32 row per transition, fields side by side (obs | action | reward |
+        # next_obs | terminated): a minibatch is one gather of a few adjacent words per
+        # slot, not one scattered read per field (five gathers cost about three times as
+        # much at 64 members). Actions are held as float32, exact for the small integers
+        # of a discrete agent and for a continuous agent's own values.
+        self.action_dtype = action_dtype
+        widths = {"obs": obs_dim, "action": math.prod(action_shape), "reward": 1, "next_obs": obs_dim,
+                  "terminated": 1}
+        shapes = {"obs": (obs_dim,), "action": tuple(action_shape), "reward": (), "next_obs": (obs_dim,),
+                  "terminated": ()}
+        self.packed = torch.zeros(members, capacity, sum(widths.values()), device=device)
+        self._fields: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        start = 0
+        for name in FIELDS:
+            self._fields[name] = (start, widths[name], shapes[name])
+            start += widths[name]
+        #: Each field as a view (P, capacity, ...) into :attr:`packed`: a write to one
+        #: writes the row a minibatch reads.
+        self.tables = {name: self._field(self.packed, name) for name in FIELDS}
+        self._row = np.zeros((members, self.packed.shape[2]), dtype=np.float32)
         self.position = 0  # next slot of every ring
         self.size = 0
         self.added = 0  # transitions each member has stored (the ring's next slot: this mod capacity)
@@ -45,12 +63,12 @@ class MemberReplay:
         """One transition per member (rows in member order); owes ``update_ratio``
         updates per member transition once ``learning_starts`` are stored (the one-agent
         rule, :class:`popplay.deep.agents.credit.UpdateCredit`)."""
-        at, t = self.position, self.tables
-        t["obs"][:, at] = torch.as_tensor(obs, dtype=torch.float32)
-        t["action"][:, at] = torch.as_tensor(action, dtype=t["action"].dtype).view(t["action"][:, at].shape)
-        t["reward"][:, at] = torch.as_tensor(reward, dtype=torch.float32)
-        t["next_obs"][:, at] = torch.as_tensor(next_obs, dtype=torch.float32)
-        t["terminated"][:, at] = torch.as_tensor(terminated, dtype=torch.float32)
+        at, row = self.position, self._row
+        for name, values in (("obs", obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
+                             ("terminated", terminated)):
+            start, width, _ = self._fields[name]
+            row[:, start:start + width] = np.asarray(values).reshape(len(row), width)
+        self.packed[:, at] = torch.from_numpy(row).to(self.device)
         self.position = (at + 1) % self.capacity
         self.size = min(self.capacity, self.size + 1)
         self.added += 1
@@ -67,27 +85,46 @@ class MemberReplay:
 
     def sample_index(self, rng: Any, keys: torch.Tensor, update: int) -> torch.Tensor:
         """(P, batch) slots of update ``update``: uniform with replacement, word
-        ``update·batch + j`` of each member's stream ``keys`` (P,)."""
+        ``update·batch + j`` of each member's stream ``keys`` (P,). The words of
+        :data:`SAMPLE_BLOCK` updates are drawn at once (pure functions of their counters:
+        the same bits as a draw per update, with a sixteenth of the small operations)."""
         b = self.batch_size
-        counters = rng.mix_counter(torch.arange(update * b, (update + 1) * b, dtype=torch.int64, device=self.device))
-        words = rng.draw(keys.unsqueeze(1), counters.unsqueeze(0))
-        return (rng.uniform53(words) * self.size).to(torch.int64).clamp_(max=self.size - 1)
+        start = update - update % SAMPLE_BLOCK
+        if self._sample_start != start or self._sample_keys is None or not torch.equal(keys, self._sample_keys):
+            counters = rng.mix_counter(torch.arange(start * b, (start + SAMPLE_BLOCK) * b, dtype=torch.int64,
+                                                    device=self.device))
+            self._sample_uniform = rng.uniform53(rng.draw(keys.unsqueeze(1), counters.unsqueeze(0)))
+            self._sample_start, self._sample_keys = start, keys.clone()
+        at = (update - start) * b
+        return (self._sample_uniform[:, at:at + b] * self.size).to(torch.int64).clamp_(max=self.size - 1)
+
+    _sample_start = -1
+    _sample_keys: torch.Tensor | None = None
 
     def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every field at slots ``index`` (P, batch), member-major: (P, batch, ...)."""
         p, b = index.shape
         flat = (self._row_base.unsqueeze(1) + index).reshape(-1)
         # index_select, not table[flat]: advanced indexing's general kernel took about 3x as
-        # long for these few thousand rows (1.7 against 0.5 ms an update at 64 members)
-        return {name: torch.index_select(table.view(p * self.capacity, *table.shape[2:]), 0, flat)
-                .view(p, b, *table.shape[2:]) for name, table in self.tables.items()}
+        # long for these few thousand rows
+        rows = torch.index_select(self.packed.view(p * self.capacity, -1), 0, flat).view(p, b, -1)
+        out = {name: self._field(rows, name) for name in FIELDS}
+        out["action"] = out["action"].to(self.action_dtype)
+        return out
+
+    def _field(self, rows: torch.Tensor, name: str) -> torch.Tensor:
+        """Field ``name`` of packed ``rows`` (P, n, width) as a view (P, n, *shape)."""
+        start, width, shape = self._fields[name]
+        piece = rows[:, :, start:start + width]
+        return piece.squeeze(2) if shape == () else piece.unflatten(2, shape)
 
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, torch.Tensor]:
         """The stored rows, oldest first, member axis first."""
         slots = torch.arange(self.size, device=self.device)
         order = slots if self.size < self.capacity else (self.position + slots) % self.capacity
-        return {name: table[:, order] for name, table in self.tables.items()}
+        return {name: table[:, order].to(self.action_dtype if name == "action" else table.dtype)
+                for name, table in self.tables.items()}
 
     def counters(self) -> dict[str, Any]:
         return {"update_credit": self.update_credit, "replay_size": self.size, "replay_added": self.added}
@@ -110,8 +147,8 @@ class MemberReplay:
         # each transition back in its slot (minibatches draw slots): a full ring's next slot is added mod capacity
         position = added % cap if size == cap else size
         slots = ((position + torch.arange(size)) % cap if size == cap else torch.arange(size)).to(self.device)
+        self.packed.zero_()
         for name, table in self.tables.items():
-            table.zero_()
             table[:, slots] = torch.as_tensor(np.asarray(arrays[prefix + name]), device=self.device).to(table.dtype)
         self.size, self.position, self.added = size, position, added
         self.update_credit = float(counters["update_credit"])
