@@ -216,7 +216,7 @@ class ContinuousMembers:
     def member_tables(self, *, replay: bool) -> list[torch.Tensor]:
         """What a PBT copy moves, member axis first: networks, targets, both Adams and
         (with ``replay``) the replay memory."""
-        return self.parameter_tables() + self._adam_tables() + (list(self.replay.tables.values()) if replay else [])
+        return self.parameter_tables() + self._adam_tables() + ([self.replay.packed] if replay else [])
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:
         self.hypers = member_hypers(hypers, self.hypers, self.count)
