@@ -154,6 +154,31 @@ def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
     assert len(set(learner._explore_draws(7)[0].tolist())) == learner.count  # members draw from their own streams
 
 
+def test_minibatch_slots_drawn_in_blocks_are_each_updates_own_words() -> None:
+    from popplay import rng
+    from popplay.deep.agents.member_replay import SAMPLE_BLOCK, MemberReplay
+    from popplay.xp import th
+
+    r = rng.make_rng(th)
+    replay = MemberReplay(3, 50, 2, (), torch.int64, batch_size=4, learning_starts=1, update_ratio=1.0)
+    replay.size = 37
+    keys = torch.tensor([11, -5, 2**40], dtype=torch.int64)
+
+    def expected(update: int) -> torch.Tensor:
+        counters = r.mix_counter(torch.arange(update * 4, (update + 1) * 4, dtype=torch.int64))
+        return (r.uniform53(r.draw(keys.unsqueeze(1), counters.unsqueeze(0))) * replay.size).to(torch.int64)
+
+    for update in (0, 1, SAMPLE_BLOCK - 1, SAMPLE_BLOCK, 3 * SAMPLE_BLOCK + 5, 2):  # back into an earlier block
+        assert torch.equal(replay.sample_index(r, keys, update), expected(update))
+    keys[1] = 7  # keys changed in place: the block is drawn again
+    assert torch.equal(replay.sample_index(r, keys, 2), expected(2))
+    other = keys.clone()
+    other[0] = 8  # other keys (another tensor)
+    assert not torch.equal(replay.sample_index(r, other, 2), expected(2))
+    keys = other
+    assert torch.equal(replay.sample_index(r, keys, 2), expected(2))
+
+
 
 def test_ppo_member_k_of_a_population_is_member_k_alone() -> None:
     params = PPOParams(**PPO_SMALL)  # type: ignore[arg-type]

@@ -90,16 +90,26 @@ class MemberReplay:
         the same bits as a draw per update, with a sixteenth of the small operations)."""
         b = self.batch_size
         start = update - update % SAMPLE_BLOCK
-        if self._sample_start != start or self._sample_keys is None or not torch.equal(keys, self._sample_keys):
+        if self._sample_start != start or not self._drawn_with(keys):
             counters = rng.mix_counter(torch.arange(start * b, (start + SAMPLE_BLOCK) * b, dtype=torch.int64,
                                                     device=self.device))
             self._sample_uniform = rng.uniform53(rng.draw(keys.unsqueeze(1), counters.unsqueeze(0)))
-            self._sample_start, self._sample_keys = start, keys.clone()
+            # held, so no other tensor can take its address while the block is used
+            self._sample_start, self._sample_keys, self._sample_version = start, keys, keys._version
         at = (update - start) * b
         return (self._sample_uniform[:, at:at + b] * self.size).to(torch.int64).clamp_(max=self.size - 1)
 
     _sample_start = -1
     _sample_keys: torch.Tensor | None = None
+    _sample_version = -1
+
+    def _drawn_with(self, keys: torch.Tensor) -> bool:
+        """Whether the block was drawn with these very keys, unchanged since: compared by
+        address, shape and version counter (comparing values would make the host wait
+        for a device every update)."""
+        held = self._sample_keys
+        return held is not None and keys.data_ptr() == held.data_ptr() and keys.shape == held.shape \
+            and keys.stride() == held.stride() and keys._version == self._sample_version
 
     def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every field at slots ``index`` (P, batch), member-major: (P, batch, ...)."""
