@@ -11,9 +11,18 @@ stays fast.
 """
 from __future__ import annotations
 
+import os
 from importlib import import_module
 
 from popplay import _numba_cache
+
+# MKL picks its matrix-product code by the memory alignment of each operand, and the
+# paths round differently: a population member's rows start wherever its index puts
+# them, so without this a member alone, or on another rank, computed other bits than
+# inside the population (measured: 64-64 networks acting on one observation; TD3 on two
+# ranks). Strict conditional numerical reproducibility fixes the path; MKL reads it at
+# its first call, so it is set on import, unless the user chose a mode.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 __version__ = "0.1.0"
 

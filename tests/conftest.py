@@ -18,6 +18,8 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 # Two test workers share the cores: one torch thread each, or a deep population (which
 # takes every core it may use) would spin against the other worker's.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# as `import popplay` sets it, before any test's first matrix product
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds for a whole job on a loaded 2-core machine: generous, never forever.

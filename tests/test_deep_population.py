@@ -79,6 +79,30 @@ def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
 
 # --- exactness: member k of P is member k alone -----------------------------------
 
+@pytest.mark.parametrize(("inputs", "outputs", "hidden"), [(3, 1, (64, 64)), (4, 2, (64, 64)), (11, 5, (100, 37))])
+def test_each_member_of_a_stack_computes_what_it_computes_alone(inputs: int, outputs: int, hidden: tuple) -> None:
+    # Shapes at which MKL's alignment-dependent paths (a member's rows start wherever its
+    # index puts them) or torch's lone-product kernels gave a member other bits alone
+    # (session 16), before MKL_CBWR=AUTO,STRICT and `stacked.batched`.
+    from popplay.deep.agents.stacked import layer_shapes
+
+    shapes = layer_shapes(inputs, outputs, hidden)
+    g = torch.Generator().manual_seed(4)
+    matrix = torch.randn(6, sum(int(np.prod(s)) for s in shapes), generator=g) * 0.1
+    stack = StackedMLP(matrix, shapes)
+    for rows in (1, 33, 64):  # acting on one observation, odd and even minibatches
+        x = torch.randn(6, rows, inputs, generator=g)
+        upstream = torch.randn(6, rows, outputs, generator=g)
+        hidden_all: list[torch.Tensor] = []
+        out = stack.forward(x, hidden_all)
+        grad = stack.backward(x, hidden_all, upstream).clone()
+        for k in range(6):
+            alone = StackedMLP(matrix[k:k + 1].clone(), shapes)
+            hidden_k: list[torch.Tensor] = []
+            assert torch.equal(alone.forward(x[k:k + 1].clone(), hidden_k)[0], out[k]), (rows, k)
+            assert torch.equal(alone.backward(x[k:k + 1].clone(), hidden_k, upstream[k:k + 1].clone())[0], grad[k])
+
+
 def test_member_k_of_a_population_is_member_k_alone() -> None:
     params = small()
     population = run_phases(DQNPopulation(params, None), 3)

@@ -51,6 +51,18 @@ def parameter_count(in_dim: int, out_dim: int, hidden: Sequence[int]) -> int:
     return sum(math.prod(shape) for shape in layer_shapes(in_dim, out_dim, hidden))
 
 
+def batched(product: Any, *operands: torch.Tensor) -> torch.Tensor:
+    """``product`` (``torch.bmm``, ``torch.baddbmm``) of operands with a leading member
+    axis, never over a batch of one: torch computes a lone matrix product with other
+    kernels (a matrix-vector one where the result has one column), whose sums round
+    differently from the batched kernel's, and a member must get the same bits alone
+    (one process's or one rank's only member) as in a population. A batch of one is
+    computed as two copies of it; autograd gives the copy nothing back."""
+    if operands[0].shape[0] != 1:
+        return product(*operands)
+    return product(*(x.expand(2, *x.shape[1:]) for x in operands))[:1]
+
+
 def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], x: torch.Tensor,
                    activation: Any, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
     """A stack of MLPs' outputs (P, B, out) for inputs (P, B, in): one batched product
@@ -60,7 +72,7 @@ def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tenso
     h = x
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
-        h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+        h = batched(torch.baddbmm, b.unsqueeze(1), h, w.transpose(1, 2))
         if i < last:
             h = activation(h)
             if hidden is not None:
@@ -118,12 +130,12 @@ class StackedMLP:
         g = grad_output
         for i in range(len(self.weights) - 1, -1, -1):
             if self.weights[i].shape[2] <= _NARROW:  # an observation of a few features
-                self._weight_grads[i].copy_(torch.bmm(inputs[i].transpose(1, 2), g).transpose(1, 2))
+                self._weight_grads[i].copy_(batched(torch.bmm, inputs[i].transpose(1, 2), g).transpose(1, 2))
             else:
-                self._weight_grads[i].copy_(torch.bmm(g.transpose(1, 2), inputs[i]))
+                self._weight_grads[i].copy_(batched(torch.bmm, g.transpose(1, 2), inputs[i]))
             self._bias_grads[i].copy_(g.sum(1))
             if i:
-                g = _threshold_backward(torch.bmm(g, self.weights[i]), inputs[i], 0.0)
+                g = _threshold_backward(batched(torch.bmm, g, self.weights[i]), inputs[i], 0.0)
         return self.grad
 
 

@@ -151,7 +151,9 @@ class DQNParams(PopulationLayout, ExarlLayout, DeepParams):
 def memory_bytes(params: DQNParams, world: int = 1, local: int = 1) -> int:
     """A population's replay memories (they dominate), networks and environments."""
     obs = OBS_DIM_ESTIMATE
-    row = 4 * (2 * obs + 2) + 8  # obs, next_obs, reward, terminated (float32) and the action (int64)
+    # obs, next_obs, reward, terminated (float32) and the action: int64 in one agent's
+    # replay, float32 in a population's packed rows (the larger counted)
+    row = 4 * (2 * obs + 2) + 8
     # online, target, their gradient, Adam's two moments and its scratch
     return population_bytes(params.agents, mlp_parameters(obs, 4, params.hidden), 6, params.replay_capacity, row, 1)
 
