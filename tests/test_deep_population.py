@@ -148,13 +148,34 @@ def test_a_population_computes_the_same_bits_on_one_thread_and_on_two(
     assert one.episode_return == two.episode_return
 
 
+def test_a_cpu_quota_caps_the_cores(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from popplay.core import limits
+
+    cores = len(__import__("os").sched_getaffinity(0))
+    v2, quota, period = tmp_path / "cpu.max", tmp_path / "quota", tmp_path / "period"
+    monkeypatch.setattr(limits, "CPU_QUOTA_FILES", ((str(v2), None), (str(quota), str(period))))
+    assert limits.usable_cores() == cores  # no file: the affinity mask
+    v2.write_text("max 100000\n")
+    assert limits.usable_cores() == cores
+    v2.write_text("50000 100000\n")  # half a core: one
+    assert limits.usable_cores() == 1
+    v2.unlink()
+    quota.write_text("-1\n")
+    period.write_text("100000\n")
+    assert limits.usable_cores() == cores
+    quota.write_text("100000\n")  # v1: one core
+    assert limits.usable_cores() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert limits.cores_per_process() == 1
+
+
 def test_a_population_takes_the_cores_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    from popplay.core.limits import cores_per_process
+    from popplay.core.limits import cores_per_process, usable_cores
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cores_per_process() == 3
     monkeypatch.delenv("OMP_NUM_THREADS")
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = usable_cores()
     assert cores_per_process() == cores
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")):
         monkeypatch.setenv(name, value)

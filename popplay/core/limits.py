@@ -100,12 +100,44 @@ def cores_per_process(variable: str = "OMP_NUM_THREADS") -> int:
     given = os.environ.get(variable, "").strip()
     if given.isdigit() and int(given) >= 1:
         return int(given)
+    local = ranks_here()[1] if "RANK" in os.environ else 1
+    return max(1, usable_cores() // local)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask, capped by a CPU quota
+    (a container's ``--cpus``, whose mask still lists every core of the host)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not every platform has affinity masks
         cores = os.cpu_count() or 1
-    local = ranks_here()[1] if "RANK" in os.environ else 1
-    return max(1, cores // local)
+    quota = _cpu_quota()
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
+
+
+#: Where a cgroup states its CPU quota: v2's ``cpu.max`` ("QUOTA PERIOD" or "max PERIOD"),
+#: v1's quota and period files.
+CPU_QUOTA_FILES: tuple[tuple[str, str | None], ...] = (
+    ("/sys/fs/cgroup/cpu.max", None),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def _cpu_quota() -> float | None:
+    """The cgroup's CPU quota in cores, or None (no quota, or none readable)."""
+    for path, period_path in CPU_QUOTA_FILES:
+        try:
+            with open(path) as f:
+                fields = f.read().split()
+            if period_path is not None:
+                with open(period_path) as f:
+                    fields.append(f.read().strip())
+            quota, period = fields[0], fields[1]
+            if quota in ("max", "-1"):
+                return None
+            return float(quota) / float(period) if float(quota) > 0 else None
+        except (OSError, ValueError, IndexError, ZeroDivisionError):
+            continue
+    return None
 
 
 def check_run_fits(domain: str, params: Any, what: str | None = None) -> None:
