@@ -7,9 +7,12 @@ members (``baddbmm``/``bmm``), never a Python loop over them. Gradient clipping 
 Adam act row by row with per-member step sizes and norms.
 
 Exactness: every operation here either acts element by element or reduces within one
-member's row, and torch's CPU batched products compute each member's product as the
-unbatched one does, so member ``k`` of a P-member stack follows the same bits as a
-stack holding member ``k`` alone (``tests/test_deep_population.py`` checks it).
+member's row, and the batched products compute each member's product alike in a stack of
+any size, given two things: MKL's strict reproducibility mode (``MKL_CBWR``, set by
+``import popplay``), without which MKL's code, and its rounding, follows the memory
+alignment of a member's rows; and :func:`batched`, which never hands torch a batch of
+one. So member ``k`` of a P-member stack follows the same bits as a stack holding member
+``k`` alone (``tests/test_deep_population.py`` checks it).
 """
 from __future__ import annotations
 
