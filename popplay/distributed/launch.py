@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable
 
+from popplay.core.limits import usable_cores
+
 #: Exit code of a job that lost a rank (and of ``launch_local`` in that case).
 LOST_EXIT = 3
 #: Exit code of a rank that stopped because a peer vanished or stopped answering.
@@ -242,7 +244,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
         nproc: number of ranks (>= 1).
         timeout: seconds a rank may go silent; also the bound on stopping the others
             after a loss (the ranks' process groups use the same timeout).
-        threads_per_rank: numba/OpenMP threads per rank (default: cores // nproc, >= 1).
+        threads_per_rank: numba/OpenMP threads per rank (default: usable cores // nproc, >= 1).
         describe_lost: called after a loss; its text ends the error line (e.g. where
             the last good checkpoint is).
         module: the module each rank runs with ``python -m`` (it receives the role
@@ -257,7 +259,7 @@ def launch_local(argv: list[str], nproc: int, *, timeout: float = 60.0, threads_
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1 (got {nproc})")
     out = stderr if stderr is not None else sys.stderr
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+    threads = threads_per_rank or max(1, usable_cores() // nproc)
     # The store's socket is bound here and handed to rank 0.
     listener = loopback_listener(nproc)
     port = int(listener.getsockname()[1])

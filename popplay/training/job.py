@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator
 
 from popplay.checkpoints.runfile import check_writable
 from popplay.core.errors import EXIT_INTERRUPTED, UsageError
-from popplay.core.limits import usable_cores
 from popplay.core.registry import POPULATION, DomainSpec
 from popplay.distributed.group import set_role
 from popplay.distributed.launch import in_rank, launch_local
@@ -157,7 +156,7 @@ def _launch(spec: DomainSpec, params: Any, options: JobOptions, out: Path, world
     argv = sharded.with_out(options.argv, out)
     # Deep topologies' networks are tiny: one thread a rank (more only spin against each
     # other); populations, deep ones included, share the usable cores between their ranks.
-    threads = max(1, usable_cores() // world) if spec.kind == POPULATION or symmetric(spec, params) else 1
+    threads = None if spec.kind == POPULATION or symmetric(spec, params) else 1
     return launch_local(argv, world, timeout=options.timeout, threads_per_rank=threads,
                         describe_lost=lambda: sharded.describe_checkpoint(out))
 

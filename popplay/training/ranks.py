@@ -136,7 +136,7 @@ def split_numba_threads(dist: Dist) -> None:
     """Under torchrun (which sets OMP_NUM_THREADS only) share the cores between the
     local ranks, as ``--nproc`` does, unless NUMBA_NUM_THREADS was given."""
 
-    if not dist.distributed or "NUMBA_NUM_THREADS" in os.environ:
+    if not dist.distributed:
         return
     try:
         import numba  # defers numba

@@ -216,7 +216,6 @@ class ContinuousMembers:
     def member_tables(self, *, replay: bool) -> list[torch.Tensor]:
         """What a PBT copy moves, member axis first: networks, targets, both Adams and
         (with ``replay``) the replay memory."""
-        # the replay field by field: a copy across ranks then buffers one field at a time
         return self.parameter_tables() + self._adam_tables() + (list(self.replay.tables.values()) if replay else [])
 
     def set_hypers(self, hypers: dict[str, np.ndarray]) -> None:

@@ -193,7 +193,6 @@ class DQNMembers:
         """What a PBT copy moves, member axis first: networks, Adam state and (with
         ``replay``) the replay memory."""
         tables = [self.online.matrix, self.target.matrix, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.steps]
-        # field by field: a copy across ranks then buffers one field at a time, as before the packing
         return tables + (list(self.replay.tables.values()) if replay else [])
 
     def member_module(self, slot: int) -> torch.nn.Sequential:

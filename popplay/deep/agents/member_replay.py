@@ -49,7 +49,8 @@ class MemberReplay:
             self._fields[name] = (start, widths[name], shapes[name])
             start += widths[name]
         #: Each field as a view (P, capacity, ...) into :attr:`packed`: a write to one
-        #: writes the row a minibatch reads.
+        #: writes the row a minibatch reads. A PBT copy moves these field by field, so a
+        #: copy across ranks buffers one field at a time, not whole packed rows.
         self.tables = {name: self._field(self.packed, name) for name in FIELDS}
         self._row = np.zeros((members, self.packed.shape[2]), dtype=np.float32)
         self.position = 0  # next slot of every ring
