@@ -245,3 +245,29 @@ def test_member_envs_step_popplay_cartpole_in_one_batch_as_the_single_environmen
     resumed = MemberEnvs(envs.POPPLAY_CARTPOLE, 9, members, copies=2)
     resumed.load(stored)  # replays each copy's episode through the batch
     np.testing.assert_array_equal(resumed.obs, stored["env.obs"])
+
+
+def test_numba_seeded_starts_are_numpys_draws_bit_for_bit() -> None:
+    """A batch reset draws each start in numba; it must be gymnasium's
+    ``seeding.np_random(seed)[0].uniform(...)`` for every 32-bit seed (edges included),
+    and a seed outside 32 bits is refused in one line."""
+    from gymnasium.utils import seeding
+
+    from popplay.deep.envs._numpy_streams import seeded_uniforms
+    from popplay.deep.envs.cartpole import CartPoleBatch
+
+    seeds = np.concatenate([[0, 1, 2, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF],
+                            np.random.default_rng(3).integers(0, 1 << 32, 2000)]).astype(np.int64)
+    got = np.empty((len(seeds), 6))
+    seeded_uniforms(seeds, -0.25, 0.75, got)
+    expected = np.array([seeding.np_random(int(s))[0].uniform(-0.25, 0.75, size=6) for s in seeds])
+    np.testing.assert_array_equal(got.view(np.int64), expected.view(np.int64))
+
+    batch = CartPoleBatch(4, 500)
+    first = batch.reset(np.array([2, 0]), np.array([7, 0xFFFFFFFF]))
+    np.testing.assert_array_equal(first[0], seeding.np_random(7)[0].uniform(-0.05, 0.05, size=4).astype(np.float32))
+    np.testing.assert_array_equal(batch.state[2], seeding.np_random(7)[0].uniform(-0.05, 0.05, size=4))
+    assert batch.steps.tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"one seed in \[0, 2\^32\) per row"):
+        batch.reset(np.array([1]), np.array([1 << 32]))
+

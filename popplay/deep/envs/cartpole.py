@@ -18,7 +18,6 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -86,26 +85,38 @@ class CartPoleEnv(gymnasium.Env):
 
 
 class CartPoleBatch:
-    """Copies of :class:`CartPoleEnv` (with its time limit) as arrays: ``reset`` one copy
-    with a seed, draws as ``CartPoleEnv.reset(seed=...)`` draws; ``step`` every copy (or
-    the ``rows`` given) at once. A copy whose episode ended is reset by the caller before
-    it steps again."""
+    """Copies of :class:`CartPoleEnv` (with its time limit) as arrays: ``reset`` copies,
+    each with its seed, drawing as ``CartPoleEnv.reset(seed=...)`` draws; ``step`` every
+    copy (or the ``rows`` given) at once. A copy whose episode ended is reset by the
+    caller before it steps again."""
 
     def __init__(self, count: int, max_episode_steps: int | None) -> None:
         from popplay.deep.envs._cartpole_numba import step_many  # defers numba
+        from popplay.deep.envs._numpy_streams import seeded_uniforms  # defers numba
 
         self._step_many = _loaded(step_many)
+        self._seeded_uniforms = seeded_uniforms
         self._phys = PHYSICS.vector()
         self.limit = max_episode_steps
         self.state = np.zeros((count, 4), dtype=np.float64)
         self.steps = np.zeros(count, dtype=np.int64)
         self._failed = np.zeros(count, dtype=np.bool_)
 
-    def reset(self, index: int, seed: int) -> np.ndarray:
-        generator, _ = seeding.np_random(seed)
-        self.state[index] = generator.uniform(low=-_START, high=_START, size=(4,))
-        self.steps[index] = 0
-        return self.state[index].astype(np.float32)
+    def reset(self, rows: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """Restart copies ``rows`` with ``seeds`` (one each, in [0, 2^32)); their first
+        observations (len(rows), 4). The start is ``gymnasium.utils.seeding.np_random(seed)``'s
+        ``uniform(±0.05, size=4)``, drawn in numba (:mod:`._numpy_streams`): the same bits
+        without building NumPy's three generator objects per seed (about 10 µs each
+        time, and a population resets a few copies at every step)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+        if seeds.shape != rows.shape or ((seeds < 0) | (seeds > 0xFFFFFFFF)).any():
+            raise ValueError("one seed in [0, 2^32) per row expected")
+        starts = np.empty((len(rows), 4), dtype=np.float64)
+        self._seeded_uniforms(seeds, -_START, _START, starts)
+        self.state[rows] = starts
+        self.steps[rows] = 0
+        return starts.astype(np.float32)
 
     def step(self, actions: np.ndarray, rows: np.ndarray | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -79,15 +79,16 @@ class MemberEnvs:
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
         self._actions: list[list[Any]] = [[] for _ in range(p)]
-        self.obs = np.stack([self._reset(i) for i in range(p)]).astype(np.float32)
+        self.obs = self._reset(np.arange(p))
 
-    def _reset(self, i: int) -> np.ndarray:
-        seed = episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]),
-                            key=self._episode_keys[i])
+    def _reset(self, rows: np.ndarray) -> np.ndarray:
+        """Start environments ``rows`` on their current episodes; their first observations."""
+        seeds = np.array([episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]),
+                                       key=self._episode_keys[i]) for i in rows.tolist()], dtype=np.int64)
         if self.batch is not None:
-            return self.batch.reset(i, seed)
-        obs, _ = self.envs[i].reset(seed=seed)
-        return np.asarray(obs, dtype=np.float32)
+            return self.batch.reset(rows, seeds)
+        return np.stack([self.envs[i].reset(seed=int(s))[0] for i, s in zip(rows.tolist(), seeds.tolist())]
+                        ).astype(np.float32)
 
     def start_episode(self, episode: int) -> None:
         """Every environment restarts at episode ``episode`` of its stream (evaluation
@@ -96,7 +97,7 @@ class MemberEnvs:
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
         self._actions = [[] for _ in self._owner]
-        self.obs = np.stack([self._reset(i) for i in range(len(self._owner))]).astype(np.float32)
+        self.obs = self._reset(np.arange(len(self._owner)))
 
     def step(self, actions: np.ndarray) -> Step:
         """One step of every environment with ``actions`` (member-major). :attr:`obs`
@@ -125,12 +126,13 @@ class MemberEnvs:
         finished = np.flatnonzero(done)
         returns, lengths = self.episode_return[finished].copy(), self.episode_length[finished].copy()
         after = successor.copy()
-        for i in finished:
-            self.episode[i] += 1
-            self.episode_return[i] = 0.0
-            self.episode_length[i] = 0
-            self._actions[i] = []
-            after[i] = self._reset(i)
+        if finished.size:
+            self.episode[finished] += 1
+            self.episode_return[finished] = 0.0
+            self.episode_length[finished] = 0
+            for i in finished.tolist():
+                self._actions[i] = []
+            after[finished] = self._reset(finished)
         self.obs = after
         return Step(obs, actions, reward, successor, terminated, truncated, finished, returns, lengths)
 
@@ -161,7 +163,7 @@ class MemberEnvs:
         self.episode_length = counts.copy()
         start = 0
         for i in range(p):
-            obs = self._reset(i)
+            obs = self._reset(np.array([i]))[0]
             taken = actions[start:start + counts[i]]
             start += int(counts[i])
             for action in taken:
