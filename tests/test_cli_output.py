@@ -60,6 +60,10 @@ def test_silent_adjustments_are_announced(tmp_path, capsys):
     assert main(["train", "bandit", "--arms", "10", "--agents", "4", "--trials", "2", "--agent-steps", "64",
                  "--share-every", "4", "--out", str(tmp_path / "b.h5"), "--json"]) == 0
     assert "Warning" not in capsys.readouterr().err
+    # a time budget: the default step budget is not the run's, so its rounding is no news
+    assert main(["train", "bandit", "--arms", "10", "--agents", "6", "--trials", "2", "--time-budget", "0.05",
+                 "--out", str(tmp_path / "c.h5"), "--json"]) == 0
+    assert "Warning" not in capsys.readouterr().err
 
 
 def _help(argv):
@@ -178,6 +182,7 @@ def test_several_seeds_in_one_command_are_aggregated(tmp_path, capsys):
     assert main([*args, "--seeds", "3", "--seed", "4", "--json"]) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert data["seeds"] == 3 and data["out"] == [str(tmp_path / f"s-seed{k}.h5") for k in (4, 5, 6)]
+    assert (data["backend"], data["compile"]) == ("numba", False)  # as each run says
     values = [run["quality"] for run in data["runs"]]
     assert data["quality_values"] == values and data["quality"] == sum(values) / 3
     mean = sum(values) / 3

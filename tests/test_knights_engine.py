@@ -323,8 +323,9 @@ def test_float32_on_the_numba_engine_is_refused_in_one_line(cli):
     code, out, err = cli(["train", "knights", "--backend", "numba", "--dtype", "float32", "--agents", "2",
                           "--games-per-agent", "2", "--episodes", "1"])
     assert code == 2 and out == ""
-    assert err.strip().splitlines()[-1] == ("Error: --dtype float32 runs on the torch engine (--backend torch); "
-                                            "the numba engine computes in float64")
+    assert err.strip().splitlines()[-1] == (
+        "Error: this run computes in float32 (--dtype), which only the torch engine does: give --backend torch "
+        "(auto picks numba where there is no GPU); the numba engine computes in float64")
 
 
 @pytest.mark.cuda

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -310,11 +311,59 @@ def test_train_compile_runs_the_inductor_build_and_agrees() -> None:
     np.testing.assert_array_equal(plain.result.state.q, compiled.result.state.q)
 
 
+def test_torch_compile_time_is_not_learning_time(cli, tmp_path) -> None:
+    """The compile clock counts torch.compile's builds (announced once), as it counts
+    numba's, so a compiled run's learning seconds and --time-budget leave them out."""
+    import json
+    import time
+
+    from popplay.training.loop import CompileClock
+
+    said = []
+    doubled = torch.compile(lambda x: x * 2.0 + 1.0, fullgraph=True, dynamic=False)
+    started = time.perf_counter()
+    with CompileClock(lambda: said.append(1), torch_compile=True) as clock:
+        doubled(torch.ones(3, dtype=torch.float64))
+        doubled(torch.ones(3, dtype=torch.float64))  # compiled already: not counted again
+    first_call = time.perf_counter() - started
+    assert said == [1] and 0.5 * first_call < clock.seconds <= first_call
+    with CompileClock(torch_compile=False) as idle:
+        torch.compile(lambda x: x - 3.0, fullgraph=True)(torch.ones(2))
+    assert idle.seconds == 0.0
+
+    code, stdout, err = cli(["train", "bandit", "--agents", "2", "--trials", "2", "--share-every", "4",
+                             "--agent-steps", "8", "--compile", "--out", str(tmp_path / "c.h5"), "--json"])
+    assert code == 0 and "compiling the torch engine" in err
+    assert json.loads(stdout.splitlines()[-1])["seconds"] < 0.5  # eight steps; the build took seconds
+
+
+def test_a_resumed_run_stays_compiled_unless_told_otherwise(cli, tmp_path) -> None:
+    """--resume takes --compile from the run file like the backend and device (knights'
+    compiled ply rounds differently, so a resume must not change it silently); an
+    explicit --no-compile, or a move to numba, runs uncompiled."""
+    import json
+
+    out = str(tmp_path / "run.h5")
+    small = ["--agents", "2", "--trials", "2", "--share-every", "4"]
+    code, stdout, _ = cli(["train", "bandit", *small, "--agent-steps", "8", "--compile", "--out", out, "--json"])
+    assert code == 0 and json.loads(stdout.splitlines()[-1])["compile"] is True
+    for extra, backend, compiled in ((["--agent-steps", "12"], "torch", True),
+                                     (["--agent-steps", "16", "--no-compile"], "torch", False),
+                                     (["--agent-steps", "20", "--backend", "numba"], "numba", False)):
+        code, stdout, err = cli(["train", "bandit", "--resume", out, *extra, "--json"])
+        summary = json.loads(stdout.splitlines()[-1])
+        assert code == 0, err
+        assert (summary["backend"], summary["compile"]) == (backend, compiled)
+        with h5py.File(out) as f:
+            assert bool(f["config"].attrs["compile"]) is compiled
+
+
 def test_compile_with_numba_is_refused_in_one_line(cli) -> None:
     code, out, err = cli(["train", "bandit", "--backend", "numba", "--compile", "--agents", "2", "--trials", "1",
                           "--agent-steps", "8", "--share-every", "4"])
     assert code == 2 and out == ""
-    assert err == "Error: --compile compiles the torch engine; --backend numba is compiled already\n"
+    assert err == ("Error: --compile compiles the torch engine, and this run is on the numba engine, compiled "
+                   "already (--backend torch to compile)\n")
 
 
 def test_a_bandit_phase_whose_draw_fell_short_is_learned_again_exactly(monkeypatch) -> None:

@@ -25,7 +25,8 @@ class DeviceName(str, Enum):
     cuda = "cuda"
 
 
-BACKEND_HELP = "numba (fused CPU loops) or torch (batched, CPU or CUDA); auto picks torch on a GPU, numba otherwise."
+BACKEND_HELP = ("numba (fused CPU loops) or torch (batched, CPU or CUDA); auto picks torch on a GPU or with "
+                "--compile, numba otherwise.")
 DEVICE_HELP = ("Where torch runs; auto picks cuda when a GPU is present for the populations, and the CPU for the "
                "deep agents (their networks are small: cuda only when asked for).")
 OUT_HELP = "Run file to write (HDF5). Default: runs/<domain>-<timestamp>.h5."

@@ -30,12 +30,13 @@ from popplay.distributed.launch import in_rank, speaks_for_job
 from popplay.training import job
 from popplay.training.job import JobOptions
 
-# Options a resumed run may still be given: the new budget and how (not what) to run.
 #: How (not what) a resumed run may be told to run; what it learns may change only
 #: in the fields its parameters mark as budget or ``on_resume``.
 RESUME_RUN_OPTIONS = {"resume", "seeds", "time_budget", "checkpoint_every", "backend", "device", "compile",
                       "json_output", "quiet",
                       "config", "nproc", "timeout", "log_dir"}
+RESUME_HOW = ("--checkpoint-every, --backend, --device, --compile/--no-compile, --nproc, --timeout, --log-dir, "
+              "--config, --quiet, --json")
 
 
 def load_resume(ctx: typer.Context, domain: str, path: Path, fields: set[str] = frozenset()) -> Any:
@@ -47,8 +48,7 @@ def load_resume(ctx: typer.Context, domain: str, path: Path, fields: set[str] = 
             continue
         if given(ctx, param.name):
             raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "
-                               "(steps, episodes or --time-budget), --checkpoint-every, --backend, --device, "
-                               "--nproc, --timeout, --log-dir and --json may be given")
+                             f"(steps, episodes or --time-budget) and how to run ({RESUME_HOW}) may be given")
     # Resuming runs/latest-<domain>.h5 continues the run it links to, in place (an
     # atomic rewrite of the link itself would turn it into a separate copy).
     if path.is_symlink():

@@ -136,6 +136,7 @@ def build_command(domain: str) -> Callable[..., None]:
             if f.kind is int and isinstance(value, int) and not -2**63 <= value < 2**63:
                 raise UsageError(f"{f.flag} must fit in a signed 64-bit integer (got {value})")
         backend, device = run.get("backend", BackendName.auto), run["device"]
+        compile_steps = run.get("compile")
         per_option = next((f for f in budgets if f.form.per is not None), None)
         if run["resume"] is not None:
             stored = load_resume(ctx, domain, run["resume"], {f.key for f in fields if f.field in allowed_on_resume})
@@ -162,6 +163,11 @@ def build_command(domain: str) -> Callable[..., None]:
                     backend = BackendName(stored.config["backend"])
                 if not given(ctx, "device"):
                     device = DeviceName(stored.config.get("device", "cpu"))
+                # Compiled or not as it ran (knights' compiled ply rounds differently in
+                # the last bits), unless asked otherwise or moved to an engine without it.
+                if spec.kind == POPULATION and compile_steps is None and backend != BackendName.numba:
+                    stored_compile = stored.config.get("compile")
+                    compile_steps = None if stored_compile is None else bool(stored_compile)
             except (KeyError, TypeError, ValueError):
                 raise UsageError(f"{stored.path}: damaged config (backend {stored.config.get('backend')!r}, device "
                                  f"{stored.config.get('device')!r})") from None
@@ -184,10 +190,12 @@ def build_command(domain: str) -> Callable[..., None]:
         if spec.runner is not None:
             _hand_to_runner(ctx, spec, params, run, resume, time_budget)
             return
-        given_per = values[per_option.key] if per_option is not None and (resume is None or given(ctx, per_option.key)) \
-            else None
+        # the step budget as asked, for the rounding warning: given, or the default where it is the budget
+        steps_asked = per_option is not None and (given(ctx, per_option.key)
+                                                  or (resume is None and time_budget is None))
+        given_per = values[per_option.key] if steps_asked else None
         check_schedule(params, domain=domain, time_budget=schedule_time, agent_steps=given_per)
-        run_training(domain, params, backend=backend.value, device=device.value, compile=run.get("compile"),
+        run_training(domain, params, backend=backend.value, device=device.value, compile=compile_steps,
                      time_budget=time_budget, out=out,
                      overwrite=run["overwrite"] or resume is not None, json_output=run["json_output"],
                      checkpoint_every=run["checkpoint_every"], resume=resume, seeds=run["seeds"],

@@ -74,7 +74,9 @@ def resolve_backend(backend: str = "auto", device: str = "auto", compile: bool |
     if backend == "auto":
         backend = "torch" if device == "cuda" or compile else "numba"
     if compile and backend != "torch":
-        raise BackendError("--compile compiles the torch engine; --backend numba is compiled already")
+        # said of the engine, not of an option: a resumed run takes its backend from its file
+        raise BackendError("--compile compiles the torch engine, and this run is on the numba engine, compiled "
+                           "already (--backend torch to compile)")
     if compile is None:
         compile = backend == "torch" and device == "cuda"
     return Backend(backend, device, bool(compile))

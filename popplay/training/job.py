@@ -213,6 +213,8 @@ def aggregate_summaries(summaries: list[dict[str, Any]], metrics: list[str]) -> 
     out: dict[str, Any] = {"domain": first["domain"], "seeds": len(summaries), "runs": summaries,
                            "backend": first.get("backend"), "device": first.get("device"),
                            "complete": all(s["complete"] for s in summaries), "out": [s["out"] for s in summaries]}
+    if "compile" in first:  # every seed runs as the first did
+        out["compile"] = first["compile"]
     for name in metrics:
         values = [float(s[name]) for s in summaries]
         mean = sum(values) / len(values)

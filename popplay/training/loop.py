@@ -21,21 +21,47 @@ def status(reporter: Any, message: str) -> None:
 
 
 class CompileClock:
-    """Seconds numba spends compiling while active, so that learning time leaves them
-    out (a cold cache compiles kernels during the first phases too, not only in the
-    warm-up), and the first compilation announced once: on a fresh machine the
-    kernels take seconds to compile and the console must not look frozen."""
+    """Seconds spent compiling while active (numba's kernels, and ``torch.compile``'s
+    graphs where the torch engine compiles), so that learning time leaves them out (a
+    cold cache compiles during the first phases too, not only in the warm-up, and a
+    compiled torch engine builds its graphs at its first steps), and the first
+    compilation announced once: it takes seconds to tens of seconds and the console
+    must not look frozen."""
 
-    def __init__(self, announce: Callable[[], None] | None = None, *, numba: bool = False) -> None:
+    def __init__(self, announce: Callable[[], None] | None = None, *, numba: bool = False,
+                 torch_compile: bool = False) -> None:
         self.seconds = 0.0
         self._numba = numba  # listen even if numba is not imported yet (its kernels load lazily)
+        self._torch_compile = torch_compile
         self._announce = announce
         self._depth = 0
         self._started = 0.0
         self._listener: Any = None
+        self._torch_callbacks: tuple[Callable[..., None], Callable[..., None]] | None = None
+
+    def _start(self) -> None:
+        if self._depth == 0:
+            if self._announce is not None:
+                announce, self._announce = self._announce, None
+                announce()
+            self._started = time.perf_counter()
+        self._depth += 1
+
+    def _end(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._started
 
     def __enter__(self) -> "CompileClock":
-        if "numba" not in sys.modules and not self._numba:  # torch backend: nothing to compile
+        if self._torch_compile:
+            import torch._dynamo  # defers torch
+
+            # dynamo calls these around each outermost compilation (tracing and the
+            # backend's build), with arguments in some torch versions and none in others
+            handler = torch._dynamo.callback_handler
+            self._torch_callbacks = (handler.register_start_callback(lambda *_: self._start()),
+                                     handler.register_end_callback(lambda *_: self._end()))
+        if "numba" not in sys.modules and not self._numba:  # nothing of numba's to compile
             return self
         from numba.core import event  # defers numba
 
@@ -43,23 +69,23 @@ class CompileClock:
 
         class _Listener(event.Listener):
             def on_start(self, ev: Any) -> None:
-                if clock._depth == 0:
-                    if clock._announce is not None:
-                        announce, clock._announce = clock._announce, None
-                        announce()
-                    clock._started = time.perf_counter()
-                clock._depth += 1
+                clock._start()
 
             def on_end(self, ev: Any) -> None:
-                clock._depth -= 1
-                if clock._depth == 0:
-                    clock.seconds += time.perf_counter() - clock._started
+                clock._end()
 
         self._listener = _Listener()
         event.register("numba:compile", self._listener)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._torch_callbacks is not None:
+            import torch._dynamo  # defers torch
+
+            start, end = self._torch_callbacks
+            torch._dynamo.callback_handler.remove_start_callback(start)
+            torch._dynamo.callback_handler.remove_end_callback(end)
+            self._torch_callbacks = None
         if self._listener is not None:
             from numba.core import event  # defers numba
 
@@ -99,9 +125,13 @@ def run(
     rank's first phase counts another's compilation) and, in a ``time_budget`` run,
     count the same learning time after every phase (so all stop after the same one).
     """
-    uses_numba = getattr(getattr(experiment, "backend", None), "name", None) == "numba"
-    announce = lambda: status(reporter, "compiling kernels (first run only)…")  # noqa: E731
-    with CompileClock(announce, numba=uses_numba) as compiling:
+    backend = getattr(experiment, "backend", None)
+    uses_numba = getattr(backend, "name", None) == "numba"
+    torch_compile = getattr(backend, "name", None) == "torch" and bool(getattr(backend, "compile", False))
+    message = ("compiling the torch engine (torch.compile: seconds on a GPU, tens of seconds on a CPU)…"
+               if torch_compile else "compiling kernels (first run only)…")
+    announce = lambda: status(reporter, message)  # noqa: E731
+    with CompileClock(announce, numba=uses_numba, torch_compile=torch_compile) as compiling:
         return _run(experiment, time_budget=time_budget, reporter=reporter, state=state, curve=curve,
                     learning_seconds=learning_seconds, should_stop=should_stop, after_phase=after_phase,
                     on_event=on_event, compiling=compiling, ranks=ranks)

@@ -93,7 +93,9 @@ class KnightsExperiment:
             raise ValueError("--eval-every-seconds evaluates by this process's clock; over several ranks, "
                              "evaluate by episodes (--eval-every)")
         if p.dtype != "float64" and backend.name != "torch":
-            raise ValueError(f"--dtype {p.dtype} runs on the torch engine (--backend torch); the numba engine "
+            # said of the run, not of an option: a resumed run takes its dtype from its file
+            raise ValueError(f"this run computes in {p.dtype} (--dtype), which only the torch engine does: give "
+                             "--backend torch (auto picks numba where there is no GPU); the numba engine "
                              "computes in float64")
         agents, slots = np.arange(p.agents), np.arange(p.games_per_agent)
         self.play_keys = _rng.stream_keys(p.seed, game.TAG_PLAY, agents, slots).reshape(-1)
