@@ -316,7 +316,7 @@ def test_significant_pbt_copies_only_a_parent_clearly_better_and_always_a_diverg
     state.recent = np.array([[100.0, 101.0, 99.0, 100.0], [20.0, 60.0, 25.0, 70.0],
                              [30.0, 90.0, 20.0, 80.0], [100.0, 101.0, 99.0, 100.0]])
     state.learner.online.matrix[2, 0] = float("nan")
-    assert experiment.check_finite(state, phase=2) == []
+    assert experiment.check_finite(state, phase=2)[0].startswith("phase 2: member 2 diverged")
     parents, children = experiment.replicate(state)
     assert 2 in children.tolist() and torch.isfinite(state.learner.online.matrix).all()
     # The same windows under "always": both pairs are carried out.
@@ -364,6 +364,15 @@ def test_sharing_is_the_experience_weighted_mean_of_each_group() -> None:
     assert torch.equal(learner.target.matrix[0], learner.target.matrix[1])  # the target is shared alike
     share = state.lineage.records
     assert share["event"][-2:].tolist() == [EVENTS["share"]] * 2 and share["group"][-2:].tolist() == [0, 1]
+    # a diverged member gives nothing (its NaN would be its group's) and keeps its own rows
+    learner.online.matrix.copy_(before.float())
+    learner.online.matrix[1, 3] = float("nan")
+    with_nan = learner.online.matrix.clone()
+    state.member_steps = 60
+    experiment.share(state)
+    assert torch.equal(learner.online.matrix[0], with_nan[0])  # the mean of itself alone
+    torch.testing.assert_close(learner.online.matrix[1], with_nan[1], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(learner.online.matrix[2].double(), (before[2] + before[3]) / 2, rtol=2**-23, atol=0)
 
 
 def test_differentiation_after_sharing_moves_each_member_by_at_most_the_bias() -> None:
@@ -513,13 +522,49 @@ def test_a_diverged_member_is_replaced_not_the_run_stopped() -> None:
     experiment = DQNPopulation(small(agents=4, replicate_fraction=0.25), None)
     state = run_phases(experiment, 1)
     state.learner.online.matrix[2, 5] = float("nan")
-    assert experiment.check_finite(state, phase=1) == [] and experiment.diverged is None
+    warned = experiment.check_finite(state, phase=1)
+    assert len(warned) == 1 and warned[0].startswith("phase 1: member 2 diverged") and experiment.diverged is None
+    assert experiment.check_finite(state, phase=2) == []  # said once
     assert np.isnan(state.recent[2]).all()  # it ranks last from now on
     parents, children = experiment.replicate(state, scores=np.array([1.0, 2.0, 99.0, 3.0]))
     assert children.tolist() == [2] and parents.tolist() == [3]  # the NaN member never parents, whatever its score
     assert torch.isfinite(state.learner.online.matrix).all()
     state.learner.online.matrix.fill_(float("nan"))
     assert experiment.check_finite(state, phase=2) and experiment.diverged  # every member: the run stops
+
+
+DIVERGING = ["--agents", "2", "--hidden", "8", "--batch-size", "8", "--replay", "500", "--learning-starts", "100",
+             "--phase-steps", "500", "--eval-episodes", "2", "--seed", "0", "--hp", "lr=choice:1e-3,1e30"]
+
+
+def test_a_member_that_diverges_without_pbt_leaves_the_others_usable(tmp_path, cli) -> None:
+    """Without PBT a diverged member stays as it is, and the run file still serves the
+    others: a warning names it, evaluate and the summary leave it out (never the best),
+    export and evaluate --member refuse it in one line, and the run resumes exactly."""
+    split, straight = str(tmp_path / "split.h5"), str(tmp_path / "straight.h5")
+    code, out, err = cli(["train", "dqn", *DIVERGING, "--env-steps", "3000", "--out", split, "--json"])
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and summary["hypers"]["lr"] == [1e30, 1e-3]  # member 0 takes the absurd rate
+    assert "Warning: phase" in err and "member 0 diverged" in err
+    assert summary["member_quality"][0] is None and summary["best_member"] == 1 and summary["quality"] is not None
+    code, out, _ = cli(["evaluate", split, "--episodes", "2", "--json"])
+    evaluated = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and evaluated["diverged_members"] == [0] and evaluated["best_member"] == 1
+    assert evaluated["member_quality"][0] is None and evaluated["member_quality"][1] is not None
+    for command in (["evaluate", split, "--member", "0"], ["export", split, "--member", "0"]):
+        code, out, err = cli(command)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "member 0" in err and "diverged" in err
+    code, _, err = cli(["export", split, "--member", "1", "--out", "-"])
+    assert code == 2 and err.startswith("Error: --out -")
+    assert cli(["export", split, "--member", "1", "--out", str(tmp_path / "m1.pt")])[0] == 0
+
+    code, _, err = cli(["train", "dqn", "--resume", split, "--env-steps", "5000"])
+    assert code == 0, err
+    assert cli(["train", "dqn", *DIVERGING, "--env-steps", "5000", "--out", straight])[0] == 0
+    with h5py.File(split) as a, h5py.File(straight) as b:
+        for name in ("members.online", "members.adam.exp_avg", "env.obs", "episode_returns"):
+            np.testing.assert_array_equal(a["state"][name][()], b["state"][name][()])  # NaN where NaN
+
 
 
 def test_updates_are_owed_from_learning_starts_on_as_for_one_agent() -> None:

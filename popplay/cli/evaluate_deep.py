@@ -5,6 +5,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from popplay.checkpoints.validation import params_from_config
 from popplay.cli.common import print_json
 from popplay.core import registry
@@ -63,17 +65,26 @@ def _evaluate_members(run: Path, stored: Any, params: Any, experiment: Any, stat
                       seed: int | None, json_output: bool, member: int | None) -> None:
     if member is not None and not 0 <= member < params.agents:
         raise UsageError(f"--member must lie in [0, {params.agents - 1}] for {run} (got {member})")
+    diverged = experiment.diverged_members(state)
+    if member is not None and diverged[member]:
+        raise UsageError(f"--member {member}: that member of {run} diverged (non-finite parameters) and has no "
+                         "policy to play")
+    if diverged.all():
+        raise UsageError(f"{run}: every member diverged (non-finite parameters); there is no policy to play")
     started = time.perf_counter()
     returns = experiment.member_returns(state, episodes, params.seed if seed is None else seed, member)
     seconds = time.perf_counter() - started
-    means = returns.mean(axis=1)
+    means = returns.mean(axis=1)  # NaN for a diverged member
     slots = list(range(params.agents)) if member is None else [member]
-    best = int(means.argmax())
+    known = means[~np.isnan(means)]
+    best = int(np.nanargmax(means))
+    plain = lambda values: [None if np.isnan(v) else float(v) for v in values]  # noqa: E731
     payload = {
         "domain": stored.domain, "env": params.env, "path": str(run), "out": str(run), "complete": stored.complete,
         "agents": params.agents, "members": slots, "eval_episodes": episodes,
-        "member_quality": [float(v) for v in means], "member_std": [float(v) for v in returns.std(axis=1)],
-        "quality": float(means.max()), "quality_mean": float(means.mean()), "quality_worst": float(means.min()),
+        "member_quality": plain(means), "member_std": plain(returns.std(axis=1)),
+        "diverged_members": [slot for slot in slots if diverged[slot]],
+        "quality": float(known.max()), "quality_mean": float(known.mean()), "quality_worst": float(known.min()),
         "best_member": slots[best], "env_steps": int(state.env_steps), "episodes": int(state.episodes),
         "seconds": float(stored.attrs.get("learning_seconds", 0.0)), "eval_seconds": seconds,
         "backend": str(stored.config.get("backend", "none")), "device": "cpu",
@@ -84,4 +95,7 @@ def _evaluate_members(run: Path, stored: Any, params: Any, experiment: Any, stat
     print(f"{run}: {stored.domain} population of {params.agents} on {params.env} after {state.env_steps:,} env-steps"
           f"{'' if stored.complete else ' (stopped early)'}: greedy mean return over {episodes} episodes")
     for slot, mean, std in zip(slots, means, returns.std(axis=1)):
+        if diverged[slot]:
+            print(f"  member {slot:>4}: diverged (non-finite parameters)")
+            continue
         print(f"  member {slot:>4}: {mean:8.1f} ± {std:.1f}{'  (best)' if slot == slots[best] else ''}")

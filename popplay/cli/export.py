@@ -94,9 +94,14 @@ def export_member(run: Path, member: int, out: Optional[Path], json_output: bool
     agents = int(stored.config["agents"])
     if member >= agents:
         raise UsageError(f"--member must lie in [0, {agents - 1}] for {run} (got {member})")
+    if out is not None and str(out) == "-":
+        raise UsageError("--out -: a member's network is a binary torch file; name a file (or leave --out out)")
     target = out if out is not None else Path(run).with_name(f"{Path(run).stem}-member{member}.pt")
     check_replaceable(target, UsageError, kind="binary")  # an earlier export (a zip), never a run file
     _, experiment, state = restored(run, stored)
+    if experiment.diverged_members(state)[member]:
+        raise UsageError(f"--member {member}: that member of {run} diverged (non-finite parameters); there is no "
+                         "network to export")
     network = experiment.member_network(state, member)
     shape = " ".join(str(network).split())
     try:

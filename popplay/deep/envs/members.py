@@ -171,7 +171,8 @@ class MemberEnvs:
                 if term or trunc:
                     raise ValueError(f"env.actions: member {int(self._owner[i])}'s stored episode ended early")
             self._actions[i] = [a.item() if self.info.discrete else a for a in taken]
-            if not np.array_equal(np.asarray(obs, dtype=np.float32), stored_obs[i]):
+            # equal_nan: a diverged member's actions can lead its environment to NaN
+            if not np.array_equal(np.asarray(obs, dtype=np.float32), stored_obs[i], equal_nan=True):
                 raise ValueError(f"--env {self.env_id}: member {int(self._owner[i])}'s episode does not replay to "
                                  "its stored state (the environment is not deterministic)")
             self.obs[i] = obs

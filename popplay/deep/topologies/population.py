@@ -356,14 +356,19 @@ class PopulationExperiment(DeepExperiment):
         group = p.share_group or len(self.whole_slots)
         experience = float(state.member_env_steps - state.last_share_step)
         keys = torch.as_tensor(rng.stream_keys(p.seed, TAG_SHARE, self.whole_slots).reshape(-1, group))
+        # A diverged member's NaN would become its whole group's: it gives nothing and
+        # keeps its own rows (a PBT step replaces it).
+        finite_members = torch.as_tensor(self._finite_members(state))[:, None]
         for table in state.learner.parameter_tables():
             whole = self._whole(table)
-            values = whole.to(torch.float64).reshape(-1, group, whole.shape[1])
-            weights = torch.full_like(values, experience)
+            kept = whole.to(torch.float64)
+            finite = finite_members.to(kept.device)
+            values = torch.where(finite, kept, 0.0).reshape(-1, group, whole.shape[1])
+            weights = torch.where(finite, torch.full_like(kept, experience), 0.0).reshape(values.shape)
             shared, _ = share_weighted(values, weights, 0.0)
             if state.max_bias > 0:
                 shared, _ = differentiate(shared, state.max_bias, keys, state.shares * whole.shape[1])
-            table.copy_(self._mine(shared.reshape(whole.shape)).to(table.dtype))
+            table.copy_(self._mine(torch.where(finite, shared.reshape(whole.shape), kept)).to(table.dtype))
         groups = len(self.whole_slots) // group
         state.lineage.record(state.member_env_steps, "share", np.full(groups, -1), groups=np.arange(groups))
         state.shares = state.member_env_steps // p.share_every if p.share_every else state.shares + 1
@@ -374,18 +379,34 @@ class PopulationExperiment(DeepExperiment):
         local = np.all([torch.isfinite(t).all(dim=1).cpu().numpy() for t in state.learner.parameter_tables()], axis=0)
         return self._whole(local.astype(np.int64)) != 0
 
+    def diverged_members(self, state: PopulationState) -> np.ndarray:
+        """(members,) bool, the whole population's: whose networks hold NaN or infinity.
+        Such a member plays nothing: it is left out of rankings, sharing, evaluation
+        and export, and a PBT step replaces it; the others learn on."""
+        return ~self._finite_members(state)
+
+    _warned: frozenset = frozenset()  # members whose divergence was reported
+
     def check_finite(self, state: PopulationState, *, phase: int) -> list[str]:
         """A member whose parameters went non-finite ranks last (the next PBT step
-        replaces it); the run stops only when every member has."""
+        replaces it) and is reported once, as an event of the run file; the run stops
+        only when every member has."""
         finite = self._finite_members(state)
         if finite.all() or self.diverged is not None:
+            self._warned = frozenset(np.flatnonzero(~finite).tolist())  # a replaced member may diverge again
             return []
         if not finite.any():
             self.diverged_phase = phase
             self.diverged = f"phase {phase}: every member diverged (non-finite parameters); the run stops here"
             return [self.diverged]
         state.recent[~self._mine(finite)] = np.nan
-        return []
+        new = [int(k) for k in np.flatnonzero(~finite) if int(k) not in self._warned]
+        self._warned = frozenset(np.flatnonzero(~finite).tolist())
+        if not new:
+            return []
+        return [f"phase {phase}: member{'s' if len(new) > 1 else ''} {', '.join(map(str, new))} diverged "
+                "(non-finite parameters): left out of rankings, sharing, evaluation and export; the others "
+                "learn on (PBT, --replicate-every, replaces such members)"]
 
     # --- measurements ---------------------------------------------------------------
     def _updates(self, state: PopulationState) -> float:
@@ -441,9 +462,42 @@ class PopulationExperiment(DeepExperiment):
                 "replications": state.replications, "last_share_step": state.last_share_step,
                 "ranking_env_steps": state.ranking_env_steps}
 
+    def _without_diverged(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """The stored arrays that must hold no NaN or infinity: all but the lineage's and
+        the recent returns' NaN, and but the rows of members that diverged (non-finite
+        values in their own rows: such a member is kept as it was, and plays nothing),
+        unless every member did (a run that stopped diverged)."""
+        whole, copies = len(self.whole_slots), self.copies
+        dead = np.zeros(whole, dtype=bool)
+        for name, values in arrays.items():
+            if name.startswith("members.") and isinstance(values, np.ndarray) and values.dtype.kind == "f" \
+                    and values.ndim and values.shape[0] == whole:
+                dead |= ~np.isfinite(values.reshape(whole, -1)).all(axis=1)
+        if dead.all():
+            dead[:] = False
+        live_envs = np.repeat(~dead, copies)
+        counts = np.asarray(arrays.get("env.action_counts", np.zeros(0)), dtype=np.int64)
+        members = np.asarray(arrays.get("episode_member", np.zeros(0)), dtype=np.int64)
+        out = {}
+        for name, values in arrays.items():
+            if name.startswith("lineage_") or name == "recent_returns" or not isinstance(values, np.ndarray):
+                continue
+            if name.startswith("members.") and values.ndim and len(values) == whole:
+                values = values[~dead]
+            elif name in ("env.obs", "env.return") and values.ndim and len(values) == whole * copies:
+                values = values[live_envs]
+            elif name == "env.actions" and counts.shape == live_envs.shape and (counts >= 0).all() \
+                    and counts.sum() == len(values):
+                values = values[np.repeat(live_envs, counts)]
+            elif name == "episode_returns" and members.shape == values.shape \
+                    and ((members >= 0) & (members < whole)).all():
+                values = values[~dead[members]]
+            out[name] = values
+        return out
+
     def restore(self, arrays: dict[str, Any], counters: dict[str, Any]) -> PopulationState:
         """This rank's part of a stored population (stored from any number of ranks)."""
-        check_finite_arrays({k: v for k, v in arrays.items() if not k.startswith("lineage_") and k != "recent_returns"})
+        check_finite_arrays(self._without_diverged(arrays))
         p = self.params
         whole = len(self.whole_slots)
         ids = np.asarray(arrays["agent_id"], dtype=np.int64)
@@ -493,6 +547,7 @@ class PopulationExperiment(DeepExperiment):
         keep = np.isin(member, self.slots)
         state.episode_member, state.episode_return, state.episode_length, state.episode_step = (
             [kind(v) for v in values[keep].tolist()] for kind, values in zip((int, float, int, int), episodes))
+        self._warned = frozenset(np.flatnonzero(self.diverged_members(state)).tolist())  # the file's events say so
         self._note(state)
         return state
 
@@ -505,18 +560,24 @@ class PopulationExperiment(DeepExperiment):
         if n == 0:
             return np.full(len(self.whole_slots), np.nan)
         local = evaluate_members(self.params.env, self.params.seed, self.slots, self.greedy(state), n).mean(axis=1)
-        return self._whole(local)
+        qualities = self._whole(local)
+        qualities[self.diverged_members(state)] = np.nan  # NaN weights act at random, not by a policy
+        return qualities
 
     def member_returns(self, state: PopulationState, episodes: int, seed: int, member: int | None = None
                        ) -> np.ndarray:
         """(members, episodes) greedy returns from evaluation seed ``seed``: every
         member, or ``member`` alone (slot), in one process."""
         act = self.greedy(state)
+        diverged = self.diverged_members(state)
         if member is None:
-            return evaluate_members(self.params.env, seed, self.slots, act, episodes)
-        return evaluate_members(self.params.env, seed, self.slots[member:member + 1],
-                                lambda obs: act(np.repeat(obs, len(self.slots), axis=0))[member:member + 1],
-                                episodes)
+            returns = evaluate_members(self.params.env, seed, self.slots, act, episodes)
+            returns[diverged] = np.nan  # NaN weights act at random, not by a policy
+            return returns
+        returns = evaluate_members(self.params.env, seed, self.slots[member:member + 1],
+                                   lambda obs: act(np.repeat(obs, len(self.slots), axis=0))[member:member + 1],
+                                   episodes)
+        return np.full_like(returns, np.nan) if diverged[member] else returns
 
     def quality(self, state: PopulationState, episodes: int | None = None) -> float:
         return float(np.nanmax(self.member_qualities(state, episodes)))
