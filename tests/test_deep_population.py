@@ -422,11 +422,22 @@ def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> 
     (["--agents", "4", "--nproc", "2", "--episodes", "40"], "--episodes 40: a population over several ranks"),
     (["--agents", "3", "--nproc", "2"], "3 agents cannot be split evenly over 2 ranks"),
     (["--nproc", "2"], "come from its layout"),  # one agent: its topology counts its ranks
+    (["--agents", "2", "--replay", "100", "--learning-starts", "500"],
+     "--learning-starts (500) exceeds --replay (100): the memory never holds that many"),
 ])
 def test_population_options_that_cannot_work_are_refused_in_one_line(cli, args: list[str], message: str) -> None:
     code, out, err = cli(["train", "dqn", "--env-steps", "100", *args])
     assert code == 2, err
     assert message in err and "Traceback" not in err
+
+
+def test_a_budget_the_population_steps_overshoot_is_announced(cli, tmp_path) -> None:
+    flags = ["--agents", "4", "--hidden", "8", "--eval-episodes", "0", "--learning-starts", "30", "--replay", "300"]
+    code, out, err = cli(["train", "dqn", *flags, "--env-steps", "401", "--out", str(tmp_path / "a.h5"), "--json"])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["env_steps"] == 404
+    assert "Warning: --env-steps 401 is not a multiple of the 4 env-steps of one population step" in err
+    code, _, err = cli(["train", "dqn", *flags, "--env-steps", "400", "--out", str(tmp_path / "b.h5")])
+    assert code == 0 and "Warning" not in err
 
 
 @pytest.mark.parametrize("toml", ['hp = "lr=uniform:1e-4:1e-3;gamma=choice:0.9,0.99"',
@@ -516,6 +527,16 @@ def test_a_ppo_population_resumes_exactly_and_exports_its_policy(tmp_path, cli) 
     assert cli(["export", str(split), "--member", "1", "--out", str(tmp_path / "policy.pt")])[0] == 0
     policy = networks.mlp(4, 2, (8, 8), "tanh")
     policy.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=True))
+    # an --env-steps budget: a resume that changes it stretches the annealing, and says so
+    annealed = str(tmp_path / "annealed.h5")
+    assert cli(["train", "ppo", *flags, "--env-steps", "128", "--out", annealed])[0] == 0
+    code, _, err = cli(["train", "ppo", "--resume", annealed, "--env-steps", "192"])
+    assert code == 0 and "Warning: --resume with a new budget stretches what is left of the learning rate" in err
+    flat = str(tmp_path / "flat.h5")  # nothing anneals: nothing to say
+    assert cli(["train", "ppo", *flags[:flags.index("--hp")], "--env-steps", "128", "--lr", "1e-3",
+                "--lr-end", "1e-3", "--clip-range-end", "0.2", "--out", flat])[0] == 0
+    code, _, err = cli(["train", "ppo", "--resume", flat, "--env-steps", "192"])
+    assert code == 0 and "Warning" not in err, err
 
 
 def test_a_diverged_member_is_replaced_not_the_run_stopped() -> None:

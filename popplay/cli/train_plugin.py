@@ -50,6 +50,7 @@ from popplay.cli.train import (
     load_resume,
     resume_time_budget,
     run_training,
+    warn,
 )
 from popplay.core import registry
 from popplay.core.errors import UsageError
@@ -156,7 +157,10 @@ def build_command(domain: str) -> Callable[..., None]:
                 # The new budget is the run's: a deep run stops at whichever budget it
                 # reaches first, so a stored one not given again must not cut it short.
                 new.update({f.field: 0 for f in budgets if f.field not in new})
-            params = dataclasses.replace(params, **new)
+            stretched_by = getattr(params, "schedules_stretched_by", None)  # what anneals over the old budget
+            resumed = dataclasses.replace(params, **new)
+            stretched = stretched_by(resumed) if stretched_by is not None else []
+            params = resumed
             _check_learned(spec, stored, params, by_field)
             try:
                 if not given(ctx, "backend") and spec.kind == POPULATION:  # the run continues where it ran
@@ -173,6 +177,9 @@ def build_command(domain: str) -> Callable[..., None]:
                                  f"{stored.config.get('device')!r})") from None
             time_budget = resume_time_budget(ctx, stored, run["time_budget"], [f.key for f in budgets])
             out, resume, schedule_time = None, stored, stored.config.get("time_budget")
+            if stretched:
+                warn(f"--resume with a new budget stretches what is left of {' and '.join(stretched)}, which "
+                     "anneal over the whole budget: the run will differ from one made with this budget in one go")
         else:
             try:
                 params = params_type(**{f.field: field_value(f, values) for f in fields})

@@ -153,6 +153,10 @@ class DDPGConfig(HiddenConfig):
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.learning_starts < 0:
             raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
+        if self.learning_starts > self.replay_capacity:  # else the first update never comes
+            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds replay_capacity "
+                             f"({self.replay_capacity}): the memory never holds that many transitions, so "
+                             "nothing would be learned")
         if self.exploration_noise < 0:
             raise ValueError(f"exploration_noise must be non-negative (got {self.exploration_noise})")
         if self.per_alpha < 0 or not 0.0 <= self.per_beta0 <= 1.0:

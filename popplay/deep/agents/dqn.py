@@ -60,6 +60,10 @@ class DQNConfig(HiddenConfig):
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.learning_starts < 0:
             raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
+        if self.learning_starts > self.replay_capacity:  # else the first update never comes
+            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds replay_capacity "
+                             f"({self.replay_capacity}): the memory never holds that many transitions, so "
+                             "nothing would be learned")
         if not self.update_ratio > 0:
             raise ValueError(f"update_ratio must be positive (got {self.update_ratio})")
         if not (0.0 <= self.epsilon_end <= 1.0 and 0.0 <= self.epsilon_start <= 1.0):

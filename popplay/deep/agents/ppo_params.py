@@ -91,6 +91,17 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
         self._check_population(HYPER_BOUNDS, self.workflow, "--workflow")
 
+    def schedules_stretched_by(self, resumed: "PPOParams") -> list[str]:
+        """What anneals over this run's --env-steps budget and would anneal over another
+        in ``resumed`` (a resume with a new budget stretches what is left of it)."""
+        if not self.env_steps or resumed.env_steps == self.env_steps:
+            return []
+        varied = {spec.name for spec in self.hyper_specs(HYPER_BOUNDS)}  # per member: may differ from the end
+        return ([f"the learning rate (to --lr-end {self.lr_end:g})"]
+                if self.lr_end != self.lr or "lr" in varied else []) + \
+            ([f"the clip range (to --clip-range-end {self.clip_range_end:g})"]
+             if self.clip_range_end != self.clip_range or "clip_range" in varied else [])
+
     def schedule(self, progress_remaining: float) -> tuple[float, float]:
         """``(learning rate, clip range)`` at ``progress_remaining`` in [0, 1]: linear
         from the start values (1) to the end values (0), as SB3's ``lin_`` schedules."""

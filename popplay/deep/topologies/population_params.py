@@ -79,14 +79,21 @@ class PopulationLayout:
                              "or --time-budget budget (every rank must agree on it at every step); give --episodes 0")
 
     def schedule_warnings(self) -> list[str]:
-        """Operators an env-step budget never reaches (silently none is not what was asked)."""
+        """An env-step budget the population's steps overshoot, and operators it never
+        reaches (silently either is not what was asked)."""
         if self.agents < 2 or not getattr(self, "env_steps", 0):
             return []
         per_member = -(-self.env_steps // self.agents)  # type: ignore[attr-defined]  (over its copies)
-        return [f"--{name.replace('_', '-')} {every:,} is more than the {per_member:,} env-steps each member takes: "
-                f"no {what} will happen"
-                for name, every, what in (("replicate_every", self.replicate_every, "replication"),
-                                          ("share_every", self.share_every, "sharing")) if every > per_member]
+        step = self.agents * int(getattr(self, "copies", 1))  # env-steps of one step of every member's copies
+        rounded = [] if self.env_steps % step == 0 else [  # type: ignore[attr-defined]
+            f"--env-steps {self.env_steps:,} is not a multiple of the {step:,} env-steps of one population step "
+            f"(--agents {self.agents:,}{'' if step == self.agents else ' x their copies'}): training "
+            f"{-(-self.env_steps // step) * step:,} env-steps"]  # type: ignore[attr-defined]
+        return rounded + [
+            f"--{name.replace('_', '-')} {every:,} is more than the {per_member:,} env-steps each member takes: "
+            f"no {what} will happen"
+            for name, every, what in (("replicate_every", self.replicate_every, "replication"),
+                                      ("share_every", self.share_every, "sharing")) if every > per_member]
 
     def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology") -> None:
         """Population options that only make sense together (ValueError, one line)."""
