@@ -77,7 +77,7 @@ def render(progress: Progress) -> RenderableType:
     stats.add_row(*_budget_row(progress))
     if _per_trial(progress):
         stats.add_row("shares", str(progress.phase))
-    if progress.total_agent_steps is not None:
+    if progress.total_agent_steps is not None and progress.unit != progress.step_name:  # else the row above
         stats.add_row("agent-steps, all trials" if _per_trial(progress) else progress.step_name,
                       f"{progress.total_agent_steps:,}")
     stats.add_row(f"{progress.step_name}/s", format_rate(progress.agent_steps_per_second))

@@ -124,8 +124,9 @@ def test_deep_runs_count_env_steps_not_agent_steps():
     deep = _progress(domain="dqn", agent_steps=600, budget_agent_steps=None, total_agent_steps=600, unit="env-steps",
                      done_units=600, budget_units=1000, step_name="env-steps")
     text, line = _text(render(deep)), plain_line(deep)
-    assert "env-steps/s" in text and "env-steps/s" in line and "600" in text
+    assert "env-steps/s" in text and "env-steps/s" in line and "600 / 1,000" in text
     assert "agent-steps" not in text and "agent-steps" not in line
+    assert [row.split()[0] for row in text.splitlines()].count("env-steps") == 1  # the budget row says it all
 
 
 def test_whole_metrics_stay_whole_and_plain_lines_stay_short():

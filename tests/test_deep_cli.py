@@ -154,6 +154,34 @@ def test_resume_refuses_new_settings_and_needs_a_budget(tmp_path: Path, capsys: 
     assert "a dqn run, not a reinforce run" in capsys.readouterr().err
 
 
+def test_a_stopped_run_resumed_without_a_budget_goes_on_to_its_own(tmp_path, monkeypatch, capsys) -> None:
+    from contextlib import contextmanager
+
+    import h5py
+
+    from popplay.training import job
+
+    calls = []
+
+    @contextmanager
+    def stop_at_once():  # a Ctrl-C in the first phase
+        yield lambda: calls.append(1) or len(calls) > 1
+
+    out, whole = tmp_path / "s.h5", tmp_path / "w.h5"
+    args = ["train", "dqn", "--agents", "2", "--env-steps", "600", "--phase-steps", "100", "--eval-episodes", "0",
+            *TINY]
+    with monkeypatch.context() as patch:
+        patch.setattr(job, "stop_on_signals", stop_at_once)
+        assert main([*args, "--out", str(out)]) == 130
+    assert not load_run(out).complete
+    capsys.readouterr()
+    assert main(["train", "dqn", "--resume", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["env_steps"] == 600
+    assert main([*args, "--out", str(whole)]) == 0
+    with h5py.File(out) as a, h5py.File(whole) as b:
+        np.testing.assert_array_equal(a["state"]["members.online"][()], b["state"]["members.online"][()])
+
+
 def test_multi_rank_launch_honours_overwrite_and_hands_ranks_the_command_line(tmp_path, monkeypatch, capsys):
     """An existing --out is refused without --overwrite before any rank starts; the ranks
     run the very command line given (so they learn its device, budget and options)."""

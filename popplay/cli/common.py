@@ -96,9 +96,10 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "DEFAULT_MAP")
 
 
+# \\[ : the help's markup would take "[bandit]" for a style and drop it
 CONFIG_HELP = ("TOML file of options (agent-steps = 131072, differentiation = \"top2\", …): top-level keys apply to "
-               "every train command that has them, a [DOMAIN] table ([bandit], [dqn], …) to that command, overriding "
-               "them; options on the command line override both.")
+               "every train command that has them, a [DOMAIN] table (\\[bandit], \\[dqn], …) to that command, "
+               "overriding them; options on the command line override both.")
 CONFIG_LIMIT = 1 << 20  # bytes: an options file is a few lines
 
 

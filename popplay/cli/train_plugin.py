@@ -151,9 +151,11 @@ def build_command(domain: str) -> Callable[..., None]:
                 if f.field in allowed_on_resume and given(ctx, f.key):
                     per = getattr(params, f.form.per) if f.form.per is not None else None
                     new[f.field] = field_value(f, values, per)
-            if spec.kind == DEEP:
-                if not any(f.field in new for f in budgets) and not given(ctx, "time_budget"):
-                    raise UsageError("--resume needs a new budget: " + " or ".join(f.flag for f in budgets))
+            asked = any(f.field in new for f in budgets) or given(ctx, "time_budget")
+            if spec.kind == DEEP and not asked and stored.complete:
+                raise UsageError("--resume needs a new budget: " + " or ".join(f.flag for f in budgets)
+                                 + f" ({stored.path} reached its own)")
+            if spec.kind == DEEP and asked:  # (a stopped run resumed without one goes on to its own)
                 # The new budget is the run's: a deep run stops at whichever budget it
                 # reaches first, so a stored one not given again must not cut it short.
                 new.update({f.field: 0 for f in budgets if f.field not in new})

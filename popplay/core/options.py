@@ -12,7 +12,6 @@ A field without metadata is not a command-line option (derived or internal state
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -99,15 +98,10 @@ def option_name(params_type: type, field: str) -> str:
 
 def user_message(params_type: type, message: str) -> str:
     """A ``validate()`` message that starts with a field's name, in the user's terms
-    (the option's name instead); other field names in it with an underscore (never a
-    word of prose) become their options too."""
+    (the option's name instead)."""
     field, _, rest = str(message).partition(" ")
     names = {f.name for f in dataclasses.fields(params_type)}
-    if not (field in names and rest):
-        return str(message)
-    for name in sorted((n for n in names if "_" in n), key=len, reverse=True):
-        rest = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", option_name(params_type, name), rest)
-    return f"{option_name(params_type, field)} {rest}"
+    return f"{option_name(params_type, field)} {rest}" if field in names and rest else str(message)
 
 
 def budget_fields(params_type: type) -> list[str]:

@@ -154,7 +154,7 @@ class DDPGConfig(HiddenConfig):
         if self.learning_starts < 0:
             raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
         if self.learning_starts > self.replay_capacity:  # else the first update never comes
-            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds replay_capacity "
+            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds the replay capacity "
                              f"({self.replay_capacity}): the memory never holds that many transitions, so "
                              "nothing would be learned")
         if self.exploration_noise < 0:
