@@ -532,7 +532,7 @@ def test_a_ppo_population_resumes_exactly_and_exports_its_policy(tmp_path, cli) 
     annealed = str(tmp_path / "annealed.h5")
     assert cli(["train", "ppo", *flags, "--env-steps", "128", "--out", annealed])[0] == 0
     code, _, err = cli(["train", "ppo", "--resume", annealed, "--env-steps", "192"])
-    assert code == 0 and "Warning: --resume with a new budget stretches what is left of the learning rate" in err
+    assert code == 0 and "Warning: --resume with a new budget changes how the learning rate" in err
     flat = str(tmp_path / "flat.h5")  # nothing anneals: nothing to say
     assert cli(["train", "ppo", *flags[:flags.index("--hp")], "--env-steps", "128", "--lr", "1e-3",
                 "--lr-end", "1e-3", "--clip-range-end", "0.2", "--out", flat])[0] == 0

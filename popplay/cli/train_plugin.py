@@ -180,8 +180,9 @@ def build_command(domain: str) -> Callable[..., None]:
             time_budget = resume_time_budget(ctx, stored, run["time_budget"], [f.key for f in budgets])
             out, resume, schedule_time = None, stored, stored.config.get("time_budget")
             if stretched:
-                warn(f"--resume with a new budget stretches what is left of {' and '.join(stretched)}, which "
-                     "anneal over the whole budget: the run will differ from one made with this budget in one go")
+                warn(f"--resume with a new budget changes how {' and '.join(stretched)} anneal from here on "
+                     "(over the whole --env-steps budget: stretched to a larger one, held at the start without "
+                     "one): the run will differ from one made with this budget in one go")
         else:
             try:
                 params = params_type(**{f.field: field_value(f, values) for f in fields})

@@ -93,7 +93,7 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
 
     def schedules_stretched_by(self, resumed: "PPOParams") -> list[str]:
         """What anneals over this run's --env-steps budget and would anneal over another
-        in ``resumed`` (a resume with a new budget stretches what is left of it)."""
+        in ``resumed`` (a resume with a new budget re-plans what is left of it)."""
         if not self.env_steps or resumed.env_steps == self.env_steps:
             return []
         varied = {spec.name for spec in self.hyper_specs(HYPER_BOUNDS)}  # per member: may differ from the end
