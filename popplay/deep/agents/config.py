@@ -30,3 +30,14 @@ def check_network(config: Any, positive: tuple[str, ...] = ("lr",)) -> None:
             raise ValueError(f"{name} must be positive (got {getattr(config, name)})")
     if not 0.0 <= config.gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1] (got {config.gamma})")
+
+
+def check_replay_start(config: Any) -> None:
+    """A replay agent's ``learning_starts``: non-negative, and within ``replay_capacity``
+    (else the memory never holds that many transitions and the first update never comes)."""
+    if config.learning_starts < 0:
+        raise ValueError(f"learning_starts must be non-negative (got {config.learning_starts})")
+    if config.learning_starts > config.replay_capacity:
+        raise ValueError(f"learning_starts ({config.learning_starts}) exceeds the replay capacity "
+                         f"({config.replay_capacity}): the memory never holds that many transitions, so "
+                         "nothing would be learned")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from popplay.deep.agents import networks
-from popplay.deep.agents.config import HiddenConfig, check_network
+from popplay.deep.agents.config import HiddenConfig, check_network, check_replay_start
 from popplay.deep.agents.credit import UpdateCredit
 from popplay.deep.agents.per import PrioritizedReplay
 from popplay.deep.agents.replay import Batch, ReplayBuffer
@@ -151,12 +151,7 @@ class DDPGConfig(HiddenConfig):
         for name in ("batch_size", "replay_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.learning_starts < 0:
-            raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
-        if self.learning_starts > self.replay_capacity:  # else the first update never comes
-            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds the replay capacity "
-                             f"({self.replay_capacity}): the memory never holds that many transitions, so "
-                             "nothing would be learned")
+        check_replay_start(self)
         if self.exploration_noise < 0:
             raise ValueError(f"exploration_noise must be non-negative (got {self.exploration_noise})")
         if self.per_alpha < 0 or not 0.0 <= self.per_beta0 <= 1.0:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from popplay.deep.agents import networks
-from popplay.deep.agents.config import HiddenConfig, check_network
+from popplay.deep.agents.config import HiddenConfig, check_network, check_replay_start
 from popplay.deep.agents.credit import UpdateCredit
 from popplay.deep.agents.flat import FlatAdam, FlatMLP, clip_norm_
 from popplay.deep.agents.replay import Batch, ReplayBuffer
@@ -58,12 +58,7 @@ class DQNConfig(HiddenConfig):
         for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.learning_starts < 0:
-            raise ValueError(f"learning_starts must be non-negative (got {self.learning_starts})")
-        if self.learning_starts > self.replay_capacity:  # else the first update never comes
-            raise ValueError(f"learning_starts ({self.learning_starts}) exceeds the replay capacity "
-                             f"({self.replay_capacity}): the memory never holds that many transitions, so "
-                             "nothing would be learned")
+        check_replay_start(self)
         if not self.update_ratio > 0:
             raise ValueError(f"update_ratio must be positive (got {self.update_ratio})")
         if not (0.0 <= self.epsilon_end <= 1.0 and 0.0 <= self.epsilon_start <= 1.0):

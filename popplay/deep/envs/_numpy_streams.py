@@ -26,10 +26,11 @@ _TWO_M53 = 1.0 / 9007199254740992.0
 
 
 @numba.njit(cache=True, inline="always")
-def _hashmix(value: np.uint64, hash_const: np.uint64) -> tuple[np.uint64, np.uint64]:
-    """SeedSequence's hashmix on 32-bit words held in uint64: (mixed value, next constant)."""
+def _hashmix(value: np.uint64, hash_const: np.uint64, multiplier: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """SeedSequence's hash step on 32-bit words held in uint64 (its pool mixing with
+    ``_MULT_A``, its ``generate_state`` with ``_MULT_B``): (mixed value, next constant)."""
     value = (value ^ hash_const) & _U32
-    hash_const = (hash_const * _MULT_A) & _U32
+    hash_const = (hash_const * multiplier) & _U32
     value = (value * hash_const) & _U32
     return value ^ (value >> _SHIFT16), hash_const
 
@@ -72,19 +73,16 @@ def seeded_uniforms(seeds: np.ndarray, low: float, high: float, out: np.ndarray)
         hash_const = _INIT_A
         for j in range(4):
             entropy = np.uint64(seeds[i]) & _U32 if j == 0 else np.uint64(0)
-            pool[j], hash_const = _hashmix(entropy, hash_const)
+            pool[j], hash_const = _hashmix(entropy, hash_const, _MULT_A)
         for src in range(4):
             for dst in range(4):
                 if src != dst:
-                    mixed, hash_const = _hashmix(pool[src], hash_const)
+                    mixed, hash_const = _hashmix(pool[src], hash_const, _MULT_A)
                     pool[dst] = _mix(pool[dst], mixed)
         # generate_state(4, uint64): eight 32-bit words, paired little-endian
         hash_const = _INIT_B
         for j in range(8):
-            value = pool[j % 4] ^ hash_const
-            hash_const = (hash_const * _MULT_B) & _U32
-            value = (value * hash_const) & _U32
-            words[j] = value ^ (value >> _SHIFT16)
+            words[j], hash_const = _hashmix(pool[j % 4], hash_const, _MULT_B)
         seed_hi, seed_lo = words[0] | (words[1] << _SHIFT32), words[2] | (words[3] << _SHIFT32)
         seq_hi, seq_lo = words[4] | (words[5] << _SHIFT32), words[6] | (words[7] << _SHIFT32)
         # PCG64's srandom: inc = (seq << 1) | 1; step; state += seed; step

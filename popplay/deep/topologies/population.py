@@ -392,16 +392,16 @@ class PopulationExperiment(DeepExperiment):
         replaces it) and is reported once, as an event of the run file; the run stops
         only when every member has."""
         finite = self._finite_members(state)
+        # the set as it is now: a member replaced since its report is reported again if it diverges again
+        reported, self._warned = self._warned, frozenset(np.flatnonzero(~finite).tolist())
         if finite.all() or self.diverged is not None:
-            self._warned = frozenset(np.flatnonzero(~finite).tolist())  # a replaced member may diverge again
             return []
         if not finite.any():
             self.diverged_phase = phase
             self.diverged = f"phase {phase}: every member diverged (non-finite parameters); the run stops here"
             return [self.diverged]
         state.recent[~self._mine(finite)] = np.nan
-        new = [int(k) for k in np.flatnonzero(~finite) if int(k) not in self._warned]
-        self._warned = frozenset(np.flatnonzero(~finite).tolist())
+        new = sorted(self._warned - reported)
         if not new:
             return []
         return [f"phase {phase}: member{'s' if len(new) > 1 else ''} {', '.join(map(str, new))} diverged "
