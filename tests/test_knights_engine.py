@@ -414,3 +414,16 @@ def test_quality_uses_common_positions_and_splits_first_moves():
         quality(nets, "random", 3, params=params)
     with pytest.raises(ValueError, match="opponent"):
         quality(nets, "chess", 4, params=params)
+
+
+def test_the_torch_engines_counting_sort_is_sort():
+    """The ply re-sorts a side's pieces by counting (it fuses when compiled); captured
+    pieces tie on the dump square."""
+    import torch
+
+    from popplay.games.knights._torch import _sorted_rows
+
+    rows = torch.as_tensor(np.random.default_rng(5).integers(0, 37, size=(3000, 5)))
+    rows[::4, 1:3] = 36  # two captured pieces: a tie
+    assert torch.equal(_sorted_rows(rows), rows.sort(dim=1).values)
+    assert torch.equal(_sorted_rows(rows.view(100, 30, 5)), rows.view(100, 30, 5).sort(dim=-1).values)

@@ -112,7 +112,8 @@ class TorchKnightsEngine:
         plies = torch.full((n,), self.max_turns, dtype=torch.int64, device=dev)
         history: list[list[tuple]] = [[], []]
         learning = any(learn_side)
-        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t)
+        tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t,
+                  self._move_columns(w1p))
         plies_done = torch.arange(1, self.max_turns + 1, device=dev)  # as tensors: one graph for every ply
         for ply in range(self.max_turns):
             # The one question a ply loop asks the device, every SYNC_EVERY plies:
@@ -146,7 +147,7 @@ class TorchKnightsEngine:
         """One ply of every game: the mover (``side``) picks its move, the position and
         results advance; the learner's after-state record when ``learn_here``. Where
         ``deep_here``, some networks look two plies deep (``deep_t``)."""
-        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t = tables
+        w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t, _ = tables
         deep = deep_t[:, side]
         S = self.squares
         n = pieces.shape[0]
@@ -169,11 +170,7 @@ class TorchKnightsEngine:
             is_net = kd == KIND_NET
             q = net_t[:, side]
             z0 = self._preactivation(w1flat, b1, q, own, opp, rows)
-            base_row = (q * rows)[:, None]
-            z = (z0[:, None, :] - w1flat[base_row + origin.clamp(max=S - 1)]
-                 + w1flat[base_row + t_clamped]
-                 - capture[..., None] * w1flat[base_row + S + t_clamped])
-            y = _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
+            y = _move_outputs(z0, q, own, capture, tables)
             if deep_here:
                 y = torch.where(deep[:, None],
                                 self._two_ply_scores(y, q, own, opp, board, mover, origin, targets, capture, tables), y)
@@ -189,8 +186,8 @@ class TorchKnightsEngine:
         square = torch.arange(S + 1, device=board.device)
         board = torch.where(moving[:, None] & (square == f[:, None]), 0, board)
         board = torch.where(moving[:, None] & (square == t[:, None]), mover, board)
-        own = torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own).sort(dim=1).values
-        opp = torch.where(cap[:, None] & (opp == t[:, None]), S, opp).sort(dim=1).values
+        own = _sorted_rows(torch.where(moving[:, None] & (own == f[:, None]), t[:, None], own))
+        opp = _sorted_rows(torch.where(cap[:, None] & (opp == t[:, None]), S, opp))
         pieces = torch.stack([own, opp] if side == 0 else [opp, own], dim=1)
         record = None
         if learn_here:
@@ -291,8 +288,8 @@ class TorchKnightsEngine:
         position it replies to), valued by networks ``q`` (games,) from the replier's
         view: (origin, clamped target, legal, takes, output pre-activation), each
         (games, ..., replies). The two-ply chooser and TD-Leaf share it."""
-        w1flat, b1, w2, b2, rows, wm, bm = tables[0], tables[1], tables[2], tables[3], tables[8], tables[10], tables[11]
-        S, k, J = self.squares, self.k, self.jumps.shape[1]
+        w1flat, b1, rows = tables[0], tables[1], tables[8]
+        k, J = self.k, self.jumps.shape[1]
         lead = replier.shape[:-1]
         reply_target = self.jumps[replier].reshape(*lead, -1)
         reply_origin = replier[..., None].expand(*lead, k, J).reshape(*lead, -1)
@@ -302,10 +299,20 @@ class TorchKnightsEngine:
         takes = legal & (occupant == mover)
         q_flat = q.view(-1, *(1,) * (len(lead) - 1)).expand(lead).reshape(-1)
         z0 = self._preactivation(w1flat, b1, q_flat, replier.reshape(-1, k), mover_pieces.reshape(-1, k), rows)
-        base_row = (q * rows).view(-1, *(1,) * len(lead))
-        z = (z0.view(*lead, 1, -1) - w1flat[base_row + reply_origin.clamp(max=S - 1)] + w1flat[base_row + rt]
-             - takes[..., None] * w1flat[base_row + S + rt])
-        return reply_origin, rt, legal, takes, _output(_rules.sigmoid(z), q, w2, b2, wm, bm)[0]
+        return reply_origin, rt, legal, takes, _move_outputs(z0.view(*lead, -1), q, replier, takes, tables)
+
+    def _move_columns(self, w1p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first-layer columns every move touches, per network and origin square:
+        the origin's (networks, squares + 1, hidden), the target's and the taken
+        piece's (networks, squares + 1, hidden, jumps); off-board targets read square
+        0 (their moves are illegal). With the jumps innermost, a piece's moves are one
+        contiguous block: compiled, the after-state pass then runs in vector lanes
+        where gathering a row per move kept it scalar."""
+        S = self.squares
+        targets = self.jumps.clamp(min=0)  # (squares + 1, jumps)
+        origins = torch.arange(S + 1, device=w1p.device).clamp(max=S - 1)  # the captured row: never moves
+        return (w1p[:, origins], w1p[:, targets].transpose(-1, -2).contiguous(),
+                w1p[:, S + targets].transpose(-1, -2).contiguous())
 
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
@@ -352,6 +359,35 @@ def _output(a1: torch.Tensor, q: torch.Tensor, w2: torch.Tensor, b2: torch.Tenso
     flat = a1.reshape(q.shape[0], -1, a1.shape[-1])
     a2 = _rules.sigmoid(torch.bmm(flat, wm[q]) + bm[q][:, None, :]).view(*a1.shape[:-1], -1)
     return b2[q].view(lead) + (a2 * w2[q].view(*lead, -1)).sum(dim=-1), a2
+
+
+def _move_outputs(z0: torch.Tensor, q: torch.Tensor, pieces: torch.Tensor, capture: torch.Tensor,
+                  tables: tuple) -> torch.Tensor:
+    """Output pre-activations of every move's after-state, (games, ..., pieces·jumps) in
+    the order the moves are listed: from the position's first-layer pre-activations
+    ``z0`` (games, ..., hidden), the incremental change of each move (its piece leaves
+    its origin, lands on its target, and takes what stands there where ``capture``) by
+    networks ``q`` (games,); ``pieces`` (games, ..., k) are the mover's."""
+    w2, b2, wm, bm = tables[2], tables[3], tables[10], tables[11]
+    w_from, w_to, w_take = tables[13]
+    lead, k = pieces.shape[:-1], pieces.shape[-1]
+    net = q.view(-1, *(1,) * len(lead))
+    jumps = w_to.shape[-1]
+    z = ((z0[..., None, :, None] - w_from[net, pieces][..., None]) + w_to[net, pieces]
+         - capture.view(*lead, k, 1, jumps) * w_take[net, pieces])  # (games, ..., k, hidden, jumps)
+    y = _output(_rules.sigmoid(z).transpose(-1, -2), q, w2, b2, wm, bm)[0]
+    return y.reshape(*lead, k * jumps)
+
+
+def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row of the integers ``x`` in ascending order, by counting: an entry's place is
+    the number of smaller entries plus that of equal ones before it. Rows are short (a
+    side's pieces); compiled, this fuses into the ply, where ``sort`` is a library call
+    of its own."""
+    place = torch.arange(x.shape[-1], device=x.device)
+    tied_before = (x[..., None, :] == x[..., :, None]) & (place[None, :] < place[:, None])
+    rank = ((x[..., None, :] < x[..., :, None]) | tied_before).sum(dim=-1)  # where each entry goes
+    return (x[..., :, None] * (rank[..., :, None] == place)).sum(dim=-2)
 
 
 def _nth(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
