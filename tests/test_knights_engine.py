@@ -427,3 +427,23 @@ def test_the_torch_engines_counting_sort_is_sort():
     rows[::4, 1:3] = 36  # two captured pieces: a tie
     assert torch.equal(_sorted_rows(rows), rows.sort(dim=1).values)
     assert torch.equal(_sorted_rows(rows.view(100, 30, 5)), rows.view(100, 30, 5).sort(dim=-1).values)
+
+
+def test_the_torch_engines_choosers_pick_what_argmax_picks():
+    """The ply finds the best move and the n-th legal move by counting (vector lanes
+    when compiled); the slots are argmax's: first maximum, first NaN, 0 for no move."""
+    import torch
+
+    from popplay.games.knights._torch import _first_max, _nth
+
+    rng_ = np.random.default_rng(6)
+    values = torch.as_tensor(rng_.integers(0, 4, size=(4000, 40)).astype(np.float64))  # ties
+    values[::7] = -torch.inf  # no legal move
+    values[3::11, 5] = torch.nan
+    values[3::22, 2] = torch.nan
+    assert torch.equal(_first_max(values), values.argmax(dim=1))
+    mask = torch.as_tensor(rng_.random((4000, 40)) < 0.3)
+    mask[::9] = False
+    rank = torch.as_tensor(rng_.integers(0, 20, size=4000))  # past the last True too
+    expected = [int(np.flatnonzero(row)[r]) if r < row.sum() else 0 for row, r in zip(mask.numpy(), rank.numpy())]
+    assert _nth(mask, rank).tolist() == expected

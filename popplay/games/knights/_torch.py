@@ -174,7 +174,7 @@ class TorchKnightsEngine:
             if deep_here:
                 y = torch.where(deep[:, None],
                                 self._two_ply_scores(y, q, own, opp, board, mover, origin, targets, capture, tables), y)
-            best_slot = torch.where(legal, y, -torch.inf).argmax(dim=1)
+            best_slot = _first_max(torch.where(legal, y, -torch.inf))
             explore = _rules.explores(word, eps_t[:, side])
             slot = torch.where(is_net & ~explore, best_slot, slot)
         moving = n_legal > 0
@@ -390,7 +390,22 @@ def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
     return (x[..., :, None] * (rank[..., :, None] == place)).sum(dim=-2)
 
 
+# The two choosers below count where ``argmax`` would search: compiled on a CPU, a
+# count or a minimum over the move slots runs in vector lanes, an ``argmax`` one slot
+# at a time (a branch per slot for its NaN rule). They pick the same slots.
+
+
+def _first_max(values: torch.Tensor) -> torch.Tensor:
+    """``values.argmax(dim=1)``: per row the slot of the first maximum, or of the first
+    NaN where there is one."""
+    best = values.amax(dim=1, keepdim=True)  # NaN where a row has one
+    hit = (values == best) | (values != values)
+    slots = torch.arange(values.shape[1], device=values.device)
+    return torch.where(hit, slots, values.shape[1]).amin(dim=1)
+
+
 def _nth(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """Per row, the slot of the rank-th True of ``mask`` (0 where there is none)."""
-    hit = mask & (mask.cumsum(dim=1) == (rank + 1)[:, None])
-    return hit.to(torch.int8).argmax(dim=1)
+    """Per row, the slot of the rank-th True of ``mask`` (0 where there is none): the
+    number of slots before it, those whose running count of Trues is at most ``rank``."""
+    before = (mask.cumsum(dim=1) <= rank[:, None]).sum(dim=1)
+    return torch.where(before < mask.shape[1], before, 0)
