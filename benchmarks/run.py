@@ -175,9 +175,11 @@ class Bench:
 
     def add(self, section: str, domain: str, backend: Backend, timing: Timing, *, agents: int,
             trials: int | None = None, arms: int | None = None, games: int | None = None,
-            peer: dict[str, Any] | None = None, notes: str = "", gpu_mib: float | None = None) -> dict[str, Any]:
-        """One row: what was measured, how fast, and against which peer."""
-        name = backend.name + ("+compile" if backend.compile else "")
+            peer: dict[str, Any] | None = None, notes: str = "", gpu_mib: float | None = None,
+            dtype: str = "float64") -> dict[str, Any]:
+        """One row: what was measured, how fast, and against which peer (``dtype``: what
+        a torch engine computed in, named in the backend where it is not float64)."""
+        name = backend.name + ("+compile" if backend.compile else "") + ("" if dtype == "float64" else f"+{dtype}")
         row = {"section": section, "domain": domain, "backend": name, "device": backend.device,
                "threads": self.threads_of(backend),
                "agents": agents, "trials": trials, "arms": arms, "games_per_agent": games,
@@ -283,11 +285,12 @@ class Bench:
     # -- knights ----------------------------------------------------------------
 
     def knights_popplay(self, backend: Backend, agents: int, games: int, warm: int | None = None,
-                        episodes: int | None = None) -> dict[str, Any]:
+                        episodes: int | None = None, dtype: str = "float64") -> dict[str, Any]:
         """Learning rate; continues a population already warmed up at this size (any
-        backend), so that only the first measurement of a size pays the warm-up."""
+        backend or dtype: the weights stay float64), so that only the first measurement
+        of a size pays the warm-up."""
         s = self.sizes
-        params = KnightsParams(agents=agents, games_per_agent=games)
+        params = KnightsParams(agents=agents, games_per_agent=games, dtype=dtype)
         warm = warm if warm is not None else (s.knights_warm if backend.name == "numba" else s.knights_torch_warm)
         state = self.knights_states.get((agents, games))
         if state is not None:
@@ -299,7 +302,7 @@ class Bench:
                 state=state))
             return {**result, "gpu_mib": mib, "warm": warm, "continued": state is not None}
 
-        result = self.once(("knights", backend, agents, games), measure)
+        result = self.once(("knights", backend, agents, games, dtype), measure)
         self.knights_states.setdefault((agents, games), result["state"])
         return result
 
@@ -315,8 +318,8 @@ class Bench:
 
     def knights_row(self, section: str, backend: Backend, agents: int, games: int, *,
                     peer: dict[str, Any] | None = None, warm: int | None = None,
-                    episodes: int | None = None) -> dict[str, Any]:
-        result = self.knights_popplay(backend, agents, games, warm, episodes)
+                    episodes: int | None = None, dtype: str = "float64") -> dict[str, Any]:
+        result = self.knights_popplay(backend, agents, games, warm, episodes, dtype)
         timing = Timing(result["turns"], result["seconds"], result["episodes"], result["rounds"])
         if peer is None:
             peer = self.knights_ceiling(KnightsParams(agents=agents, games_per_agent=games), result["state"])
@@ -324,16 +327,18 @@ class Bench:
         notes = (f"{how} {result['warm']} untimed episode(s); {result['plies_per_game']:.0f} plies per game, "
                  f"rounds of {result['episodes']} episode(s)")
         return self.add(section, "knights", backend, timing, agents=agents, games=games, peer=peer, notes=notes,
-                        gpu_mib=result["gpu_mib"])
+                        gpu_mib=result["gpu_mib"], dtype=dtype)
 
     def knights(self) -> None:
         s = self.sizes
         order = sorted(s.knights_agents, reverse=True)  # the largest population measures the moves per ply
+        first = len(self.rows)
         for agents in order:
             for backend in self.backends():
                 self.knights_row("knights", backend, agents, s.knights_games)
-        self.rows[-len(order) * len(self.backends()):] = sorted(
-            self.rows[-len(order) * len(self.backends()):], key=lambda r: (r["agents"], _backend_order(r)))
+            if self.compile:  # --dtype float32, the torch engine's other precision (the weights stay float64)
+                self.knights_row("knights", Backend("torch", "cpu", True), agents, s.knights_games, dtype="float32")
+        self.rows[first:] = sorted(self.rows[first:], key=lambda r: (r["agents"], _backend_order(r)))
         self.knights_notes("knights")
 
     def knights_notes(self, section: str) -> None:
@@ -448,8 +453,8 @@ def _oom_note(asked: int, used: int, what: str) -> str:
 
 
 def _backend_order(row: dict[str, Any]) -> int:
-    return {("numba", "cpu"): 0, ("torch", "cpu"): 1, ("torch+compile", "cpu"): 2, ("torch", "cuda"): 3,
-            ("torch+compile", "cuda"): 4}.get((row["backend"], row["device"]), 5)
+    return {("numba", "cpu"): 0, ("torch", "cpu"): 1, ("torch+compile", "cpu"): 2, ("torch+compile+float32", "cpu"): 3,
+            ("torch", "cuda"): 4, ("torch+compile", "cuda"): 5}.get((row["backend"], row["device"]), 6)
 
 
 # ---------------------------------------------------------------------------
