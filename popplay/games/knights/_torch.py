@@ -92,7 +92,9 @@ class TorchKnightsEngine:
         games = torch.arange(n, device=dev)
 
         # every word counter of the batch, mixed once: no host-to-device copy per ply
-        mixed = _rng.mix_counter(torch.arange(base, base + 2 * k + self.max_turns, device=dev))
+        # (the plies' counters padded to whole blocks of SYNC_EVERY: see the ply loop)
+        ply_blocks = -(-self.max_turns // SYNC_EVERY) * SYNC_EVERY
+        mixed = _rng.mix_counter(torch.arange(base, base + 2 * k + ply_blocks, device=dev))
         remaining = torch.arange(S, S - 2 * k, -1, device=dev)
         # the starting positions: partial Fisher-Yates over the squares
         perm = torch.arange(S, device=dev).repeat(n, 1)
@@ -121,20 +123,21 @@ class TorchKnightsEngine:
             # it every batch would run to max_turns).
             if ply % SYNC_EVERY == 0 and ply and not bool(active.any()):
                 break
+            if ply % SYNC_EVERY == 0:  # the next block's words in one draw: fewer, larger operations
+                words = _rng.draw(keys_t, mixed[2 * k + ply:2 * k + ply + SYNC_EVERY, None])  # (plies, games)
             side = ply % 2
             pieces, board, active, result, plies, record = self._ply(
                 side, net_side[side], learn_side[side], deep_side[side], td_leaf, plies_done[ply],
-                _rng.draw(keys_t, mixed[2 * k + ply]),
-                pieces, board, active, result, plies, tables)
+                words[ply % SYNC_EVERY], pieces, board, active, result, plies, tables)
             if record is not None:
                 history[side].append(record)
         delta = None
         if learning:
             rest = b1.shape[1] + wm.shape[1] * wm.shape[2] + bm.shape[1] + w2.shape[1] + 1  # b1, wm, bm, w2, b2
-            # Sums transposed, a parameter's column per network row: index_add_ splits
-            # its work over threads by the other axis, and split by parameter, two
-            # threads adding into the same cache lines (a network row's 4 hidden
-            # units) slowed this pass up to 3x. Each sum still adds in the same order.
+            # The sums are kept transposed, a row per parameter: index_add_ splits its
+            # work over threads by the axis it does not index, so each thread now owns
+            # whole rows. Split by hidden unit, two threads added into the same cache
+            # lines and the pass ran up to 3x slower. Each sum adds in the same order.
             d_w1 = torch.zeros(hidden, n_nets * rows, dtype=self.dtype, device=dev)
             d_rest = torch.zeros(rest, n_nets, dtype=self.dtype, device=dev)
             for side in range(2):
@@ -263,7 +266,7 @@ class TorchKnightsEngine:
         S = self.squares
         records, own_index, own_h, own_h2, own_v, _ = after
         reply_origin, rt, legal, takes, y = self._replies(q, opp, own, board, mover, tables)
-        best = torch.where(legal, y, -torch.inf).argmax(dim=1, keepdim=True)
+        best = _first_max(torch.where(legal, y, -torch.inf))[:, None]
         origin, target = reply_origin.gather(1, best), rt.gather(1, best)
         taken = takes.gather(1, best)
         opp2 = torch.where(opp == origin, target, opp)
