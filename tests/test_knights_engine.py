@@ -434,7 +434,8 @@ def test_the_torch_engines_choosers_pick_what_argmax_picks():
     when compiled); the slots are argmax's: first maximum, first NaN, 0 for no move."""
     import torch
 
-    from popplay.games.knights._torch import _first_max, _nth
+    from popplay.games.knights._torch import _first_max
+    from popplay.xp.th import nth_true as _nth
 
     rng_ = np.random.default_rng(6)
     values = torch.as_tensor(rng_.integers(0, 4, size=(4000, 40)).astype(np.float64))  # ties

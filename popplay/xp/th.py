@@ -82,6 +82,15 @@ def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tens
     return lanes[:capacity], valid, count > capacity
 
 
+def nth_true(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """Along the last axis, the index of the ``rank``-th (from 0) True of ``mask``; 0
+    where there are not that many. Counted, not searched: the number of slots whose
+    running count of Trues is at most ``rank``. Compiled on a CPU a count runs in vector
+    lanes, where an ``argmax`` over the running count goes one slot at a time."""
+    before = (mask.cumsum(dim=-1) <= rank[..., None]).sum(dim=-1)
+    return torch.where(before < mask.shape[-1], before, 0)
+
+
 def flat_take(x: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)[lanes]
 

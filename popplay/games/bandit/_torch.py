@@ -171,4 +171,4 @@ def _random_argmax(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, the floor(u * c)-th (in index order) of the c arms holding the maximum."""
     ties = rows == rows.max(dim=-1, keepdim=True).values
     pick = torch.floor(u * ties.sum(dim=-1)).to(torch.int64)
-    return (ties.cumsum(dim=-1) > pick[..., None]).to(torch.int8).argmax(dim=-1)
+    return th.nth_true(ties, pick)

@@ -167,9 +167,9 @@ class TorchKnightsEngine:
         capture = legal & (occupant == -mover)
         n_legal = legal.sum(dim=1)
         u = _rules.choice(word)
-        random_slot = _nth(legal, _rules.pick(u, n_legal))
+        random_slot = th.nth_true(legal, _rules.pick(u, n_legal))
         n_capture = capture.sum(dim=1)
-        greedy_slot = torch.where(n_capture > 0, _nth(capture, _rules.pick(u, n_capture)), random_slot)
+        greedy_slot = torch.where(n_capture > 0, th.nth_true(capture, _rules.pick(u, n_capture)), random_slot)
         kd = kind_t[:, side]
         slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
         if net_here:
@@ -397,9 +397,9 @@ def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
     return (x[..., :, None] * (rank[..., :, None] == place)).sum(dim=-2)
 
 
-# The two choosers below count where ``argmax`` would search: compiled on a CPU, a
-# count or a minimum over the move slots runs in vector lanes, an ``argmax`` one slot
-# at a time (a branch per slot for its NaN rule). They pick the same slots.
+# Counted where ``argmax`` would search (the n-th legal move likewise, ``th.nth_true``):
+# compiled on a CPU, a count or a minimum over the move slots runs in vector lanes, an
+# ``argmax`` one slot at a time (a branch per slot for its NaN rule). Same slots.
 
 
 def _first_max(values: torch.Tensor) -> torch.Tensor:
@@ -409,10 +409,3 @@ def _first_max(values: torch.Tensor) -> torch.Tensor:
     hit = (values == best) | (values != values)
     slots = torch.arange(values.shape[1], device=values.device)
     return torch.where(hit, slots, values.shape[1]).amin(dim=1)
-
-
-def _nth(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """Per row, the slot of the rank-th True of ``mask`` (0 where there is none): the
-    number of slots before it, those whose running count of Trues is at most ``rank``."""
-    before = (mask.cumsum(dim=1) <= rank[:, None]).sum(dim=1)
-    return torch.where(before < mask.shape[1], before, 0)
