@@ -2,8 +2,9 @@
 datasets and the same ``--json`` numbers, bit for bit, whatever the code's layout.
 
 ``python tests/pinned/commands.py --write`` records ``golden.json`` (run it only when a
-change of results is intended, and say so in the commit); ``tests/test_pinned.py``
-checks every command against it. Timings, paths and provenance are left out; what is
+change of results is intended, and say so in the commit); ``--write-machine`` adds the
+records of this machine class for the commands whose bits depend on the CPU
+(``BY_MACHINE``); ``tests/test_pinned.py`` checks every command against it. Timings, paths and provenance are left out; what is
 left is everything the run computes.
 """
 from __future__ import annotations
@@ -58,6 +59,32 @@ COMMANDS: list[tuple[str, list[str], str | None, bool]] = [
     ("td3", ["train", "td3", *CONTINUOUS, "--out", "td3.h5"], "td3.h5", False),
     ("ddpg-per", ["train", "ddpg", *CONTINUOUS, "--per", "--out", "ddpg.h5"], "ddpg.h5", False),
 ]
+
+#: Commands whose results are what MKL's matrix products computed. MKL's strict mode
+#: (MKL_CBWR=AUTO,STRICT, which popplay sets) gives the same bits on every Intel CPU with
+#: AVX2 or more, but AMD's CPUs take other kernels: the weights differ in their last bits
+#: (TD3 and DDPG+PER, whose prioritised replay feeds rounding back into what they sample,
+#: by more), and so do the numbers they print. Their results are pinned per machine class
+#: (``machine()``); the other commands' are the same on every machine.
+BY_MACHINE = {"dqn", "dqn-train-every", "dqn-collective", "reinforce-local", "reinforce-server", "a2c", "td3",
+              "ddpg-per"}
+
+
+def machine() -> str:
+    """The class of CPU whose matrix products a run file records: its vendor and the
+    vector instructions torch dispatches to, e.g. ``GenuineIntel AVX512``."""
+    import platform
+
+    import torch
+
+    vendor = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), vendor)
+    except OSError:
+        pass
+    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
+
 
 #: JSON keys that measure time or name paths: not results.
 def _volatile(key: str) -> bool:
@@ -167,16 +194,32 @@ def options_of(argv: list[str], help_text: Any = None) -> list[str]:
 
 
 def main() -> None:
+    """``--write``: record every command's results (an intended change of results: the
+    records of other machine classes are dropped, as they no longer hold);
+    ``--write-machine``: add this machine class's records of the BY_MACHINE commands,
+    leaving everything else as it is; neither: say which commands differ."""
     import tempfile
 
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    here = machine()
+    only_machine = "--write-machine" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_all(Path(tmp))
+        results = run_all(Path(tmp), names=BY_MACHINE if only_machine else None)
+    for name in BY_MACHINE & set(results):
+        kept = golden.get(name, {}).get("by_machine", {}) if only_machine else {}
+        results[name] = {"by_machine": {**kept, here: results[name]}}
+        if not only_machine and "--write" not in sys.argv:  # compare with this machine's record only
+            golden[name] = {"by_machine": {here: golden.get(name, {}).get("by_machine", {}).get(here)}}
+    if only_machine:
+        golden.update({name: results[name] for name in BY_MACHINE})
+        GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {here}'s records of {len(BY_MACHINE)} commands to {GOLDEN}")
+        return
     results["options"] = {" ".join(argv): options_of(argv) for argv in HELP_COMMANDS}
     if "--write" in sys.argv:
         GOLDEN.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {GOLDEN}")
+        print(f"wrote {GOLDEN} (machine-dependent records for {here} only)")
     else:
-        golden = json.loads(GOLDEN.read_text())
         bad = [name for name in results if results[name] != golden.get(name)]
         print("differ:", bad or "none")
 
