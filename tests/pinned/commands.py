@@ -4,8 +4,8 @@ datasets and the same ``--json`` numbers, bit for bit, whatever the code's layou
 ``python tests/pinned/commands.py --write`` records ``golden.json`` (run it only when a
 change of results is intended, and say so in the commit); ``--write-machine`` adds the
 records of this machine class for the commands whose bits depend on the CPU
-(``BY_MACHINE``); ``tests/test_pinned.py`` checks every command against it. Timings, paths and provenance are left out; what is
-left is everything the run computes.
+(``BY_MACHINE``); ``tests/test_pinned.py`` checks every command against it. Timings,
+paths and provenance are left out; what is left is everything the run computes.
 """
 from __future__ import annotations
 
