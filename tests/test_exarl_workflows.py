@@ -4,8 +4,10 @@ The three jobs run side by side (one launch each, started together) to keep the
 wall time down; each rank's every wait is bounded by --timeout."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,11 +54,19 @@ def test_workflows_through_real_processes(jobs, tmp_path: Path) -> None:
         "central": _start(jobs, ["--workflow", "central-inference", "--actors", "2", "--episodes", "6",
                            "--out", str(tmp_path / "central.h5")]),
     }
-    # A run with a budget it will not reach, stopped by Ctrl-C once the others are done:
+    summaries = {name: jobs.summary(process, 150) for name, process in runs.items()}
+    # A run with a budget it will not reach, stopped by Ctrl-C once it learns (started
+    # after the others, so that its three ranks do not take their cores all along):
     # rank 0 stops the other learners (a stop round) and releases the actors.
     endless = _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
                       "--out", str(tmp_path / "stopped.h5")])
-    summaries = {name: jobs.summary(process, 150) for name, process in runs.items()}
+    deadline, played = time.monotonic() + 150, None
+    while played is None and time.monotonic() < deadline:  # progress lines: "... episodes 2/1,000,000 ..."
+        line = endless.stderr.readline()
+        assert line, "the run ended before it was stopped"
+        progress = re.search(r"episodes ([\d,]+)/", line)
+        played = progress and int(progress.group(1).replace(",", "")) or None
+    assert played, "no episode played within 150 s"
     endless.send_signal(signal.SIGINT)
     stopped = jobs.summary(endless, 150, expect=130)
     assert stopped["complete"] is False and stopped["episodes"] > 0
