@@ -95,14 +95,12 @@ class RunFile:
 
 def library_versions() -> dict[str, str]:
     import h5py  # defers h5py
-    import numba  # defers numba
 
-
-    # torch's version from its metadata: importing torch for it would cost the numba
-    # paths seconds at every save.
+    # torch's and numba's versions from their metadata: importing torch for it would cost
+    # the numba paths seconds at every save, and numba a few tenths the deep processes.
     return {
         "python": platform.python_version(), "popplay": popplay.__version__,
-        "numpy": np.__version__, "numba": numba.__version__, "torch": version("torch"),
+        "numpy": np.__version__, "numba": version("numba"), "torch": version("torch"),
         "h5py": h5py.__version__,
     }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -138,11 +139,13 @@ def split_numba_threads(dist: Dist) -> None:
 
     if not dist.distributed:
         return
+    numba = sys.modules.get("numba")
+    if numba is None:  # not loaded (a deep rank may never load it): it takes its pool's size from here when it is
+        os.environ["NUMBA_NUM_THREADS"] = str(cores_per_process("NUMBA_NUM_THREADS"))
+        return
     try:
-        import numba  # defers numba
-
         numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, cores_per_process("NUMBA_NUM_THREADS"))))
-    except (ImportError, ValueError):
+    except ValueError:
         pass
 
 

@@ -53,7 +53,6 @@ from popplay.distributed import collectives
 from popplay.distributed.group import current
 from popplay.operators import hyper
 from popplay.operators.evolution import Lineage, initial_ids, select_replacements, significant, window_means
-from popplay.operators.sharing import differentiate, share_weighted
 from popplay.tournaments.ratings import elo_ratings, elo_standard_errors
 
 TAG_SHARE = 12
@@ -352,6 +351,9 @@ class PopulationExperiment(DeepExperiment):
 
     def share(self, state: PopulationState) -> None:
         """Experience-weighted sharing in groups, then differentiation."""
+        # numba's import costs every deep process (each rank) a few tenths of a second; only sharing needs it
+        from popplay.operators.sharing import differentiate, share_weighted  # defers numba
+
         p = self.params
         group = p.share_group or len(self.whole_slots)
         experience = float(state.member_env_steps - state.last_share_step)
