@@ -68,9 +68,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _compile_bytecode() -> None:
     """Write popplay's bytecode once. An editable install has none, and where
-    PYTHONDONTWRITEBYTECODE is set (as on CI's machines) no process writes it: each of the
-    hundreds of processes the tests start would compile popplay's modules again (0.15-0.3 s
-    of CPU each, on two cores shared by everything)."""
+    PYTHONDONTWRITEBYTECODE is set (as on this project's machines) no process writes it:
+    each of the hundreds of processes the tests start would compile popplay's modules
+    again (0.15-0.3 s of CPU each, on two cores shared by everything)."""
     import compileall
 
     compileall.compile_dir(str(ROOT / "popplay"), quiet=2)  # a read-only checkout: the processes compile, as before

@@ -61,7 +61,8 @@ def test_workflows_through_real_processes(jobs, tmp_path: Path) -> None:
     endless = _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "1", "--episodes", "1000000",
                       "--out", str(tmp_path / "stopped.h5")])
     deadline, played = time.monotonic() + 150, None
-    while played is None and time.monotonic() < deadline:  # progress lines: "... episodes 2/1,000,000 ..."
+    # progress lines: "... episodes 2/1,000,000 ..."; a silent hang still ends, at the ranks' --timeout 60
+    while played is None and time.monotonic() < deadline:
         line = endless.stderr.readline()
         assert line, "the run ended before it was stopped"
         progress = re.search(r"episodes ([\d,]+)/", line)
