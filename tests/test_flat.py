@@ -83,9 +83,11 @@ def test_flat_adam_steps_as_torch_optim_adam(fused: bool) -> None:
     if fused:  # the same kernel, bit for bit
         assert torch.equal(flat.vector, networks.flat_parameters(reference))
     torch.testing.assert_close(flat.vector, networks.flat_parameters(reference), rtol=1e-6, atol=1e-7)
-    # Run-file arrays: torch.optim's names, loadable both ways.
+    # Run-file arrays: torch.optim's names (as popplay's Adam writes them, which
+    # tests/test_adam.py holds to torch's), loadable both ways.
     ours = adam.arrays("adam")
-    theirs = networks.optimizer_arrays(optimizer, "adam")
+    theirs = {f"adam.{index}.{key}": torch.as_tensor(value).numpy()
+              for index, state in optimizer.state_dict()["state"].items() for key, value in state.items()}
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
         np.testing.assert_allclose(ours[name], value, rtol=1e-6, atol=1e-9)

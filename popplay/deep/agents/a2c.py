@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.config import HiddenConfig, check_network
 from popplay.deep.agents.reinforce import SampledPolicy  # noqa: F401  (actors sample as REINFORCE's do)
 from popplay.deep.agents.vtrace import vtrace
@@ -133,7 +134,7 @@ class A2C:
     def __post_init__(self) -> None:
         self.config.validate()
         self.policy, self.value = networks.actor_critic(self.seed, self.obs_dim, self.actions, self.config.hidden)
-        self.optimizer = torch.optim.Adam([*self.policy.parameters(), *self.value.parameters()], lr=self.config.lr)
+        self.optimizer = Adam([*self.policy.parameters(), *self.value.parameters()], lr=self.config.lr)
         self.updates = 0
         self.received = 0  # real steps learned from
         self.last_loss = float("nan")
@@ -186,7 +187,7 @@ class A2C:
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         return {**networks.module_arrays(self.policy, "policy"), **networks.module_arrays(self.value, "value"),
-                **networks.optimizer_arrays(self.optimizer, "adam")}
+                **self.optimizer.arrays("adam")}
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.updates, "received": self.received, "last_loss": self.last_loss,
@@ -195,7 +196,7 @@ class A2C:
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         networks.load_module_arrays(self.policy, "policy", arrays)
         networks.load_module_arrays(self.value, "value", arrays)
-        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.optimizer.load(arrays, "adam")
         self.updates = int(counters["updates"])
         self.received = int(counters["received"])
         self.last_loss = float(counters.get("last_loss", float("nan")))

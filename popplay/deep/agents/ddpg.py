@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.config import HiddenConfig, check_network, check_replay_start
 from popplay.deep.agents.credit import UpdateCredit
 from popplay.deep.agents.per import PrioritizedReplay
@@ -231,7 +232,7 @@ class ContinuousLearner(UpdateCredit):
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Adam]:
         raise NotImplementedError
 
     def generators(self) -> dict[str, torch.Generator]:
@@ -275,7 +276,7 @@ class ContinuousLearner(UpdateCredit):
         for name, module in self.modules().items():
             out.update(networks.module_arrays(module, name))
         for name, opt in self.optimizers().items():
-            out.update(networks.optimizer_arrays(opt, name))
+            out.update(opt.arrays(name))
         out.update(self.replay.arrays("replay"))
         for name, g in self.generators().items():
             out[f"rng.{name}"] = networks.generator_array(g)
@@ -289,7 +290,7 @@ class ContinuousLearner(UpdateCredit):
         for name, module in self.modules().items():
             networks.load_module_arrays(module, name, arrays)
         for name, opt in self.optimizers().items():
-            networks.load_optimizer_arrays(opt, name, arrays)
+            opt.load(arrays, name)
         self.replay.load(arrays, int(counters["replay_added"]), "replay")
         for name, g in self.generators().items():
             networks.load_generator(g, arrays[f"rng.{name}"])
@@ -334,15 +335,15 @@ class DDPG(ContinuousLearner):
             self.critic = Critic(self.obs_dim, len(self.action_low), self.config.hidden)
         self.actor_target = frozen_copy(self.actor)
         self.critic_target = frozen_copy(self.critic)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.config.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.config.critic_lr)
+        self.actor_opt = Adam(self.actor.parameters(), lr=self.config.actor_lr)
+        self.critic_opt = Adam(self.critic.parameters(), lr=self.config.critic_lr)
         self._init_replay()
 
     def modules(self) -> dict[str, nn.Module]:
         return {"actor": self.actor, "critic": self.critic,
                 "actor_target": self.actor_target, "critic_target": self.critic_target}
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Adam]:
         return {"adam_actor": self.actor_opt, "adam_critic": self.critic_opt}
 
     def learn(self, batch: Batch, weights: torch.Tensor | None = None) -> DDPGStats:

@@ -84,49 +84,6 @@ def load_module_arrays(module: nn.Module, prefix: str, arrays: dict[str, np.ndar
     module.load_state_dict(state)
 
 
-def optimizer_arrays(optimizer: torch.optim.Optimizer, prefix: str) -> dict[str, np.ndarray]:
-    """The optimiser's per-parameter state (Adam: step, exp_avg, exp_avg_sq) as arrays."""
-    out = {}
-    for index, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            out[f"{prefix}.{index}.{key}"] = torch.as_tensor(value).detach().cpu().numpy().copy()
-    return out
-
-
-#: What Adam keeps per parameter once it has stepped (``max_exp_avg_sq`` too with amsgrad).
-_ADAM_KEYS = ("step", "exp_avg", "exp_avg_sq")
-
-
-def load_optimizer_arrays(optimizer: torch.optim.Optimizer, prefix: str, arrays: dict[str, np.ndarray]) -> None:
-    """Restore :func:`optimizer_arrays`. Either none (an optimiser that never stepped) or
-    every parameter's whole state, each moment shaped like its parameter: torch would
-    accept a partial or misshapen state and fail at the next step (ValueError, one line,
-    naming the entry)."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
-    wanted = (*_ADAM_KEYS, "max_exp_avg_sq") if amsgrad else _ADAM_KEYS
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in arrays.items():
-        if not name.startswith(prefix + "."):
-            continue
-        index, _, key = name[len(prefix) + 1:].partition(".")
-        if not index.isdigit() or int(index) >= len(params) or key not in wanted:
-            raise ValueError(f"{name}: not a state entry of this optimiser")
-        value = np.asarray(value)
-        if value.dtype.kind not in "fiu":
-            raise ValueError(f"{name}: dtype {value.dtype}, expected numbers")
-        shape = () if key == "step" else tuple(params[int(index)].shape)
-        if value.shape != shape and not (key == "step" and value.size == 1):
-            raise ValueError(f"{name}: shape {value.shape}, expected {shape}")
-        state.setdefault(int(index), {})[key] = torch.as_tensor(value)
-    if state and (len(state) != len(params) or any(len(entry) != len(wanted) for entry in state.values())):
-        missing = [f"{prefix}.{i}.{key}" for i in range(len(params)) for key in wanted if key not in state.get(i, {})]
-        raise ValueError(f"{missing[0]}: missing (the optimiser's state is incomplete)")
-    state_dict = optimizer.state_dict()
-    state_dict["state"] = state
-    optimizer.load_state_dict(state_dict)
-
-
 def generator_array(generator: torch.Generator) -> np.ndarray:
     """A torch generator's position as bytes (restored by :func:`load_generator`)."""
     return generator.get_state().numpy().copy()

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.rollout import Rollout
 
 
@@ -95,13 +96,6 @@ def ppo_statistics(log_ratio: torch.Tensor, clip_range: float) -> tuple[torch.Te
     return ((ratio - 1.0).abs() > clip_range).float().mean(), ((ratio - 1.0) - log_ratio).mean()
 
 
-def _adam(params: list[nn.Parameter], lr: float, eps: float) -> torch.optim.Optimizer:
-    try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError):  # builds without a fused CPU Adam
-        return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
-
-
 @dataclass(eq=False)
 class PPO:
     """The learner's state: separate policy and value networks (tanh MLPs, SB3's
@@ -116,7 +110,7 @@ class PPO:
         self.config.validate()
         self.policy, self.value = networks.actor_critic(self.seed, self.obs_dim, self.actions, self.config.hidden)
         self._params = [*self.policy.parameters(), *self.value.parameters()]
-        self.optimizer = _adam(self._params, self.config.lr, self.config.adam_eps)
+        self.optimizer = Adam(self._params, self.config.lr, eps=self.config.adam_eps, fused=True)
         self.shuffle = networks.generator(self.seed * 7919 + 3)
         self.updates = 0  # optimiser steps
         self.rollouts = 0  # learn calls
@@ -133,7 +127,7 @@ class PPO:
         """Every learned network (for checksums of the learners' copies)."""
         return nn.ModuleList([self.policy, self.value])
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Adam]:
         return {"adam": self.optimizer}
 
     # --- acting -----------------------------------------------------------------------
@@ -271,7 +265,7 @@ class PPO:
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         return {**networks.module_arrays(self.policy, "policy"), **networks.module_arrays(self.value, "value"),
-                **networks.optimizer_arrays(self.optimizer, "adam"),
+                **self.optimizer.arrays("adam"),
                 "rng.shuffle": networks.generator_array(self.shuffle)}
 
     def counters(self) -> dict[str, Any]:
@@ -283,7 +277,7 @@ class PPO:
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         networks.load_module_arrays(self.policy, "policy", arrays)
         networks.load_module_arrays(self.value, "value", arrays)
-        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.optimizer.load(arrays, "adam")
         networks.load_generator(self.shuffle, arrays["rng.shuffle"])
         self.updates = int(counters["updates"])
         self.rollouts = int(counters["rollouts"])

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.config import HiddenConfig, check_network
 from popplay.deep.envs.rollout import episode_seed, play_episodes
 
@@ -124,7 +125,7 @@ class Reinforce:
     def __post_init__(self) -> None:
         self.config.validate()
         self.policy = policy_network(self.seed, self.obs_dim, self.actions, self.config)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
+        self.optimizer = Adam(self.policy.parameters(), lr=self.config.lr)
         self.updates = 0
         self.received = 0  # env-steps learned from
         self.last_loss = float("nan")
@@ -146,14 +147,14 @@ class Reinforce:
 
     # --- run-file arrays ------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
-        return {**networks.module_arrays(self.policy, "policy"), **networks.optimizer_arrays(self.optimizer, "adam")}
+        return {**networks.module_arrays(self.policy, "policy"), **self.optimizer.arrays("adam")}
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.updates, "received": self.received, "last_loss": self.last_loss}
 
     def load(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
         networks.load_module_arrays(self.policy, "policy", arrays)
-        networks.load_optimizer_arrays(self.optimizer, "adam", arrays)
+        self.optimizer.load(arrays, "adam")
         self.updates = int(counters["updates"])
         self.received = int(counters["received"])
         self.last_loss = float(counters.get("last_loss", float("nan")))

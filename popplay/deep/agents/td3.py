@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.ddpg import (
     Actor,
     ContinuousLearner,
@@ -107,8 +108,8 @@ class TD3(ContinuousLearner):
         self.actor_target = frozen_copy(self.actor)
         self.critic1_target = frozen_copy(self.critic1)
         self.critic2_target = frozen_copy(self.critic2)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.config.actor_lr)
-        self.critic_opt = torch.optim.Adam([*self.critic1.parameters(), *self.critic2.parameters()],
+        self.actor_opt = Adam(self.actor.parameters(), lr=self.config.actor_lr)
+        self.critic_opt = Adam([*self.critic1.parameters(), *self.critic2.parameters()],
                                            lr=self.config.critic_lr)
         self.smoothing = networks.generator(self.seed * 7919 + 2)
         self._init_replay()
@@ -118,7 +119,7 @@ class TD3(ContinuousLearner):
                 "actor_target": self.actor_target, "critic1_target": self.critic1_target,
                 "critic2_target": self.critic2_target}
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Adam]:
         return {"adam_actor": self.actor_opt, "adam_critic": self.critic_opt}
 
     def generators(self) -> dict[str, torch.Generator]:

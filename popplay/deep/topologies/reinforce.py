@@ -24,6 +24,7 @@ import torch
 from popplay.core.errors import UsageError
 from popplay.deep import envs
 from popplay.deep.agents import networks
+from popplay.deep.agents.adam import Adam
 from popplay.deep.agents.dqn import greedy_policy
 from popplay.deep.agents.reinforce import (
     policy_network,
@@ -116,7 +117,7 @@ class ReinforceExperiment(DeepExperiment):
 
     def initial_state(self) -> ReinforceState:
         policy = policy_network(self.params.seed, self.info.obs_dim, int(self.info.actions), self.config)
-        optimizer = torch.optim.Adam(policy.parameters(), lr=self.config.lr)
+        optimizer = Adam(policy.parameters(), lr=self.config.lr)
         return ReinforceState(policy=policy, optimizer=optimizer,
                               generators=[worker_generator(self.params.seed, w) for w in range(self.params.workers)],
                               running=np.zeros(self.params.workers))
@@ -158,7 +159,7 @@ class ReinforceExperiment(DeepExperiment):
     def state_arrays(self, state: ReinforceState) -> dict[str, Any]:
         self._note(state)
         out = {**networks.module_arrays(state.policy, "policy"),
-               **networks.optimizer_arrays(state.optimizer, "adam"),
+               **state.optimizer.arrays("adam"),
                "running": state.running.astype(np.float64),
                "running_curve": np.asarray(state.running_curve, dtype=np.float64),
                "episode_returns": np.asarray(state.returns, dtype=np.float64)}
@@ -176,7 +177,7 @@ class ReinforceExperiment(DeepExperiment):
         check_finite_arrays(arrays)
         state = self.initial_state()
         networks.load_module_arrays(state.policy, "policy", arrays)
-        networks.load_optimizer_arrays(state.optimizer, "adam", arrays)
+        state.optimizer.load(arrays, "adam")
         running = np.asarray(arrays["running"], dtype=np.float64)
         if running.shape != (self.params.workers,):
             raise ValueError(f"running rewards of {running.shape[0]} workers stored for {self.params.workers}")
