@@ -109,8 +109,7 @@ class TD3(ContinuousLearner):
         self.critic1_target = frozen_copy(self.critic1)
         self.critic2_target = frozen_copy(self.critic2)
         self.actor_opt = Adam(self.actor.parameters(), lr=self.config.actor_lr)
-        self.critic_opt = Adam([*self.critic1.parameters(), *self.critic2.parameters()],
-                                           lr=self.config.critic_lr)
+        self.critic_opt = Adam([*self.critic1.parameters(), *self.critic2.parameters()], lr=self.config.critic_lr)
         self.smoothing = networks.generator(self.seed * 7919 + 2)
         self._init_replay()
 
