@@ -1,6 +1,6 @@
 """Deep populations (``train dqn --agents P``): throughput and what the operators buy (not a test).
 
-    python benchmarks/deep_population.py throughput [--members 64] [--steps 3000] [--hidden 128,128]
+    python benchmarks/deep_population.py throughput [--members 64] [--steps 3000] [--hidden 128,128] [--repeats 1]
     python benchmarks/deep_population.py quality [--seeds 0,1,2] [--steps 60000] [--env CartPole-v1] [--variants "A;B"]
     python benchmarks/deep_population.py reach [--seeds 0,1,2] [--steps 100000] [--check-every 5000] [--variants "A;B"]
 
@@ -98,21 +98,33 @@ def sb3_pair(steps: int, hidden: str) -> dict:
 
 
 def throughput(args: argparse.Namespace) -> dict:
+    """The rows side by side, ``--repeats`` rounds of all of them one after another:
+    rates and ratios are the median over the rounds, each ratio taken within one round
+    (this machine's speed drifts between rounds; the one-agent run, under a second at
+    3,000 env-steps, moved by 60 % from one run of this command to the next)."""
     common = ["--env", args.env, "--hidden", args.hidden, *SCHEDULE]  # SB3 steps gymnasium's CartPole-v1
-    rows = {}
-    population = popplay(["--agents", str(args.members), "--env-steps", str(args.members * args.steps),
-                          "--phase-steps", "500", *common])
-    rows[f"popplay population, {args.members} members"] = population
-    rows["popplay population, 2 members"] = popplay(["--agents", "2", "--env-steps", str(2 * args.steps),
-                                                    "--phase-steps", "500", *common])
-    rows["popplay one agent (sequential)"] = popplay(["--env-steps", str(args.steps), *common])
-    rows["stable-baselines3, 2 runs at once"] = sb3_pair(args.steps, args.hidden)
-    table = {name: round(row["env_steps_per_second"], 1) for name, row in rows.items()}
-    one = table["popplay one agent (sequential)"]
-    return {"env": args.env, "hidden": args.hidden, "steps_per_member": args.steps, "env_steps_per_second": table,
-            "population_over_one_agent": round(table[f"popplay population, {args.members} members"] / one, 2),
-            "population_over_sb3_pairs": round(table[f"popplay population, {args.members} members"]
-                                               / table["stable-baselines3, 2 runs at once"], 2)}
+    population = f"popplay population, {args.members} members"
+    rounds = []
+    for _ in range(args.repeats):
+        rows = {population: popplay(["--agents", str(args.members), "--env-steps", str(args.members * args.steps),
+                                     "--phase-steps", "500", *common]),
+                "popplay population, 2 members": popplay(["--agents", "2", "--env-steps", str(2 * args.steps),
+                                                          "--phase-steps", "500", *common]),
+                "popplay one agent (sequential)": popplay(["--env-steps", str(args.steps), *common]),
+                "stable-baselines3, 2 runs at once": sb3_pair(args.steps, args.hidden)}
+        table = {name: round(row["env_steps_per_second"], 1) for name, row in rows.items()}
+        one_agent = table["popplay one agent (sequential)"]
+        rounds.append({"env_steps_per_second": table,
+                       "population_over_one_agent": round(table[population] / one_agent, 2),
+                       "population_over_sb3_pairs": round(table[population]
+                                                          / table["stable-baselines3, 2 runs at once"], 2)})
+    median = lambda values: float(np.median(values))  # noqa: E731
+    return {"env": args.env, "hidden": args.hidden, "steps_per_member": args.steps, "repeats": args.repeats,
+            "env_steps_per_second": {name: round(median([r["env_steps_per_second"][name] for r in rounds]), 1)
+                                     for name in rounds[0]["env_steps_per_second"]},
+            **{key: round(median([r[key] for r in rounds]), 2)
+               for key in ("population_over_one_agent", "population_over_sb3_pairs")},
+            "rounds": rounds}
 
 
 def first_reaching(path: Path, threshold: float) -> int | None:
@@ -218,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="quality: only these variants, separated by ';'")
     parser.add_argument("--check-every", type=int, default=5000,
                         help="reach: env-steps per member between greedy checks")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="throughput: rounds of every row (medians reported, ratios taken within a round)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--threshold", type=float, default=None,
                         help="quality: the training return to reach (default: the environment's reward_threshold)")
