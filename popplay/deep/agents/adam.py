@@ -7,9 +7,10 @@ bit for bit the same as torch's (``tests/test_adam.py`` holds it to them):
 a CPU by default), ``fused=True`` its fused kernel.
 
 Why not ``torch.optim``: every ``Optimizer`` method, the constructor included, imports
-``torch._dynamo`` on first use (torch wraps them to keep its compiler out). That costs
-about 1.6 s of CPU in every process (measured: ``import torch`` 1.7-2.3 s, the same
-plus constructing an Adam 3.4-4.0 s), paid by each CLI run and by every rank of a
+``torch._dynamo`` on first use (torch wraps them to keep its compiler out). That cost
+every process that built one about 1.1-1.6 s of CPU (measured: ``import torch`` 1.7-2.3 s,
+the same plus constructing an Adam 3.4-3.8 s; short ``train a2c`` and ``train ppo`` runs
+1.1-1.2 s less with this class), paid by each CLI run and by every rank of a
 multi-process job, actor ranks that never step included.
 
 Run-file arrays keep ``torch.optim``'s names: ``<prefix>.<i>.step|exp_avg|exp_avg_sq``,
