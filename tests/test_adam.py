@@ -96,7 +96,7 @@ def test_adam_refuses_a_damaged_state_in_one_line(damage, message: str) -> None:
 
 def test_adam_keeps_torchs_compiler_out_of_the_process() -> None:
     """The reason this class exists: building and stepping it must not import
-    torch._dynamo (1.1-1.6 s of CPU per process with torch.optim)."""
+    torch._dynamo (1.0-1.6 s of CPU per process with torch.optim)."""
     code = ("import sys, torch\n"
             "from popplay.deep.agents import networks\n"
             "from popplay.deep.agents.adam import Adam\n"

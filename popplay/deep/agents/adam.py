@@ -8,9 +8,9 @@ a CPU by default), ``fused=True`` its fused kernel.
 
 Why not ``torch.optim``: every ``Optimizer`` method, the constructor included, imports
 ``torch._dynamo`` on first use (torch wraps them to keep its compiler out). That cost
-every process that built one about 1.1-1.6 s of CPU (measured: ``import torch`` 1.7-2.3 s,
+every process that built one about 1.0-1.6 s of CPU (measured: ``import torch`` 1.7-2.3 s,
 the same plus constructing an Adam 3.4-3.8 s; short ``train a2c`` and ``train ppo`` runs
-1.1-1.2 s less with this class), paid by each CLI run and by every rank of a
+1.0-1.3 s less with this class), paid by each CLI run and by every rank of a
 multi-process job, actor ranks that never step included.
 
 Run-file arrays keep ``torch.optim``'s names: ``<prefix>.<i>.step|exp_avg|exp_avg_sq``,
