@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,11 +119,10 @@ def throughput(args: argparse.Namespace) -> dict:
                        "population_over_one_agent": round(table[population] / one_agent, 2),
                        "population_over_sb3_pairs": round(table[population]
                                                           / table["stable-baselines3, 2 runs at once"], 2)})
-    median = lambda values: float(np.median(values))  # noqa: E731
     return {"env": args.env, "hidden": args.hidden, "steps_per_member": args.steps, "repeats": args.repeats,
-            "env_steps_per_second": {name: round(median([r["env_steps_per_second"][name] for r in rounds]), 1)
+            "env_steps_per_second": {name: round(statistics.median(r["env_steps_per_second"][name] for r in rounds), 1)
                                      for name in rounds[0]["env_steps_per_second"]},
-            **{key: round(median([r[key] for r in rounds]), 2)
+            **{key: round(statistics.median(r[key] for r in rounds), 2)
                for key in ("population_over_one_agent", "population_over_sb3_pairs")},
             "rounds": rounds}
 

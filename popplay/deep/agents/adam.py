@@ -109,28 +109,10 @@ class Adam:
                 for p, state in self.state.items() for key, value in state.items()}
 
     def load(self, arrays: dict[str, np.ndarray], prefix: str) -> None:
-        """Restore :meth:`arrays`: either none (an optimiser that never stepped) or every
-        parameter's whole state, each moment shaped like its parameter (ValueError, one
-        line, naming the entry)."""
+        """Restore :meth:`arrays` (ValueError, one line, naming the entry: see
+        :func:`state_entries`)."""
         params = self.params
-        found: dict[int, dict[str, np.ndarray]] = {}
-        for name, value in arrays.items():
-            if not name.startswith(prefix + "."):
-                continue
-            index, _, key = name[len(prefix) + 1:].partition(".")
-            if not index.isdigit() or int(index) >= len(params) or key not in STATE_KEYS:
-                raise ValueError(f"{name}: not a state entry of this optimiser")
-            value = np.asarray(value)
-            if value.dtype.kind not in "fiu":
-                raise ValueError(f"{name}: dtype {value.dtype}, expected numbers")
-            shape = () if key == "step" else tuple(params[int(index)].shape)
-            if value.shape != shape and not (key == "step" and value.size == 1):
-                raise ValueError(f"{name}: shape {value.shape}, expected {shape}")
-            found.setdefault(int(index), {})[key] = value
-        if found and (len(found) != len(params) or any(len(entry) != len(STATE_KEYS) for entry in found.values())):
-            missing = [f"{prefix}.{i}.{key}" for i in range(len(params)) for key in STATE_KEYS
-                       if key not in found.get(i, {})]
-            raise ValueError(f"{missing[0]}: missing (the optimiser's state is incomplete)")
+        found = state_entries(arrays, prefix, [tuple(p.shape) for p in params])
         self.state = {}
         for index in sorted(found):
             p, entry = params[index], found[index]
@@ -138,3 +120,31 @@ class Adam:
             state["step"].fill_(float(entry["step"].reshape(())))
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key].copy_(torch.as_tensor(entry[key]).to(dtype=p.dtype))
+
+
+def state_entries(arrays: dict[str, Any], prefix: str,
+                  shapes: list[tuple[int, ...]]) -> dict[int, dict[str, np.ndarray]]:
+    """Adam's run-file arrays under ``prefix`` (``torch.optim``'s names) for parameters
+    shaped ``shapes``, by parameter index: either none (an optimiser that never stepped)
+    or every parameter's whole state, each moment shaped like its parameter (ValueError,
+    one line, naming the entry; torch itself would take a partial or misshapen state and
+    fail at the next step)."""
+    found: dict[int, dict[str, np.ndarray]] = {}
+    for name, value in arrays.items():
+        if not name.startswith(prefix + "."):
+            continue
+        index, _, key = name[len(prefix) + 1:].partition(".")
+        if not index.isdigit() or int(index) >= len(shapes) or key not in STATE_KEYS:
+            raise ValueError(f"{name}: not a state entry of this optimiser")
+        value = np.asarray(value)
+        if value.dtype.kind not in "fiu":
+            raise ValueError(f"{name}: dtype {value.dtype}, expected numbers")
+        shape = () if key == "step" else tuple(shapes[int(index)])
+        if value.shape != shape and not (key == "step" and value.size == 1):
+            raise ValueError(f"{name}: shape {value.shape}, expected {shape}")
+        found.setdefault(int(index), {})[key] = value
+    if found and (len(found) != len(shapes) or any(len(entry) != len(STATE_KEYS) for entry in found.values())):
+        missing = [f"{prefix}.{i}.{key}" for i in range(len(shapes)) for key in STATE_KEYS
+                   if key not in found.get(i, {})]
+        raise ValueError(f"{missing[0]}: missing (the optimiser's state is incomplete)")
+    return found

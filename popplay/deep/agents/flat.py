@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from popplay.deep.agents.adam import state_entries
+
 _threshold_backward = torch.ops.aten.threshold_backward
 
 
@@ -161,25 +163,18 @@ class FlatAdam:
         self.exp_avg.zero_()
         self.exp_avg_sq.zero_()
         self.steps.zero_()
-        names = {name for name in arrays if name.startswith(prefix + ".")}
-        if not names:
+        for name in arrays:  # an index past the network's parameters, named as such
+            index = name[len(prefix) + 1:].partition(".")[0] if name.startswith(prefix + ".") else "0"
+            if not (index.isdigit() and int(index) < len(self.network.shapes)):
+                raise ValueError(f"{name}: not a parameter of this network")
+        found = state_entries(arrays, prefix, self.network.shapes)
+        if not found:
             return
-        expected = {f"{prefix}.{i}.{key}" for i in range(len(self.network.shapes))
-                    for key in ("step", "exp_avg", "exp_avg_sq")}
-        if names - expected:
-            raise ValueError(f"{sorted(names - expected)[0]}: not a parameter of this network")
-        steps = set()
-        for i, (shape, m, v) in enumerate(zip(self.network.shapes, self.network.split(self.exp_avg),
-                                              self.network.split(self.exp_avg_sq))):
-            for key, into in (("exp_avg", m), ("exp_avg_sq", v)):
-                name = f"{prefix}.{i}.{key}"
-                if name not in arrays:
-                    raise ValueError(f"{name} is missing")
-                value = torch.as_tensor(np.asarray(arrays[name]))
-                if tuple(value.shape) != shape:
-                    raise ValueError(f"{name}: shape {tuple(value.shape)}, expected {shape}")
-                into.copy_(value)
-            steps.add(float(np.asarray(arrays.get(f"{prefix}.{i}.step", np.nan))))
+        for entry, m, v in zip((found[i] for i in range(len(found))), self.network.split(self.exp_avg),
+                               self.network.split(self.exp_avg_sq)):
+            m.copy_(torch.as_tensor(entry["exp_avg"]))
+            v.copy_(torch.as_tensor(entry["exp_avg_sq"]))
+        steps = {float(entry["step"].reshape(())) for entry in found.values()}
         if len(steps) != 1 or not all(s >= 1 and s == int(s) for s in steps):
             raise ValueError(f"{prefix}.*.step: one positive whole step count expected (got {sorted(steps)})")
         self.steps.fill_(steps.pop())
