@@ -77,6 +77,31 @@ def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
         torch.testing.assert_close(stack.matrix[k], networks.flat_parameters(module), rtol=1e-5, atol=1e-7)
 
 
+def test_moments_of_dead_parameters_reach_zero_without_going_subnormal() -> None:
+    # A gradient of 1 once and 0 after (a unit that died): the first moment falls by 0.9 a
+    # step and, left alone, would be float32-subnormal from about step 830 on, where each
+    # operation on it is slow (see StackedAdam).
+    from popplay.deep.agents.stacked import MOMENT_FLOOR
+
+    stack = StackedMLP.from_modules([networks.seeded_mlp(s, 3, 2, (4,)) for s in range(2)])
+    adam = StackedAdam(stack)
+    lrs = torch.tensor([1e-3, 1e-2], dtype=torch.float64)
+    tiny = torch.finfo(torch.float32).tiny
+    stack.grad.fill_(1.0)
+    adam.step(stack.grad, lrs)
+    stack.grad.zero_()
+    stack.grad[1, 0] = float("nan")  # a diverged member keeps its NaN
+    for step in range(1000):
+        adam.step(stack.grad, lrs)
+        for moment in (adam.exp_avg, adam.exp_avg_sq):
+            assert not ((moment != 0) & (moment.abs() < tiny)).any(), step
+        stack.grad[1, 0] = 0.0
+    assert torch.equal(adam.exp_avg[0], torch.zeros_like(adam.exp_avg[0]))  # 0.1·0.9^t fell under the floor
+    assert adam.exp_avg[1, 0].isnan() and adam.exp_avg_sq[1, 0].isnan()
+    # above the floor nothing moves: the second moments (0.001·0.999^t) are all still there
+    assert (adam.exp_avg_sq[0] > MOMENT_FLOOR).all()
+
+
 # --- exactness: member k of P is member k alone -----------------------------------
 
 @pytest.mark.parametrize(("inputs", "outputs", "hidden"), [(3, 1, (64, 64)), (4, 2, (64, 64)), (11, 5, (100, 37))])
