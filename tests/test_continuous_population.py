@@ -33,7 +33,8 @@ def test_td3_and_ddpg_agents_build_populations() -> None:
 
 
 def test_td3_member_k_of_a_population_is_member_k_alone() -> None:
-    params = TD3Params(**SMALL)  # type: ignore[arg-type]
+    # minibatches of more than 8 rows: the critics' targets take forward_layers' W·hᵀ form
+    params = TD3Params(**{**SMALL, "batch_size": 12})  # type: ignore[arg-type]
     population = run_phases(ContinuousPopulation(params, None), 2)
     assert population.learner.updates > 40  # learning is covered, not only acting
     for k in (0, 2):

@@ -76,13 +76,15 @@ def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tenso
     h = x
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
-        if w.shape[1] <= _NARROW < h.shape[1] and not (w.requires_grad and torch.is_grad_enabled()):
-            # A few outputs (Q values, a value head) of many rows: MKL computes W·hᵀ
-            # (a few long rows) 1.5-3x faster than h·Wᵀ (many rows a few wide), e.g.
-            # 61 against 119 µs at 64 members x 64 rows x 64 inputs x 2 outputs (CPU).
-            # The shape alone decides, so a member computes alike in a stack of any size;
-            # not under autograd, whose backward of this form sums the bias gradient along
-            # the rows with a split that depends on the number of members. Made contiguous
+        if w.shape[1] <= _NARROW < h.shape[1] and not (
+                torch.is_grad_enabled() and (w.requires_grad or b.requires_grad or h.requires_grad)):
+            # A few outputs (Q values; values taken without a gradient) of many rows: MKL
+            # computes W·hᵀ (a few long rows) 1.5-3x faster than h·Wᵀ (many rows a few
+            # wide), e.g. 61 against 119 µs at 64 members x 64 rows x 64 inputs x 2 outputs
+            # (CPU). At one output it rounds differently from h·Wᵀ; the shape alone
+            # decides, so a member still computes alike in a stack of any size. Never
+            # under autograd, whose backward of this form sums the bias gradient along the
+            # rows with a split that depends on the number of members. Made contiguous
             # again (a small copy): an argmax along the transposed view took 10x as long.
             h = batched(torch.baddbmm, b.unsqueeze(2), w, h.transpose(1, 2)).transpose(1, 2).contiguous()
         else:
@@ -161,7 +163,7 @@ def clip_rows_(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:
     return norm
 
 
-#: Adam moments of a smaller magnitude are set to 0 after each step (see StackedAdam).
+#: Adam moments of at most this magnitude are set to 0 after each step (see StackedAdam).
 MOMENT_FLOOR = 2.0 ** -100
 
 
@@ -169,10 +171,10 @@ class StackedAdam:
     """Adam (β = (0.9, 0.999), ε = 1e-8 unless given, no weight decay: torch's defaults) over the rows
     of a :class:`StackedMLP`, each member with its own step size and step count.
 
-    One departure from torch's Adam: after each step, moments of magnitude under
+    One departure from torch's Adam: after each step, moments of magnitude at most
     :data:`MOMENT_FLOOR` (2^-100, about 7.9e-31) become 0. A parameter whose gradient stays
     0 (a dead ReLU unit, common in DQN) has its first moment decay by 0.9 a step, into
-    float32's subnormal range after some 700 steps, where every operation on it takes the
+    float32's subnormal range after about 800 steps, where every operation on it takes the
     CPU's slow microcode path: after 7,250 updates of a 16-member DQN population on
     CartPole, 24 % of the first moments were subnormal and an update took 2.25 ms against
     1.7 ms with them at 0 (this machine's CPU). A first moment that small moves its
