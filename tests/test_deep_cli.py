@@ -315,6 +315,30 @@ def test_a_deep_command_line_is_checked_and_refused_before_torch_loads(tmp_path:
     assert done.stderr.count("Error: --env Nope-v0: not a gymnasium environment") == 7, done.stderr
 
 
+@pytest.mark.procs
+def test_a_deep_launcher_checks_its_settings_and_runs_its_ranks_without_torch(tmp_path: Path) -> None:
+    """The agents' configs import no torch: a launcher that only checks the settings,
+    starts ranks and waits for them spent 1.3 s of CPU loading torch (Gorila's launcher
+    does need it: it hosts the job's c10d store)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from popplay.core import registry\n"
+        "for domain in ('dqn', 'reinforce', 'a2c', 'td3', 'ddpg', 'ppo'):\n"
+        "    registry.get(domain).params_type()().validate()\n"
+        "print('validated', 'torch' in sys.modules)\n"
+        "from popplay.cli.main import main\n"
+        "code = main(['train', 'dqn', '--topology', 'central-inference', '--simulators', '1', '--episodes', '2',\n"
+        "             '--learning-starts', '20', '--hidden', '8', '--eval-episodes', '0', '--out', 'run.h5'])\n"
+        "print('ran', code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    said = [line for line in done.stdout.splitlines() if line.startswith(("validated ", "ran "))]
+    assert said == ["validated False", "ran 0 False"], done.stdout + done.stderr[-2000:]
+    assert (tmp_path / "run.h5").exists()
+
+
 _ADAM_DAMAGE = {
     "missing": lambda f: f.__delitem__("state/adam.1.exp_avg_sq"),
     "an extra axis": lambda f: _rewrite(f, "state/adam.1.exp_avg", lambda a: a[None]),

@@ -28,7 +28,7 @@ from torch import nn
 
 from popplay.deep.agents import networks
 from popplay.deep.agents.adam import Adam
-from popplay.deep.agents.config import HiddenConfig, check_network
+from popplay.deep.agents.config import A2CConfig
 from popplay.deep.agents.reinforce import SampledPolicy  # noqa: F401  (actors sample as REINFORCE's do)
 from popplay.deep.agents.vtrace import vtrace
 
@@ -42,27 +42,6 @@ class Trajectory(NamedTuple):
     truncated: torch.Tensor  # (T, B) float32, 1 where a time limit cut the episode
     behaviour_log_prob: torch.Tensor  # (T, B) float32, log mu(a_t|s_t) of the actor that played
     mask: torch.Tensor  # (T, B) float32, 1 on real steps, 0 on padding
-
-
-@dataclass(frozen=True)
-class A2CConfig(HiddenConfig):
-    """Hyper-parameters of A2C (defaults for CartPole-scale tasks)."""
-
-    hidden: tuple[int, ...] = (64, 64)
-    lr: float = 1e-3
-    gamma: float = 0.99
-    value_coef: float = 0.5
-    entropy_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    vtrace: bool = True
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-
-    def validate(self) -> None:
-        check_network(self, ("lr", "max_grad_norm", "rho_bar", "c_bar"))
-        for name in ("value_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative (got {getattr(self, name)})")
 
 
 class A2CLoss(NamedTuple):

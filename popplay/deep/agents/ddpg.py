@@ -22,7 +22,7 @@ from torch import nn
 
 from popplay.deep.agents import networks
 from popplay.deep.agents.adam import Adam
-from popplay.deep.agents.config import HiddenConfig, check_network, check_replay_start
+from popplay.deep.agents.config import DDPGConfig
 from popplay.deep.agents.credit import UpdateCredit
 from popplay.deep.agents.per import PrioritizedReplay
 from popplay.deep.agents.replay import Batch, ReplayBuffer
@@ -124,39 +124,6 @@ def deterministic_policy(actor: Actor) -> Callable[[np.ndarray], np.ndarray]:
         with torch.no_grad():
             return actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
     return act
-
-
-@dataclass(frozen=True)
-class DDPGConfig(HiddenConfig):
-    """Hyper-parameters of DDPG (defaults: Fujimoto et al.'s "our DDPG" on Pendulum-scale tasks)."""
-
-    hidden: tuple[int, ...] = (256, 256)
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    gamma: float = 0.99
-    tau: float = 0.005
-    batch_size: int = 256
-    replay_capacity: int = 200_000
-    learning_starts: int = 1_000  # transitions in replay before the first update
-    update_ratio: float = 1.0  # gradient updates per environment step received
-    exploration_noise: float = 0.1  # in action half-ranges
-    per: bool = False
-    per_alpha: float = 0.6
-    per_beta0: float = 0.4
-    per_beta_updates: int = 20_000  # updates over which beta rises to 1
-
-    def validate(self) -> None:
-        check_network(self, ("actor_lr", "critic_lr", "update_ratio"))
-        if not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1] (got {self.tau})")
-        for name in ("batch_size", "replay_capacity"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        check_replay_start(self)
-        if self.exploration_noise < 0:
-            raise ValueError(f"exploration_noise must be non-negative (got {self.exploration_noise})")
-        if self.per_alpha < 0 or not 0.0 <= self.per_beta0 <= 1.0:
-            raise ValueError("per_alpha must be non-negative and per_beta0 in [0, 1]")
 
 
 class ContinuousLearner(UpdateCredit):

@@ -24,47 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from popplay.deep.agents import networks
-from popplay.deep.agents.config import HiddenConfig, check_network, check_replay_start
+from popplay.deep.agents.config import DQNConfig
 from popplay.deep.agents.credit import UpdateCredit
 from popplay.deep.agents.flat import FlatAdam, FlatMLP, clip_norm_
 from popplay.deep.agents.replay import Batch, ReplayBuffer
-
-
-@dataclass(frozen=True)
-class DQNConfig(HiddenConfig):
-    """Hyper-parameters of Double DQN (defaults tuned on CartPole-v1; see docs/deep.md)."""
-
-    hidden: tuple[int, ...] = (128, 128)
-    lr: float = 1e-3
-    gamma: float = 0.99
-    batch_size: int = 64
-    replay_capacity: int = 50_000
-    learning_starts: int = 1_000  # transitions in replay before the first update
-    update_ratio: float = 0.25  # gradient updates per environment step received
-    target_every: int = 250  # updates between target refreshes
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
-    epsilon_updates: int = 5_000  # updates over which ε falls linearly
-    max_grad_norm: float = 10.0
-    lr_end: float = 0.0  # learning rate reached after ``lr_updates`` updates (linear)
-    lr_updates: int = 0  # 0: the learning rate stays ``lr``
-
-    def validate(self) -> None:
-        check_network(self)
-        if not (self.lr > 0 and self.lr_end >= 0):
-            raise ValueError(f"lr must be positive and lr_end non-negative (got {self.lr}, {self.lr_end})")
-        if self.lr_updates < 0:
-            raise ValueError(f"lr_updates must be non-negative (got {self.lr_updates})")
-        for name in ("batch_size", "replay_capacity", "target_every", "epsilon_updates"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        check_replay_start(self)
-        if not self.update_ratio > 0:
-            raise ValueError(f"update_ratio must be positive (got {self.update_ratio})")
-        if not (0.0 <= self.epsilon_end <= 1.0 and 0.0 <= self.epsilon_start <= 1.0):
-            raise ValueError("epsilon_start and epsilon_end must be in [0, 1]")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be positive (got {self.max_grad_norm})")
 
 
 def epsilon(updates: int, config: DQNConfig) -> float:

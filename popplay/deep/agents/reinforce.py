@@ -17,21 +17,11 @@ from torch import nn
 
 from popplay.deep.agents import networks
 from popplay.deep.agents.adam import Adam
-from popplay.deep.agents.config import HiddenConfig, check_network
+from popplay.deep.agents.config import ReinforceConfig
 from popplay.deep.envs.rollout import episode_seed, play_episodes
 
 RUNNING_RATE = 0.05
 NORMALISE_EPS = 0.001
-
-
-@dataclass(frozen=True)
-class ReinforceConfig(HiddenConfig):
-    hidden: tuple[int, ...] = (128,)
-    lr: float = 1e-2
-    gamma: float = 0.99
-
-    def validate(self) -> None:
-        check_network(self)
 
 
 def policy_network(seed: int, obs_dim: int, actions: int, config: ReinforceConfig) -> nn.Module:

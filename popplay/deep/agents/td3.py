@@ -21,34 +21,16 @@ from torch import nn
 
 from popplay.deep.agents import networks
 from popplay.deep.agents.adam import Adam
+from popplay.deep.agents.config import TD3Config
 from popplay.deep.agents.ddpg import (
     Actor,
     ContinuousLearner,
     Critic,
-    DDPGConfig,
     frozen_copy,
     soft_update,
     weighted_mse,
 )
 from popplay.deep.agents.replay import Batch
-
-
-@dataclass(frozen=True)
-class TD3Config(DDPGConfig):
-    """DDPG's hyper-parameters plus TD3's three switches (defaults: the TD3 paper)."""
-
-    clipped_double_q: bool = True
-    policy_delay: int = 2
-    target_smoothing: bool = True
-    target_noise: float = 0.2  # in action half-ranges
-    noise_clip: float = 0.5  # in action half-ranges
-
-    def validate(self) -> None:
-        super().validate()
-        if self.policy_delay < 1:
-            raise ValueError(f"policy_delay must be at least 1 (got {self.policy_delay})")
-        if self.target_noise < 0 or self.noise_clip < 0:
-            raise ValueError("target_noise and noise_clip must be non-negative")
 
 
 def target_actions(next_obs: torch.Tensor, actor_target: Actor, config: TD3Config,

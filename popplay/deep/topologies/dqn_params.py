@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.core.registry import DEEP, DomainSpec, register
-from popplay.deep.agents.config import check_at_least_one
+from popplay.deep.agents.config import DQNConfig, check_at_least_one
 from popplay.deep.topologies.common import check_budget
 from popplay.deep.topologies.deep_params import (
     ENV_HELP,
@@ -96,8 +96,6 @@ class DQNParams(PopulationLayout, ExarlLayout, DeepParams):
     queue_capacity: int = queue_capacity_option()
 
     def agent_config(self) -> Any:
-        from popplay.deep.agents.dqn import DQNConfig  # defers torch
-
         return config_from(self, DQNConfig)
 
     def new_learner(self, info: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.core.registry import DEEP, DomainSpec, register
-from popplay.deep.agents.config import check_at_least_one
+from popplay.deep.agents.config import A2CConfig, DDPGConfig, TD3Config, check_at_least_one
 from popplay.deep.topologies.common import check_budget
 from popplay.deep.topologies.deep_params import (
     ENV_HELP,
@@ -92,8 +92,6 @@ class DDPGParams(PopulationLayout, WorkflowParams, DeepParams):
     eval_episodes: int = option(10, EVAL_HELP, min=0)
 
     def _config_type(self) -> type:
-        from popplay.deep.agents.ddpg import DDPGConfig  # defers torch
-
         return DDPGConfig
 
     def agent_config(self) -> Any:
@@ -157,8 +155,6 @@ class TD3Params(TD3Switches, DDPGParams):
     critic_count: ClassVar[int] = 2
 
     def _config_type(self) -> type:
-        from popplay.deep.agents.td3 import TD3Config  # defers torch
-
         return TD3Config
 
     def new_learner(self, info: Any) -> Any:
@@ -195,8 +191,6 @@ class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
     eval_episodes: int = option(20, EVAL_HELP, min=0)
 
     def agent_config(self) -> Any:
-        from popplay.deep.agents.a2c import A2CConfig  # defers torch
-
         return config_from(self, A2CConfig)
 
     def validate(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.core.registry import DEEP, DomainSpec, register
-from popplay.deep.agents.config import check_at_least_one
+from popplay.deep.agents.config import ReinforceConfig, check_at_least_one
 from popplay.deep.topologies.common import check_budget
 from popplay.deep.topologies.deep_params import (
     ENV_HELP,
@@ -78,8 +78,6 @@ class ReinforceParams(PopulationLayout, ExarlLayout, DeepParams):
     queue_capacity: int = queue_capacity_option()
 
     def agent_config(self) -> Any:
-        from popplay.deep.agents.reinforce import ReinforceConfig  # defers torch
-
         return ReinforceConfig(hidden=self.hidden, lr=self.lr, gamma=self.gamma)
 
     def new_learner(self, info: Any) -> Any:
