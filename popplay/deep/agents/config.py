@@ -3,9 +3,9 @@ they share: ``hidden`` widths stored as a list in run files, and the network che
 learner makes.
 
 They import no torch, so that a launcher checks a run's settings, starts its ranks and
-waits for them without loading torch: that took 1.3 s of CPU in every multi-process job
-(0.8-0.9 s of CPU for the launcher without it, against 2.1-2.2 s with it). Each agent's
-module re-exports its config (``popplay.deep.agents.dqn.DQNConfig``...).
+waits for them without loading torch: a multi-process job's launcher took 2.0-2.3 s of CPU
+when its settings check loaded torch, and takes 0.4-0.8 s without (this project's 2-core
+machine). Each agent's module re-exports its config (``popplay.deep.agents.dqn.DQNConfig``...).
 """
 from __future__ import annotations
 
