@@ -122,20 +122,20 @@ class Adam:
                 state[key].copy_(torch.as_tensor(entry[key]).to(dtype=p.dtype))
 
 
-def state_entries(arrays: dict[str, Any], prefix: str,
-                  shapes: list[tuple[int, ...]]) -> dict[int, dict[str, np.ndarray]]:
+def state_entries(arrays: dict[str, Any], prefix: str, shapes: list[tuple[int, ...]],
+                  stranger: str = "not a state entry of this optimiser") -> dict[int, dict[str, np.ndarray]]:
     """Adam's run-file arrays under ``prefix`` (``torch.optim``'s names) for parameters
     shaped ``shapes``, by parameter index: either none (an optimiser that never stepped)
     or every parameter's whole state, each moment shaped like its parameter (ValueError,
     one line, naming the entry; torch itself would take a partial or misshapen state and
-    fail at the next step)."""
+    fail at the next step). An entry of another name is refused as ``stranger``."""
     found: dict[int, dict[str, np.ndarray]] = {}
     for name, value in arrays.items():
         if not name.startswith(prefix + "."):
             continue
         index, _, key = name[len(prefix) + 1:].partition(".")
         if not index.isdigit() or int(index) >= len(shapes) or key not in STATE_KEYS:
-            raise ValueError(f"{name}: not a state entry of this optimiser")
+            raise ValueError(f"{name}: {stranger}")
         value = np.asarray(value)
         if value.dtype.kind not in "fiu":
             raise ValueError(f"{name}: dtype {value.dtype}, expected numbers")

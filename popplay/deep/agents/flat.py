@@ -163,11 +163,7 @@ class FlatAdam:
         self.exp_avg.zero_()
         self.exp_avg_sq.zero_()
         self.steps.zero_()
-        for name in arrays:  # an index past the network's parameters, named as such
-            index = name[len(prefix) + 1:].partition(".")[0] if name.startswith(prefix + ".") else "0"
-            if not (index.isdigit() and int(index) < len(self.network.shapes)):
-                raise ValueError(f"{name}: not a parameter of this network")
-        found = state_entries(arrays, prefix, self.network.shapes)
+        found = state_entries(arrays, prefix, self.network.shapes, "not a parameter of this network")
         if not found:
             return
         for entry, m, v in zip((found[i] for i in range(len(found))), self.network.split(self.exp_avg),

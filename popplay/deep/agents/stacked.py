@@ -216,18 +216,16 @@ class StackedAdam:
         if rows is None:
             self.steps.add_(1)  # the kernel reads the count after this step, as torch.optim gives it
             self._scratch.zero_()
+            moments = [self.exp_avg, self.exp_avg_sq]  # floored whole: two passes, not 2P
         else:
             lists = [[rows_of[i] for i in rows] for rows_of in lists]
             for count, row in zip(lists[4], lists[0]):
                 count.add_(1)
                 row.zero_()
+            moments = lists[2] + lists[3]
         scratch, grads, exp_avgs, exp_avg_sqs, counts = lists
         torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
                            beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
-        if rows is None:
-            moments = [self.exp_avg, self.exp_avg_sq]
-        else:
-            moments = exp_avgs + exp_avg_sqs
         for table in moments:
             torch.hardshrink(table, MOMENT_FLOOR, out=table)
         if rows is None:
