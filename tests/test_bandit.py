@@ -66,6 +66,75 @@ def test_torch_noise_drawn_in_blocks_that_end_inside_a_phase_is_the_same(monkeyp
         assert np.array_equal(q, np.array(q_ref)) and np.array_equal(n, np.array(n_ref))
 
 
+def _torch_scans(monkeypatch, margin: int = 1) -> list[int]:
+    """Make the torch engine keep its greedy cache at any number of arms, with scan
+    slots of ``margin`` beyond what the last phase needed; returns the slot counts
+    of the steps that gathered only some agents' rows."""
+    from popplay.games.bandit import _torch
+
+    monkeypatch.setitem(_torch.CACHE_FROM_ARMS, "cpu", 0)
+    monkeypatch.setattr(_torch, "SCAN_MARGIN", margin)
+    capacities: list[int] = []
+    agent_values = _torch.TorchBanditEngine._agent_values
+
+    def counting(self, q, own, lanes):
+        if lanes is not None:
+            capacities.append(lanes.numel())
+        return agent_values(self, q, own, lanes)
+
+    monkeypatch.setattr(_torch.TorchBanditEngine, "_agent_values", counting)
+    return capacities
+
+
+@pytest.mark.parametrize("differentiation", ["none", "partition", "bias", "explorers"])
+def test_torch_greedy_cache_with_few_scan_slots_equals_reference(monkeypatch, differentiation):
+    """The torch engine's greedy cache (an agent scans its arms only when they may tie
+    or its leader fell below the bound) and its own tallies of the arms it pulled give
+    the reference's tables, also where a step gathers only a few agents' rows."""
+    capacities = _torch_scans(monkeypatch)
+    params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=6, epsilon=0.2,
+                          differentiation=differentiation, seed=11, explorer_fraction=0.4, bias_scale=0.3)
+    expected = _reference_history(params)
+    got = _history(params, TORCH)
+    assert len(got) == len(expected) == 4
+    for (q, n), (q_ref, n_ref) in zip(got, expected):
+        assert np.array_equal(q, np.array(q_ref)) and np.array_equal(n, np.array(n_ref))
+    assert capacities and max(capacities) < params.agents * params.trials  # some steps scanned few rows
+
+
+def test_torch_greedy_cache_equals_numba_where_more_arms_than_steps(monkeypatch):
+    """Where an agent pulls fewer arms in a phase than there are, its slots are found
+    by arm; greedy agents on a tied table (the first phase) scan often."""
+    capacities = _torch_scans(monkeypatch)
+    params = BanditParams(arms=40, agents=24, trials=3, steps_per_agent=60, share_every=5, epsilon=0.05, seed=4)
+    for (q, n), (q_numba, n_numba) in zip(_history(params, TORCH), _history(params, NUMBA), strict=True):
+        assert np.array_equal(q, q_numba) and np.array_equal(n, n_numba)
+    assert capacities
+
+
+def test_a_torch_phase_that_needed_more_scans_than_slots_is_learned_again(monkeypatch):
+    """A step whose scans did not fit its slots makes the phase run again with a slot
+    for every agent; the tables are the same as without the shortage."""
+    from popplay.games.bandit import _torch
+
+    _torch_scans(monkeypatch)
+    params = BanditParams(arms=30, agents=16, trials=2, steps_per_agent=20, share_every=5, seed=8)
+    expected = _history(params, NUMBA)
+    monkeypatch.setattr(_torch.TorchBanditEngine, "_scan_slots", lambda self, n_steps: [1] * n_steps)
+    learn = _torch.TorchBanditEngine._learn
+    calls: list[list] = []
+
+    def spying(self, q, n, first_step, n_steps, exact, slots):
+        calls.append(slots)
+        return learn(self, q, n, first_step, n_steps, exact, slots)
+
+    monkeypatch.setattr(_torch.TorchBanditEngine, "_learn", spying)
+    got = _history(params, TORCH)
+    assert [s[0] for s in calls] == [1, None] * 4  # every phase overflowed its one slot and ran again
+    for (q, n), (q_numba, n_numba) in zip(got, expected, strict=True):
+        assert np.array_equal(q, q_numba) and np.array_equal(n, n_numba)
+
+
 def _scanning(experiment: BanditExperiment) -> BanditExperiment:
     """The same experiment with the ranked rescans of the numba engine turned off."""
     experiment._ranked = False

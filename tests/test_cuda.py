@@ -13,11 +13,16 @@ def host(array):
     return array.detach().cpu().numpy() if hasattr(array, "detach") else np.asarray(array)
 
 
-@pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
-def test_bandit_on_cuda_matches_numba(differentiation):
+@pytest.mark.parametrize("differentiation", ["none", "bias", "top2", "none, greedy cache", "bias, greedy cache"])
+def test_bandit_on_cuda_matches_numba(monkeypatch, differentiation):
+    from popplay.games.bandit import _torch
     from popplay.games.bandit.experiment import BanditExperiment
     from popplay.games.bandit.rules import BanditParams
     from popplay.training.loop import run
+
+    differentiation, cache = (differentiation.split(", ") + [""])[:2]
+    if cache:  # the CPU's greedy cache, not used on CUDA until measured there
+        monkeypatch.setitem(_torch.CACHE_FROM_ARMS, "cuda", 0)
 
     params = BanditParams(arms=50, agents=64, trials=32, steps_per_agent=128, share_every=16,
                           differentiation=differentiation, seed=3)

@@ -45,6 +45,36 @@ def test_bandit_phase_waits_once_whatever_agents_or_steps(differentiation: str) 
     assert base[0] <= 1, base  # whether a reward draw ran out of retry rounds
 
 
+def _greedy_cache_everywhere(monkeypatch, slots=lambda agents, s: agents) -> None:
+    """The bandit's torch engine with its greedy cache at any number of arms and the
+    scan slots given by ``slots(agents, step)`` (an int gathers that many rows)."""
+    from popplay.games.bandit import _torch
+
+    monkeypatch.setitem(_torch.CACHE_FROM_ARMS, "cpu", 0)
+    monkeypatch.setattr(_torch.TorchBanditEngine, "_scan_slots",
+                        lambda self, n_steps: [slots(self.shape[0] * self.shape[1], s) for s in range(n_steps)])
+
+
+@pytest.mark.parametrize("differentiation", ["none", "bias"])
+def test_bandit_phase_with_the_greedy_cache_waits_once(monkeypatch, differentiation: str) -> None:
+    """The cache's scans gather the rows of the agents that need one into slots
+    without asking how many there are; the phase's one wait also says whether they
+    fit."""
+    from popplay.games.bandit.experiment import BanditExperiment
+    from popplay.games.bandit.rules import BanditParams
+
+    _greedy_cache_everywhere(monkeypatch)
+
+    def syncs(agents: int, share_every: int) -> tuple[int, dict[str, int]]:
+        return phase_syncs(BanditExperiment, BanditParams(arms=6, agents=agents, trials=3, share_every=share_every,
+                                                          steps_per_agent=2 * share_every,
+                                                          differentiation=differentiation))
+
+    base = syncs(4, 4)
+    assert base == syncs(64, 4) == syncs(4, 16)
+    assert base[0] <= 1, base
+
+
 def test_cartpole_phase_waits_a_fixed_number_of_times() -> None:
     from popplay.games.cartpole.experiment import CartPoleExperiment
     from popplay.games.cartpole.rules import CartPolePopulationParams
@@ -203,11 +233,14 @@ def _final_state(experiment_type, params, compile_step=None):
     return state
 
 
-@pytest.mark.parametrize("differentiation", ["none", "bias", "top2"])
-def test_bandit_step_is_one_graph(differentiation: str) -> None:
+@pytest.mark.parametrize("differentiation", ["none", "bias", "top2", "none, greedy cache", "bias, greedy cache"])
+def test_bandit_step_is_one_graph(monkeypatch, differentiation: str) -> None:
     from popplay.games.bandit.experiment import BanditExperiment
     from popplay.games.bandit.rules import BanditParams
 
+    differentiation, cache = (differentiation.split(", ") + [""])[:2]
+    if cache:  # steps that scan every agent and steps that gather some agents' rows
+        _greedy_cache_everywhere(monkeypatch, lambda agents, s: None if s % 2 else agents)
     params = BanditParams(arms=5, agents=3, trials=2, share_every=4, steps_per_agent=8,
                           differentiation=differentiation)
 
@@ -215,8 +248,9 @@ def test_bandit_step_is_one_graph(differentiation: str) -> None:
         from popplay.games.bandit import _torch
 
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
+        experiment._torch._cached = _one_graph(experiment._torch._cached_step)
         experiment._torch._noise_words = _one_graph(_torch._noise_words)
-        experiment._torch._columns = torch.arange(params.arms)  # the one-hot writes of compiled steps
+        experiment._torch._compile = True  # the one-hot writes of compiled steps
 
     plain, compiled = _final_state(BanditExperiment, params), _final_state(BanditExperiment, params, compile_step)
     np.testing.assert_array_equal(plain.q, compiled.q)

@@ -71,7 +71,8 @@ def zeros_float(like: torch.Tensor) -> torch.Tensor:
 def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The flat indices of ``mask``'s true lanes packed into ``capacity`` slots, without
     asking the device how many there are: (lanes, valid, overflow), where ``valid``
-    marks the slots in use and ``overflow`` (0-d) says some true lanes did not fit."""
+    marks the slots in use (the others hold lane 0) and ``overflow`` (0-d) says some
+    true lanes did not fit."""
     flat = mask.reshape(-1)
     rank = flat.cumsum(0) - 1
     slot = torch.where(flat & (rank < capacity), rank, capacity)  # the rest share a spare slot

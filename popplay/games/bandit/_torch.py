@@ -1,12 +1,15 @@
 """Torch engine of the bandit population (private; see :mod:`popplay.games.bandit.rules`).
 
-Every step advances all (trial, agent) pairs at once on dense (trials, agents, arms)
-tensors. It draws the same words and applies the same rules as the numba kernels,
-so on the CPU both give bit-identical shared tables.
+Every step advances all (trial, agent) pairs at once, on arm-major tensors. Where
+arms are many, an agent keeps its greedy arm between scans and its own tallies for
+the arms it pulled only, as the numba kernel does; where they are few (or an agent
+picks among its top k), it ranks all its arms at every step. It draws the same
+words and applies the same rules as the numba kernels, so on the CPU both give
+bit-identical shared tables.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -20,6 +23,37 @@ _rng = _rules.rng
 # GPU 1 GiB, so that the normal draws' retry rounds (hundreds of small launches that
 # keep the GPU waiting) are paid once per 16 steps at 8.4 M agents, not at every step.
 NOISE_BLOCK_DRAWS = {"cpu": 2**22, "cuda": 2**27}
+# By device type, the fewest arms from which agents keep a greedy cache rather than
+# rank their arms at every step. On a CPU (measured) a pass over fewer arms costs less
+# than keeping the cache; on CUDA the pass was measured (docs/performance.md) and the
+# cache was not, so agents there rank at every step.
+CACHE_FROM_ARMS = {"cpu": 25}
+# Scan slots a step gets beyond 1.25x the agents the same step of the last phase scanned.
+SCAN_MARGIN = 64
+
+
+class _Own(NamedTuple):
+    """Every agent's own tallies in a phase, for the arms it pulled only, shaped
+    (slots, trials, agents) so that a step's work on a slot runs along the agents:
+    slot i holds an arm (``arms`` while unused), its pulls and integer reward sum since
+    the share, and its greedy value (estimate plus bias)."""
+
+    arm: torch.Tensor
+    pulls: torch.Tensor
+    rewards: torch.Tensor
+    value: torch.Tensor
+    used: torch.Tensor  # (trials, agents): slots in use
+
+
+class _Greedy(NamedTuple):
+    """Every agent's greedy cache, as the numba kernel keeps it (``rules.update_greedy``):
+    an arm holding its maximum, that maximum, an upper bound on its other arms, and
+    whether the leader fell below that bound (then the cache must be rebuilt)."""
+
+    best_arm: torch.Tensor
+    best: torch.Tensor
+    second: torch.Tensor
+    stale: torch.Tensor
 
 
 class TorchBanditEngine:
@@ -28,7 +62,7 @@ class TorchBanditEngine:
     def __init__(self, *, means: np.ndarray, keys: np.ndarray, static_keys: np.ndarray,
                  epsilons: np.ndarray, topk: np.ndarray, groups: np.ndarray, n_groups: int,
                  bias_scale: float, use_bias: bool, device: str, total_agents: int | None = None,
-                 reduce_sums: Any = None, compile: bool = False) -> None:
+                 reduce_sums: Any = None, compile: bool = False, run_steps: int | None = None) -> None:
         self.device = torch.device(device)
         put = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=self.device)  # noqa: E731
         self.means = put(means)
@@ -47,8 +81,22 @@ class TorchBanditEngine:
         self.reduce_sums = reduce_sums
         self.shape = (trials, agents, arms)
         self.topk_agent = (self.topk > 1).expand(trials, agents) if self.any_topk else None
+        # Top-k agents rank their arms at every step; so does everyone where arms are
+        # few (CACHE_FROM_ARMS).
+        self.ranks_every_step = self.any_topk or arms < CACHE_FROM_ARMS.get(self.device.type, arms + 1)
         self._step = th.compiled(self._learning_step, compile)
-        self._columns = torch.arange(arms, device=self.device) if compile else None  # see th.put_along
+        self._cached = th.compiled(self._cached_step, compile)
+        # Agents needing a scan at each step of the last phase (see ``_scan_slots``).
+        self._scan_history: list[int] = []
+        self._compile = compile
+        self._slot_numbers = torch.arange(1, arms + 1, device=self.device)[:, None, None]
+        # arm numbers in slots, and the unused slots' ``arms``, in the smallest integers that hold them
+        self._slot_arms = torch.arange(arms, device=self.device,
+                                       dtype=torch.int16 if arms < 2**15 else torch.int64)
+        # flat index of each agent's trial row in (trials, arms) tables, and of each
+        # agent in (trials, agents) ones
+        self._trial_cells = (torch.arange(trials, device=self.device)[:, None] * arms).expand(trials, agents)
+        self._lanes = torch.arange(trials * agents, device=self.device).view(trials, agents)
         # The noise words are most of a step's arithmetic (a hash per draw, hundreds
         # of elementwise operations): compiled, they run as one fused kernel. The
         # ziggurat's retry rounds stay eager: compiled with them, the CPU build took
@@ -56,91 +104,264 @@ class TorchBanditEngine:
         self._noise_words = th.compiled(_noise_words, compile)
         # The reward noise of a block of steps is drawn at once (it depends on the
         # keys and the step only): few, large operations instead of the retry rounds
-        # at every step.
+        # at every step. A block outlives its phase (the retry rounds of a draw cost
+        # about as much for 16 steps as for 512) but not the run's ``run_steps``.
         block = NOISE_BLOCK_DRAWS.get(self.device.type, NOISE_BLOCK_DRAWS["cpu"])  # other devices: the CPU's
         self.noise_block = max(1, block // (trials * agents))
+        self.run_steps = run_steps
+        self._noise: tuple[int, torch.Tensor, torch.Tensor] | None = None  # first step, noise, fell short
         self.bias = None
         if use_bias:
             static = put(static_keys)[:, :, None]
             counters = torch.arange(arms, dtype=torch.int64, device=self.device)
-            self.bias = _rules.arm_bias(_rng.draw(static, _rng.mix_counter(counters)), bias_scale)
+            # arm-major, (arms, trials, agents), as every table of a phase
+            self.bias = _rules.arm_bias(_rng.draw(static, _rng.mix_counter(counters)),
+                                        bias_scale).permute(2, 0, 1).contiguous()
 
     def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int,
               n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares.
 
         Every step has the same shapes and no step asks the device anything, so the
-        host queues a whole phase without waiting. The one read of a phase is whether
-        a reward's normal draw ran past its fixed budget of retry rounds (about one
-        draw in 10^9); then the phase is learned again with the exact, waiting draw.
+        host queues a whole phase without waiting. The one read of a phase says
+        whether a reward's normal draw ran past its fixed budget of retry rounds
+        (about one draw in 10^9) or more agents needed a scan than a step had slots
+        for (see :meth:`_scan_slots`); then the phase is learned again with the exact,
+        waiting draw and every agent's slot. Either way the tables are the same.
         """
-        pull_sums, reward_sums, short = self._learn(q, n, first_step, n_steps, exact=False)
-        if bool(short):
-            pull_sums, reward_sums, _ = self._learn(q, n, first_step, n_steps, exact=True)
+        slots = self._scan_slots(n_steps)
+        pull_sums, reward_sums, short, overflow, scans = self._learn(q, n, first_step, n_steps, False, slots)
+        if bool(short | overflow):
+            if bool(short):
+                self._noise = None  # drawn again, exactly
+            pull_sums, reward_sums, _, _, scans = self._learn(q, n, first_step, n_steps, bool(short),
+                                                              [None] * n_steps)
+        # Read after the wait above, when the device has finished the phase: a copy
+        # of n_steps counts, not a second stall.
+        self._scan_history = scans.tolist()
         if self.reduce_sums is not None:
             pull_sums, reward_sums = self.reduce_sums(pull_sums, reward_sums)
         n_new = n + pull_sums
         q_new = _rules.shared_estimate(q, n, n_new, reward_sums)
         return q_new, n_new
 
-    def _learn(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int,
-               exact: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The phase's pull and reward sums per (trial, arm), and whether a bounded
-        normal draw fell short (never with ``exact``).
+    def _scan_slots(self, n_steps: int) -> list[int | None]:
+        """How many agents each step of the next phase may scan (None: all of them).
 
-        Each step takes every agent's greedy arm from a full pass over its arms (the
-        numba kernel's cached leader and runner-up pick the same arm, but keeping
-        that cache needs a branch per agent)."""
+        An agent keeps its greedy arm, that arm's value and a bound on the others
+        (``rules.update_greedy``) and scans its arms only when they tie or its leader
+        fell below the bound: after the first phase a few percent of the agents a
+        step, so a step gathers only their rows. How many there will be is not asked
+        (that would stall a GPU at every step): each step gets 1.25x what the same
+        step of the last phase scanned plus ``SCAN_MARGIN``, rounded up to a power of
+        two (few compiled shapes); a step without such a count (the first phase, or
+        a longer one), or with slots for half the agents, scans every agent."""
+        agents = self.shape[0] * self.shape[1]
+        slots: list[int | None] = []
+        for s in range(n_steps):
+            if self.ranks_every_step or s >= len(self._scan_history):
+                slots.append(None)
+                continue
+            wanted = 1 << max(0, int(1.25 * self._scan_history[s]) + SCAN_MARGIN - 1).bit_length()
+            slots.append(None if 2 * wanted > agents else wanted)
+        return slots
+
+    def _learn(self, q: torch.Tensor, n: torch.Tensor, first_step: int, n_steps: int, exact: bool,
+               slots: list[int | None]) -> tuple[torch.Tensor, ...]:
+        """The phase's pull and reward sums per (trial, arm), whether a bounded normal
+        draw fell short (never with ``exact``) or a step had too few scan ``slots``, and
+        how many agents each step scanned.
+
+        With top-k agents or few arms (``CACHE_FROM_ARMS``) every agent ranks all its
+        arms at every step (:meth:`_learning_step`); otherwise agents keep their
+        greedy arm between scans and their own estimates for the arms they pulled
+        only (:meth:`_cached_step`). Both pick the arm the numba kernel picks."""
         dev = self.device
-        base_q = q[:, None, :].expand(self.shape)
-        base_n = (n / self.total_agents)[:, None, :].expand(self.shape)
-        means = self.means[:, None, :].expand(self.shape)
-        biased = base_q.clone()
-        if self.bias is not None:
-            biased += self.bias
-        pulls = torch.zeros(self.shape, dtype=torch.int64, device=dev)
-        rewards = torch.zeros(self.shape, dtype=torch.int64, device=dev)
+        trials, agents, arms = self.shape
+        n_share = n / self.total_agents
         counters = torch.arange(first_step * WORDS_PER_STEP, (first_step + n_steps) * WORDS_PER_STEP,
                                 dtype=torch.int64, device=dev)
-        mixed = _rng.mix_counter(counters[::WORDS_PER_STEP])
+        # Every step's choice word at once: the hash's dozens of operations run once
+        # over (steps, trials, agents), not once a step.
+        words = _rng.draw(self.keys, _rng.mix_counter(counters[::WORDS_PER_STEP])[:, None, None])
+        u_choices = _rng.uniform_lo32(words)
+        explores = _rng.uniform_hi32(words) < self.epsilons
         short = torch.zeros((), dtype=torch.bool, device=dev)
+        overflow = torch.zeros((), dtype=torch.bool, device=dev)
+        scans = []
+        # each (trial, arm)'s shared value, shared count per agent and mean, one row
+        trial_tables = torch.stack([q, n_share, self.means]).reshape(3, -1).T.contiguous()
+        # Tables of a phase are arm-major, (arms, trials, agents): a pass over an
+        # agent's arms is then an element-wise pass over slabs of agents, where a
+        # reduction along a short last axis runs several times slower.
+        by_arm = (arms, trials, agents)
+        # Right after a share an agent's values are the trial's (plus its bias).
+        shared = q.T[:, :, None] if self.bias is None else q.T[:, :, None] + self.bias
+        if self.ranks_every_step:
+            biased = shared.expand(by_arm).contiguous()
+            pulls = torch.zeros(by_arm, dtype=torch.int64, device=dev)
+            rewards = torch.zeros(by_arm, dtype=torch.int64, device=dev)
+        else:
+            # An agent pulls at most min(steps, arms) arms in a phase; where that is
+            # every arm, slot a holds arm a and starts at the shared value.
+            slots_shape = (min(n_steps, arms), trials, agents)
+            direct = slots_shape[0] == arms
+            own = _Own(self._slot_arms[:, None, None].expand(slots_shape).clone() if direct
+                       else torch.full(slots_shape, arms, dtype=self._slot_arms.dtype, device=dev),
+                       torch.zeros(slots_shape, dtype=torch.int64, device=dev),
+                       torch.zeros(slots_shape, dtype=torch.int64, device=dev),
+                       shared.expand(by_arm).contiguous() if direct
+                       else torch.zeros(slots_shape, dtype=q.dtype, device=dev),
+                       torch.zeros((trials, agents), dtype=torch.int64, device=dev))
+            greedy = _Greedy(*(x.expand(trials, agents) for x in _top2(shared)),
+                             torch.zeros((trials, agents), dtype=torch.bool, device=dev))
         for s in range(n_steps):
-            if s % self.noise_block == 0:
-                block = counters[WORDS_PER_STEP * s + 1::WORDS_PER_STEP][:self.noise_block, None, None]
-                words = self._noise_words(self.keys, block)
-                noises, fell_short = (_exact_reward_noise(self.keys, block, words) if exact
-                                      else _bounded_reward_noise(self.keys, block, words))
-                short |= fell_short
-            biased, pulls, rewards = self._step(biased, pulls, rewards, base_q, base_n, means, mixed[s],
-                                                noises[s % self.noise_block])
-        return pulls.sum(dim=1), rewards.sum(dim=1), short
+            noise, fell_short = self._noise_at(first_step + s, first_step + n_steps, exact)
+            short |= fell_short
+            if self.ranks_every_step:
+                biased, pulls, rewards = self._step(biased, pulls, rewards, trial_tables, u_choices[s],
+                                                    explores[s], noise)
+                scans.append(torch.full((), trials * agents, dtype=torch.int64, device=dev))
+                continue
+            own, greedy, scanned, fell_over = self._cached(own, greedy, q, trial_tables, u_choices[s], explores[s],
+                                                           noise, slots[s])
+            scans.append(scanned)
+            overflow |= fell_over
+        if self.ranks_every_step:
+            return pulls.sum(dim=2).T, rewards.sum(dim=2).T, short, overflow, torch.stack(scans)
+        # Unused slots hold no pulls, so they may add their zeros to any arm.
+        cells = (self._trial_cells + own.arm.clamp(max=arms - 1).to(torch.int64)).reshape(-1)
+        sums = [torch.zeros(trials * arms, dtype=torch.int64, device=dev).index_add_(0, cells, x.reshape(-1))
+                .view(trials, arms) for x in (own.pulls, own.rewards)]
+        return sums[0], sums[1], short, overflow, torch.stack(scans)
 
+    def _noise_at(self, step: int, phase_end: int, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every agent's reward noise at ``step``, from the block that holds it (drawn
+        here if none does), and whether that block's bounded draw fell short (a phase
+        that drew a short block is learned again with ``exact``, which draws anew)."""
+        held = self._noise
+        if held is None or not held[0] <= step < held[0] + len(held[1]):
+            end = max(phase_end, self.run_steps or 0)
+            first = step * WORDS_PER_STEP + 1
+            counters = torch.arange(first, first + WORDS_PER_STEP * min(self.noise_block, end - step),
+                                    WORDS_PER_STEP, dtype=torch.int64, device=self.device)[:, None, None]
+            words = self._noise_words(self.keys, counters)
+            draw = _exact_reward_noise if exact else _bounded_reward_noise
+            held = self._noise = (step, *draw(self.keys, counters, words))
+        return held[1][step - held[0]], held[2]
 
-    def _learning_step(self, biased: torch.Tensor, pulls: torch.Tensor, rewards: torch.Tensor, base_q: torch.Tensor,
-                       base_n: torch.Tensor, means: torch.Tensor, mixed: torch.Tensor,
+    def _cached_step(self, own: "_Own", greedy: "_Greedy", q: torch.Tensor, trial_tables: torch.Tensor,
+                     u_choice: torch.Tensor, explore: torch.Tensor, noise: torch.Tensor,
+                     slots: int | None) -> tuple[Any, ...]:
+        """One step of every agent that keeps a greedy cache (:class:`_Greedy`) and its
+        own estimates of the arms it pulled (:class:`_Own`). An agent scans all its
+        arms only when the cache is stale, or when it acts greedily and its arms may
+        tie; at most ``slots`` agents (None: all) scan. Returns the new estimates and
+        cache, how many agents wanted a scan and whether that was more than ``slots``."""
+        arms = self.shape[2]
+        best_arm, best, second, stale = greedy
+        scan = stale | (~explore & ~(best > second))
+        wanted = scan.sum()
+        # A scan rebuilds a cache exactly, which is as good as the cache it replaces,
+        # and where the agent needed none its pick is its one leader (or it explores):
+        # so the scans' results are written without asking which agents wanted them.
+        if slots is None:
+            best_arm, best, second, greedy_arm = (x.view(scan.shape) for x in _top2_pick(
+                self._agent_values(q, own, None), u_choice.reshape(-1)))
+            fell_over = torch.zeros((), dtype=torch.bool, device=scan.device)
+        else:
+            # The slots past the last scanning agent hold lane 0: agent 0 is scanned
+            # again, which is harmless by the above.
+            lanes, _, fell_over = th.compact(scan, slots)
+            new_arm, new_best, new_second, pick = _top2_pick(self._agent_values(q, own, lanes),
+                                                             th.flat_take(u_choice, lanes))
+            best_arm, best, second = (_put_lanes(old, lanes, new) for old, new in
+                                      ((best_arm, new_arm), (best, new_best), (second, new_second)))
+            greedy_arm = _put_lanes(best_arm, lanes, pick)
+        arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), greedy_arm)
+        # The arm's slot: where the agent pulled it before in this phase, else its next free one.
+        width = own.arm.shape[0]
+        if width == arms:
+            slot, seen = arm[None], None
+        else:
+            # slot number + 1 where the agent pulled the arm before (slots hold distinct
+            # arms), else 0: a maximum over the slots, where an argmax over them is
+            # slow, in the smallest integers that hold it
+            match = own.arm == arm.to(own.arm.dtype)
+            if width < 256:
+                found = (match.view(torch.uint8) * self._slot_numbers[:width].to(torch.uint8)).amax(dim=0)
+            else:
+                found = torch.where(match, self._slot_numbers[:width], 0).amax(dim=0)
+            seen = found > 0
+            slot = torch.where(seen, found.to(torch.int64) - 1, own.used)[None]
+        shared_q, shared_n, mean = trial_tables.index_select(0, (self._trial_cells + arm).reshape(-1)).T
+        reward = _rules.reward_fixed(mean.view(arm.shape), noise)[None]
+        pulls_at = own.pulls.gather(0, slot) + 1
+        rewards_at = own.rewards.gather(0, slot) + reward
+        value = _rules.estimate(shared_q.view(slot.shape), shared_n.view(slot.shape), pulls_at, rewards_at)
+        if self.bias is not None:
+            value = value + self.bias.gather(0, arm[None])
+        columns = self._slot_rows(own.arm.shape[0])
+        own = _Own(own.arm if seen is None else _put_slot(own.arm, slot, arm[None].to(own.arm.dtype), columns),
+                   _put_slot(own.pulls, slot, pulls_at, columns), _put_slot(own.rewards, slot, rewards_at, columns),
+                   _put_slot(own.value, slot, value, columns),
+                   own.used if seen is None else own.used + (~seen).to(torch.int64))
+        return own, _Greedy(*_rules.update_greedy(arm, value[0], best_arm, best, second)), wanted, fell_over
+
+    def _agent_values(self, q: torch.Tensor, own: "_Own", lanes: torch.Tensor | None) -> torch.Tensor:
+        """The greedy value of every arm of the agents at flat ``lanes`` (None: every
+        agent), one column each, (arms, agents): the trial's shared value plus the
+        agent's bias, or its own estimate where it pulled the arm in this phase."""
+        trials, agents, arms = self.shape
+        width = own.arm.shape[0]
+        arm, value = own.arm.reshape(width, -1), own.value.reshape(width, -1)
+        if width == arms:  # slot a holds arm a, from the shared value on
+            return value if lanes is None else value[:, lanes]
+        # a spare row takes the writes of unused slots (arm index ``arms``)
+        if lanes is None:
+            values = value.new_empty(arms + 1, trials, agents)
+            if self.bias is None:
+                values[:arms] = q.T[:, :, None]
+            else:
+                torch.add(q.T[:, :, None], self.bias, out=values[:arms])
+            values = values.view(arms + 1, -1)
+        else:
+            values = value.new_empty(arms + 1, lanes.shape[0])
+            shared = q.T[:, lanes // agents]
+            if self.bias is None:
+                values[:arms] = shared
+            else:
+                torch.add(shared, self.bias.reshape(arms, -1)[:, lanes], out=values[:arms])
+            arm, value = arm[:, lanes], value[:, lanes]
+        return values.scatter_(0, arm.to(torch.int64), value)[:arms]
+
+    def _slot_rows(self, width: int) -> torch.Tensor | None:
+        """The slot numbers, shaped for :func:`_put_slot`, in a compiled step."""
+        return torch.arange(width, device=self.device)[:, None, None] if self._compile else None
+
+    def _learning_step(self, biased: torch.Tensor, pulls: torch.Tensor, rewards: torch.Tensor,
+                       trial_tables: torch.Tensor, u_choice: torch.Tensor, explore: torch.Tensor,
                        noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of every agent: choose arms, draw rewards; returns the next
         ``biased`` (greedy values, bias included), ``pulls`` and ``rewards``."""
         arms = self.shape[2]
-        w0 = _rng.draw(self.keys, mixed)
-        u_choice = _rng.uniform_lo32(w0)
-        explore = _rng.uniform_hi32(w0) < self.epsilons
         arm = _random_argmax(biased, u_choice)
         if self.topk_agent is not None:
-            order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
+            order = torch.sort(biased, dim=0, descending=True, stable=True).indices
             rank = torch.floor(u_choice * self.topk).to(torch.int64)
-            arm = torch.where(self.topk_agent, order.gather(-1, rank[..., None])[..., 0], arm)
+            arm = torch.where(self.topk_agent, order.gather(0, rank[None])[0], arm)
         arm = torch.where(explore, _rules.explore_arm(u_choice, self.groups, self.n_groups, arms), arm)
-        index = arm[..., None]
-        reward = _rules.reward_fixed(means.gather(-1, index)[..., 0], noise)[..., None]
-        pulls_at = pulls.gather(-1, index) + 1
-        rewards_at = rewards.gather(-1, index) + reward
-        new_value = _rules.estimate(base_q.gather(-1, index), base_n.gather(-1, index), pulls_at, rewards_at)
+        shared_q, shared_n, mean = trial_tables.index_select(0, (self._trial_cells + arm).reshape(-1)).T
+        reward = _rules.reward_fixed(mean.view(arm.shape), noise)
+        cell = arm * self._lanes.numel() + self._lanes
+        pulls_at = pulls.take(cell) + 1
+        rewards_at = rewards.take(cell) + reward
+        new_value = _rules.estimate(shared_q.view(arm.shape), shared_n.view(arm.shape), pulls_at, rewards_at)
         if self.bias is not None:
-            new_value = new_value + self.bias.gather(-1, index)
-        columns = self._columns
-        return (th.put_along(biased, index, new_value, columns), th.put_along(pulls, index, pulls_at, columns),
-                th.put_along(rewards, index, rewards_at, columns))
+            new_value = new_value + self.bias.take(cell)
+        rows = self._slot_rows(arms)
+        return (_put_slot(biased, arm[None], new_value[None], rows), _put_slot(pulls, arm[None], pulls_at[None], rows),
+                _put_slot(rewards, arm[None], rewards_at[None], rows))
 
 
 def _noise_words(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -167,8 +388,56 @@ def _bounded_reward_noise(keys: torch.Tensor, counters: torch.Tensor,
     return _rng.normal_bounded(keys, counters, words, min(draws, int(expected + 8 * expected ** 0.5 + 16)))
 
 
-def _random_argmax(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per row, the floor(u * c)-th (in index order) of the c arms holding the maximum."""
-    ties = rows == rows.max(dim=-1, keepdim=True).values
-    pick = torch.floor(u * ties.sum(dim=-1)).to(torch.int64)
-    return th.nth_true(ties, pick)
+def _put_lanes(x: torch.Tensor, lanes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with ``values`` at its flat ``lanes`` (repeated lanes get equal values)."""
+    return x.reshape(-1).scatter(0, lanes, values.to(x.dtype)).view(x.shape)
+
+
+def _put_slot(table: torch.Tensor, slot: torch.Tensor, value: torch.Tensor,
+              rows: torch.Tensor | None) -> torch.Tensor:
+    """``table`` with ``value`` written at ``slot`` along the first axis: ``scatter_`` in
+    place, or with ``rows`` (the slot numbers) a select, as ``th.put_along`` does along
+    the last axis and for the same reasons."""
+    if rows is None:
+        return table.scatter_(0, slot, value)
+    return torch.where(rows == slot, value, table)
+
+
+def _tie_counts(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Along the first axis (arms), the maximum, which arms hold it and their running
+    count: as 16-bit integers where they fit, since converting a mask to int64 for the
+    count cost more than the rest of a greedy pass."""
+    top = values.amax(dim=0)
+    ties = values == top
+    if values.shape[0] < 2**15:
+        return top, ties, ties.view(torch.uint8).cumsum(dim=0, dtype=torch.int16)
+    return top, ties, ties.cumsum(dim=0)
+
+
+def _nth_of_count(running: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The floor(u * c)-th (in index order) of the c arms counted in ``running``: the
+    number of arms whose running count is at most that rank."""
+    rank = torch.floor(u * running[-1]).to(running.dtype)
+    return (running <= rank).sum(dim=0, dtype=running.dtype).to(torch.int64)
+
+
+def _random_argmax(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per agent (values shaped (arms, ...)), the floor(u * c)-th (in index order) of
+    the c arms holding the maximum."""
+    return _nth_of_count(_tie_counts(values)[2], u)
+
+
+def _top2(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per agent (values shaped (arms, ...)) the first arm holding the maximum, the
+    maximum and the largest value of the other arms (the maximum again where it ties),
+    as the numba kernel's cache."""
+    return _top2_pick(values, None)[:3]
+
+
+def _top2_pick(values: torch.Tensor, u: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """:func:`_top2` of every agent and (unless ``u`` is None) its :func:`_random_argmax`."""
+    top, ties, running = _tie_counts(values)
+    first = (running == 0).sum(dim=0, dtype=running.dtype).to(torch.int64)  # arms before the first maximum
+    # with one arm at the maximum the others are those below it
+    second = torch.where(running[-1] > 1, top, torch.where(ties, -torch.inf, values).amax(dim=0))
+    return first, top, second, None if u is None else _nth_of_count(running, u)

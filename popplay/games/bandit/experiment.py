@@ -64,7 +64,8 @@ class BanditExperiment:
                 means=self._local_means, keys=keys, static_keys=static_keys, epsilons=local["epsilons"],
                 topk=local["topk"], groups=local["groups"], n_groups=self.n_groups,
                 bias_scale=p.bias_scale, use_bias=self.use_bias, device=backend.device, compile=backend.compile,
-                total_agents=p.agents, reduce_sums=reduce_sums if self.layout == "agents" and self.dist.distributed else None,
+                total_agents=p.agents, run_steps=p.steps_per_agent,
+                reduce_sums=reduce_sums if self.layout == "agents" and self.dist.distributed else None,
             )
         else:
             self._keys = keys
