@@ -86,13 +86,14 @@ def _torch_scans(monkeypatch, margin: int = 1) -> list[int]:
     return capacities
 
 
+@pytest.mark.parametrize("share_every", [6, 7])  # a phase of 7 steps keeps a slot for each of the 7 arms
 @pytest.mark.parametrize("differentiation", ["none", "partition", "bias", "explorers"])
-def test_torch_greedy_cache_with_few_scan_slots_equals_reference(monkeypatch, differentiation):
+def test_torch_greedy_cache_with_few_scan_slots_equals_reference(monkeypatch, differentiation, share_every):
     """The torch engine's greedy cache (an agent scans its arms only when they may tie
     or its leader fell below the bound) and its own tallies of the arms it pulled give
     the reference's tables, also where a step gathers only a few agents' rows."""
     capacities = _torch_scans(monkeypatch)
-    params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=6, epsilon=0.2,
+    params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=share_every, epsilon=0.2,
                           differentiation=differentiation, seed=11, explorer_fraction=0.4, bias_scale=0.3)
     expected = _reference_history(params)
     got = _history(params, TORCH)

@@ -220,15 +220,17 @@ def _final_state(experiment_type, params, compile_step=None):
     return state
 
 
-@pytest.mark.parametrize("differentiation", ["none", "bias", "top2", "none, greedy cache", "bias, greedy cache"])
+@pytest.mark.parametrize("differentiation", ["none", "bias", "top2", "none, greedy cache", "bias, greedy cache",
+                                             "bias, greedy cache, a slot per arm"])
 def test_bandit_step_is_one_graph(monkeypatch, differentiation: str) -> None:
     from popplay.games.bandit.experiment import BanditExperiment
     from popplay.games.bandit.rules import BanditParams
 
-    differentiation, cache = (differentiation.split(", ") + [""])[:2]
+    differentiation, cache, per_arm = (differentiation.split(", ") + ["", ""])[:3]
     if cache:  # steps that scan every agent and steps that gather some agents' rows
         _greedy_cache_everywhere(monkeypatch, lambda agents, s: None if s % 2 else agents)
-    params = BanditParams(arms=5, agents=3, trials=2, share_every=4, steps_per_agent=8,
+    share_every = 8 if per_arm else 4  # phases of at least as many steps as arms keep a slot per arm
+    params = BanditParams(arms=5, agents=3, trials=2, share_every=share_every, steps_per_agent=2 * share_every,
                           differentiation=differentiation)
 
     def compile_step(experiment) -> None:
