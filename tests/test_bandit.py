@@ -49,16 +49,18 @@ def test_backends_equal_reference_bit_for_bit(differentiation):
             assert np.array_equal(n, np.array(n_ref)), backend
 
 
-def test_torch_noise_drawn_in_blocks_that_end_inside_a_phase_is_the_same(monkeypatch):
+@pytest.mark.parametrize("noise_steps, choice_steps", [(4, 1), (32, 4)])
+def test_torch_noise_drawn_in_blocks_that_end_inside_a_phase_is_the_same(monkeypatch, noise_steps, choice_steps):
     """The reward noise of a block of steps is drawn at once, the block sized by device
-    (a GPU's holds 16 steps at 8.4 M agents): blocks of 4 steps that end inside the
-    phases of 6 steps give the reference's tables bit for bit."""
+    (a GPU's holds 16 steps at 8.4 M agents) and kept across phases, and so are the
+    choice words of a block: blocks that end inside the phases of 6 steps give the
+    reference's tables bit for bit."""
     from popplay.games.bandit import _torch
 
     params = BanditParams(arms=7, agents=5, trials=3, steps_per_agent=23, share_every=6, epsilon=0.2, seed=11)
-    monkeypatch.setitem(_torch.NOISE_BLOCK_DRAWS, "cpu", 4 * params.agents * params.trials)
+    monkeypatch.setitem(_torch.NOISE_BLOCK_DRAWS, "cpu", noise_steps * params.agents * params.trials)
     experiment = BanditExperiment(params, TORCH)
-    assert experiment._torch.noise_block == 4
+    assert (experiment._torch.noise_block, experiment._torch.choice_block) == (noise_steps, choice_steps)
     got = _history(params, TORCH)
     expected = _reference_history(params)
     assert len(got) == len(expected) == 4

@@ -108,6 +108,8 @@ class TorchBanditEngine:
         # about as much for 16 steps as for 512) but not the run's ``run_steps``.
         block = NOISE_BLOCK_DRAWS.get(self.device.type, NOISE_BLOCK_DRAWS["cpu"])  # other devices: the CPU's
         self.noise_block = max(1, block // (trials * agents))
+        # the choice words likewise, in blocks of about a quarter of a noise block's bytes (17 bytes a step and agent)
+        self.choice_block = max(1, block // 8 // (trials * agents))
         self.run_steps = run_steps
         self._noise: tuple[int, torch.Tensor, torch.Tensor] | None = None  # first step, noise, fell short
         self.bias = None
@@ -181,11 +183,7 @@ class TorchBanditEngine:
         n_share = n / self.total_agents
         counters = torch.arange(first_step * WORDS_PER_STEP, (first_step + n_steps) * WORDS_PER_STEP,
                                 dtype=torch.int64, device=dev)
-        # Every step's choice word at once: the hash's dozens of operations run once
-        # over (steps, trials, agents), not once a step.
-        words = _rng.draw(self.keys, _rng.mix_counter(counters[::WORDS_PER_STEP])[:, None, None])
-        u_choices = _rng.uniform_lo32(words)
-        explores = _rng.uniform_hi32(words) < self.epsilons
+        mixed = _rng.mix_counter(counters[::WORDS_PER_STEP])[:, None, None]
         short = torch.zeros((), dtype=torch.bool, device=dev)
         overflow = torch.zeros((), dtype=torch.bool, device=dev)
         scans = []
@@ -216,15 +214,22 @@ class TorchBanditEngine:
             greedy = _Greedy(*(x.expand(trials, agents) for x in _top2(shared)),
                              torch.zeros((trials, agents), dtype=torch.bool, device=dev))
         for s in range(n_steps):
+            if s % self.choice_block == 0:
+                # The choice words of a block of steps at once: the hash's dozens of
+                # operations run once over (steps, trials, agents), not once a step.
+                words = _rng.draw(self.keys, mixed[s:s + self.choice_block])
+                u_choices = _rng.uniform_lo32(words)
+                explores = _rng.uniform_hi32(words) < self.epsilons
+            u_choice, explore = u_choices[s % self.choice_block], explores[s % self.choice_block]
             noise, fell_short = self._noise_at(first_step + s, first_step + n_steps, exact)
             short |= fell_short
             if self.ranks_every_step:
-                biased, pulls, rewards = self._step(biased, pulls, rewards, trial_tables, u_choices[s],
-                                                    explores[s], noise)
+                biased, pulls, rewards = self._step(biased, pulls, rewards, trial_tables, u_choice, explore,
+                                                    noise)
                 scans.append(torch.full((), trials * agents, dtype=torch.int64, device=dev))
                 continue
-            own, greedy, scanned, fell_over = self._cached(own, greedy, q, trial_tables, u_choices[s], explores[s],
-                                                           noise, slots[s])
+            own, greedy, scanned, fell_over = self._cached(own, greedy, q, trial_tables, u_choice, explore, noise,
+                                                           slots[s])
             scans.append(scanned)
             overflow |= fell_over
         if self.ranks_every_step:
