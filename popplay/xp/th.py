@@ -116,7 +116,8 @@ class _Table:
         return self._by_device[device]
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
-        return self.on(index.device)[index]
+        # take: advanced indexing ran 3-5x slower on a CPU for millions of look-ups
+        return self.on(index.device).take(index)
 
 
 def table(values: Any) -> _Table:
