@@ -115,6 +115,20 @@ def test_torch_greedy_cache_equals_numba_where_more_arms_than_steps(monkeypatch)
     assert capacities
 
 
+@pytest.mark.parametrize("differentiation", ["none", "top2"])
+def test_torch_agents_ranking_every_step_equal_numba_at_many_arms(monkeypatch, differentiation):
+    """Without the greedy cache (as on CUDA, and for top-k agents) every agent ranks its
+    arms at every step; from 32 arms on the tie count runs along each agent's row."""
+    from popplay.games.bandit import _torch
+
+    monkeypatch.setitem(_torch.CACHE_FROM_ARMS, "cpu", 10**9)
+    params = BanditParams(arms=40, agents=24, trials=3, steps_per_agent=60, share_every=5, epsilon=0.05, seed=4,
+                          differentiation=differentiation)
+    assert _torch.ROW_MAJOR_COUNT_ARMS <= params.arms
+    for (q, n), (q_numba, n_numba) in zip(_history(params, TORCH), _history(params, NUMBA), strict=True):
+        assert np.array_equal(q, q_numba) and np.array_equal(n, n_numba)
+
+
 def test_a_torch_phase_that_needed_more_scans_than_slots_is_learned_again(monkeypatch):
     """A step whose scans did not fit its slots makes the phase run again with a slot
     for every agent; the tables are the same as without the shortage."""
