@@ -152,8 +152,8 @@ class TorchBanditEngine:
 
         An agent keeps its greedy arm, that arm's value and a bound on the others
         (``rules.update_greedy``) and scans its arms only when they tie or its leader
-        fell below the bound: after the first phase a few percent of the agents a
-        step, so a step gathers only their rows. How many there will be is not asked
+        fell below the bound: once the tables fill, a fraction of a percent of the
+        agents a step (docs/performance.md), so a step gathers only their rows. How many there will be is not asked
         (that would stall a GPU at every step): each step gets 1.25x what the same
         step of the last phase scanned plus ``SCAN_MARGIN``, rounded up to a power of
         two (few compiled shapes); a step without such a count (the first phase, or
