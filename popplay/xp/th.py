@@ -129,11 +129,11 @@ sigmoid = torch.sigmoid
 
 
 def put_along(table: torch.Tensor, index: torch.Tensor, value: torch.Tensor,
-              columns: torch.Tensor | None = None) -> torch.Tensor:
-    """``table`` with ``value`` written at ``index`` along the last axis (``index`` and
+              columns: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """``table`` with ``value`` written at ``index`` along axis ``dim`` (``index`` and
     ``value`` shaped like ``table`` with 1 there).
 
-    With ``columns`` (``arange`` of the last axis) a one-hot select into a new tensor:
+    With ``columns`` (``arange`` of that axis, shaped to broadcast along it) a one-hot select into a new tensor:
     compiled, an in-place write into a step's input costs a copy of the whole table and
     a write-back, where the select fuses into the step's one pass over it. Without,
     ``scatter_`` in place: eager, that touches one element a row where the select is a
@@ -142,7 +142,7 @@ def put_along(table: torch.Tensor, index: torch.Tensor, value: torch.Tensor,
     if value.dtype != table.dtype:
         raise TypeError(f"put_along: a {value.dtype} value into a {table.dtype} table")
     if columns is None:
-        return table.scatter_(-1, index, value)
+        return table.scatter_(dim, index, value)
     return torch.where(columns == index, value, table)
 
 

@@ -90,6 +90,7 @@ class TorchBanditEngine:
         self._scan_history: list[int] = []
         self._compile = compile
         self._slot_numbers = torch.arange(1, arms + 1, device=self.device)[:, None, None]
+        self._slot_numbers_u8 = self._slot_numbers[:255].to(torch.uint8)
         # arm numbers in slots, and the unused slots' ``arms``, in the smallest integers that hold them
         self._slot_arms = torch.arange(arms, device=self.device,
                                        dtype=torch.int16 if arms < 2**15 else torch.int64)
@@ -226,14 +227,13 @@ class TorchBanditEngine:
             if self.ranks_every_step:
                 biased, pulls, rewards = self._step(biased, pulls, rewards, trial_tables, u_choice, explore,
                                                     noise)
-                scans.append(torch.full((), trials * agents, dtype=torch.int64, device=dev))
                 continue
             own, greedy, scanned, fell_over = self._cached(own, greedy, q, trial_tables, u_choice, explore, noise,
                                                            slots[s])
             scans.append(scanned)
             overflow |= fell_over
-        if self.ranks_every_step:
-            return pulls.sum(dim=2).T, rewards.sum(dim=2).T, short, overflow, torch.stack(scans)
+        if self.ranks_every_step:  # no scans to count: every agent ranks at every step
+            return pulls.sum(dim=2).T, rewards.sum(dim=2).T, short, overflow, torch.zeros(0, dtype=torch.int64)
         # Unused slots hold no pulls, so they may add their zeros to any arm.
         cells = (self._trial_cells + own.arm.clamp(max=arms - 1).to(torch.int64)).reshape(-1)
         sums = [torch.zeros(trials * arms, dtype=torch.int64, device=dev).index_add_(0, cells, x.reshape(-1))
@@ -294,7 +294,7 @@ class TorchBanditEngine:
             # slow, in the smallest integers that hold it
             match = own.arm == arm.to(own.arm.dtype)
             if width < 256:
-                found = (match.view(torch.uint8) * self._slot_numbers[:width].to(torch.uint8)).amax(dim=0)
+                found = (match.view(torch.uint8) * self._slot_numbers_u8[:width]).amax(dim=0)
             else:
                 found = torch.where(match, self._slot_numbers[:width], 0).amax(dim=0)
             seen = found > 0
@@ -307,9 +307,12 @@ class TorchBanditEngine:
         if self.bias is not None:
             value = value + self.bias.gather(0, arm[None])
         columns = self._slot_rows(own.arm.shape[0])
-        own = _Own(own.arm if seen is None else _put_slot(own.arm, slot, arm[None].to(own.arm.dtype), columns),
-                   _put_slot(own.pulls, slot, pulls_at, columns), _put_slot(own.rewards, slot, rewards_at, columns),
-                   _put_slot(own.value, slot, value, columns),
+        slot_arm = own.arm if seen is None else th.put_along(own.arm, slot, arm[None].to(own.arm.dtype), columns,
+                                                             dim=0)
+        own = _Own(slot_arm,
+                   th.put_along(own.pulls, slot, pulls_at, columns, dim=0),
+                   th.put_along(own.rewards, slot, rewards_at, columns, dim=0),
+                   th.put_along(own.value, slot, value, columns, dim=0),
                    own.used if seen is None else own.used + (~seen).to(torch.int64))
         return own, _Greedy(*_rules.update_greedy(arm, value[0], best_arm, best, second)), wanted, fell_over
 
@@ -322,26 +325,24 @@ class TorchBanditEngine:
         arm, value = own.arm.reshape(width, -1), own.value.reshape(width, -1)
         if width == arms:  # slot a holds arm a, from the shared value on
             return value if lanes is None else value[:, lanes]
-        # a spare row takes the writes of unused slots (arm index ``arms``)
         if lanes is None:
-            values = value.new_empty(arms + 1, trials, agents)
-            if self.bias is None:
-                values[:arms] = q.T[:, :, None]
-            else:
-                torch.add(q.T[:, :, None], self.bias, out=values[:arms])
-            values = values.view(arms + 1, -1)
+            columns, shared, bias = (trials, agents), q.T[:, :, None], self.bias
         else:
-            values = value.new_empty(arms + 1, lanes.shape[0])
-            shared = q.T[:, lanes // agents]
-            if self.bias is None:
-                values[:arms] = shared
-            else:
-                torch.add(shared, self.bias.reshape(arms, -1)[:, lanes], out=values[:arms])
+            columns, shared = lanes.shape, q.T[:, lanes // agents]
+            bias = None if self.bias is None else self.bias.reshape(arms, -1)[:, lanes]
             arm, value = arm[:, lanes], value[:, lanes]
-        return values.scatter_(0, arm.to(torch.int64), value)[:arms]
+        # filled in place (the shared rows broadcast once); a spare row takes the
+        # writes of unused slots (arm index ``arms``)
+        values = value.new_empty(arms + 1, *columns)
+        if bias is None:
+            values[:arms] = shared
+        else:
+            torch.add(shared, bias, out=values[:arms])
+        return values.view(arms + 1, -1).scatter_(0, arm.to(torch.int64), value)[:arms]
 
     def _slot_rows(self, width: int) -> torch.Tensor | None:
-        """The slot numbers, shaped for :func:`_put_slot`, in a compiled step."""
+        """The slot numbers, shaped for ``th.put_along``'s one-hot writes along the first axis,
+        in a compiled step."""
         return torch.arange(width, device=self.device)[:, None, None] if self._compile else None
 
     def _learning_step(self, biased: torch.Tensor, pulls: torch.Tensor, rewards: torch.Tensor,
@@ -365,8 +366,10 @@ class TorchBanditEngine:
         if self.bias is not None:
             new_value = new_value + self.bias.take(cell)
         rows = self._slot_rows(arms)
-        return (_put_slot(biased, arm[None], new_value[None], rows), _put_slot(pulls, arm[None], pulls_at[None], rows),
-                _put_slot(rewards, arm[None], rewards_at[None], rows))
+        index = arm[None]
+        return (th.put_along(biased, index, new_value[None], rows, dim=0),
+                th.put_along(pulls, index, pulls_at[None], rows, dim=0),
+                th.put_along(rewards, index, rewards_at[None], rows, dim=0))
 
 
 def _noise_words(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -396,16 +399,6 @@ def _bounded_reward_noise(keys: torch.Tensor, counters: torch.Tensor,
 def _put_lanes(x: torch.Tensor, lanes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """A copy of ``x`` with ``values`` at its flat ``lanes`` (repeated lanes get equal values)."""
     return x.reshape(-1).scatter(0, lanes, values.to(x.dtype)).view(x.shape)
-
-
-def _put_slot(table: torch.Tensor, slot: torch.Tensor, value: torch.Tensor,
-              rows: torch.Tensor | None) -> torch.Tensor:
-    """``table`` with ``value`` written at ``slot`` along the first axis: ``scatter_`` in
-    place, or with ``rows`` (the slot numbers) a select, as ``th.put_along`` does along
-    the last axis and for the same reasons."""
-    if rows is None:
-        return table.scatter_(0, slot, value)
-    return torch.where(rows == slot, value, table)
 
 
 # From this many arms on, a pass that counts tied arms runs along each agent's row
