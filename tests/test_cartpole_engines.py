@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from popplay.games.cartpole.rules import CartPolePopulationParams, initial_state
 from popplay.core.backend import Backend
 from popplay.games.cartpole.experiment import CartPoleExperiment
+from popplay.games.cartpole.rules import CartPolePopulationParams, initial_state
 from tests.reference import cartpole as ref
 
 FIELDS = ("q", "trace", "weight", "cart", "action", "shared", "alpha", "lam", "epsilon")
@@ -74,6 +74,44 @@ def test_numba_and_torch_equal_the_reference_exactly(case):
     last = reference[-1]["shared"]
     tests = [[ref.greedy_test(last[t], params, ex._test_keys[t, k]) for k in range(2)] for t in range(2)]
     np.testing.assert_array_equal(ex.balanced_steps(numba_history[-1]), tests)
+
+
+@pytest.mark.parametrize("case", ["sarsa-replacing", "q-accumulating-bias", "sarsa-clock-restarts",
+                                  "q-replication-every-2"])
+def test_torch_results_do_not_depend_on_its_slot_count(case, monkeypatch):
+    """The torch engine gives the passes over whole rows (deaths, failures, clock
+    restarts) to a few slots a step; with room for almost none, phases overflow and are
+    learned again with more, and every agent still equals numba's bit for bit."""
+    from popplay.games.cartpole import _torch
+
+    monkeypatch.setattr(_torch, "SLOT_MARGIN", 0)
+    monkeypatch.setattr(_torch, "FIRST_PHASE_SHARE", 10_000)  # a first phase starts with 1 slot
+    runs = []
+    run = _torch.TorchCartPoleEngine._run
+    monkeypatch.setattr(_torch.TorchCartPoleEngine, "_run", lambda self, *args: runs.append(args[-1]) or run(
+        self, *args))
+    params = _params(**{**CASES[case], "agents": 6, "trials": 3})
+    _, numba_history = _states(params, "numba")
+    _, torch_history = _states(params, "torch")
+    assert len(runs) > len(torch_history)  # some phases overflowed and were learned again
+    assert min(runs) < params.agents * params.trials  # with fewer slots than lanes
+    for got_nb, got_th in zip(numba_history, torch_history):
+        for name in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(got_nb, name)), getattr(got_th, name).numpy(),
+                                          err_msg=name)
+
+
+def test_torch_slots_follow_the_busiest_step():
+    from popplay.games.cartpole import _torch
+
+    assert _torch._slots_for(0) == 16
+    assert _torch._slots_for(100) == 256  # 1.25 x 100 + 16 = 141
+    assert _torch._slots_for(500) == 1024
+    params = _params(agents=64, trials=4, steps_per_agent=128, share_every=64)
+    ex = CartPoleExperiment(params, Backend("torch", "cpu"))
+    assert ex._torch.slots is None
+    ex.phase(ex.initial_state(), time_left=None)
+    assert 16 <= ex._torch.slots < 256  # planned from the phase, fewer than the 256 lanes
 
 
 def test_per_agent_parameters_equal_the_reference_exactly():

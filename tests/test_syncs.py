@@ -72,7 +72,7 @@ def test_cartpole_phase_waits_a_fixed_number_of_times() -> None:
 
     base = syncs(4, 4)
     assert base == syncs(64, 4) == syncs(4, 16)
-    assert base[0] <= 2, base  # the finite check and the share's input check
+    assert base[0] <= 3, base  # the finite check, the share's input check, whether a step ran out of slots
 
 
 def test_knights_phase_waits_only_every_few_plies() -> None:
@@ -254,7 +254,6 @@ def test_cartpole_step_is_one_graph() -> None:
 
     def compile_step(experiment) -> None:
         experiment._torch._step = _one_graph(experiment._torch._learning_step)
-        experiment._torch._columns = torch.arange(72)  # the one-hot writes of compiled steps
 
     plain = _final_state(CartPoleExperiment, params)
     compiled = _final_state(CartPoleExperiment, params, compile_step)
@@ -262,15 +261,14 @@ def test_cartpole_step_is_one_graph() -> None:
         np.testing.assert_array_equal(getattr(plain, name), getattr(compiled, name), err_msg=name)
 
 
-def test_a_compiled_cartpole_phase_leaves_its_inputs_alone() -> None:
-    """The one-hot step no longer clones the tables it is given: nothing may write into
-    them (replication compares the phase's result with the state it started from)."""
+def test_a_cartpole_phase_leaves_its_inputs_alone() -> None:
+    """The steps write into a table of the phase's own, never into the tables the phase
+    is given (replication compares the phase's result with the state it started from)."""
     from popplay.games.cartpole.experiment import CartPoleExperiment
     from popplay.games.cartpole.rules import CartPolePopulationParams
 
     params = CartPolePopulationParams(agents=3, trials=2, share_every=8, steps_per_agent=16, replicate_every=1)
     experiment = CartPoleExperiment(params, TORCH, dist=Dist())
-    experiment._torch._columns = torch.arange(72)
     state = experiment.phase(experiment.initial_state(), time_left=None)
     before = {name: getattr(state, name).clone() for name in ("q", "weight", "trace", "cart", "action")}
     after = experiment.phase(state, time_left=None)

@@ -5,7 +5,7 @@ parallel loop; an agent's 72 Q values, traces and weights live in thread-local
 scratch while it runs. With clock-scaled traces and deferred updates
 (:mod:`popplay.games.cartpole.rules`, "Traces") a step touches O(1) state-actions; the
 live traces are listed only to find the ones that die (exactly 0 below the cutoff:
-a rule, so the dense torch engine and the reference do the same).
+a rule, so the torch engine and the reference do the same).
 """
 from __future__ import annotations
 

@@ -1,14 +1,22 @@
 """Torch engine of the cart-pole population (private; see :mod:`popplay.games.cartpole.rules`).
 
-Every step advances all (trial, agent) pairs at once: the dynamics on (trials,
-agents) tensors and the TD(λ) update densely on (trials, agents, 72) tensors. It
-draws the same words and applies the same rules as the numba kernels (whose sparse
-update skips exactly the zero traces that leave Q and w unchanged here), so on the
-CPU both give bit-identical populations.
+Every step advances all (trial, agent) lanes at once and touches a lane's numbers only
+where the rule reads or writes them: the two state-actions of the next box and the one
+just left, found by index in one table that keeps a state-action's five numbers (q, w,
+ê, C_start, D_start) side by side, a lane's 72 state-actions in a row. The passes over
+a whole row that failures, Watkins' cuts, clock restarts and dying traces call for (see
+"Traces" in the rules) run only on the lanes that need one that step, packed into a
+fixed number of slots without asking the device how many there are; a lane keeps a
+lower bound on its smallest live ê (all its traces share the clock, so the smallest
+dies first) to know when a trace may die. A phase in which some step needed more passes
+than there were slots (each try's one question to the device says so) is learned again
+with more, so results never depend on the slot count. The values follow the same rules
+in the same order as the numba kernels, which skip the same untouched state-actions, so
+on the CPU both give bit-identical populations.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -19,6 +27,32 @@ from popplay.xp import th
 _rules = make_rules(th)
 _rng = _rules.rng
 
+FIELDS = 5  # per state-action: q, w, ê, C at its last visit, D at its last visit
+_Q, _W, _E, _C, _D = range(FIELDS)
+SLOT_MARGIN = 16  # slots beyond 1.25x the busiest step of the last phase
+FIRST_PHASE_SHARE = 16  # before any phase was seen, room for one lane in 16 (a first phase needed 1 in 16)
+
+
+class _Step(NamedTuple):
+    """What one step carries to the next (lanes along the first axis)."""
+
+    # ((lanes + 1) * 72, 5): each lane's 72 state-actions, then the dummy lane's, where
+    # spare slots read and write; never a view (compiled, a write through one copies it)
+    table: torch.Tensor
+    least_trace: torch.Tensor  # (lanes + 1,): at most the smallest live ê of the lane (inf: none)
+    clock: torch.Tensor
+    clock_sum: torch.Tensor
+    d_sum: torch.Tensor
+    x: torch.Tensor
+    x_dot: torch.Tensor
+    theta: torch.Tensor
+    theta_dot: torch.Tensor
+    s: torch.Tensor
+    a: torch.Tensor
+    failures: torch.Tensor
+    busiest: torch.Tensor  # 0-d: the most lanes that needed a pass in one step
+    overflow: torch.Tensor  # 0-d bool: some step needed more passes than there were slots
+
 
 class TorchCartPoleEngine:
     """Runs learning phases for a whole population on one device."""
@@ -27,7 +61,8 @@ class TorchCartPoleEngine:
                  failure_reward: float, cutoff: float, start_range: float, accumulate: bool, watkins: bool,
                  device: str, compile: bool = False) -> None:
         self.device = torch.device(device)
-        self.keys = torch.as_tensor(np.ascontiguousarray(keys), device=self.device)
+        # one stream per lane, in the lanes' order (the tables' rows)
+        self.keys = torch.as_tensor(np.ascontiguousarray(keys), device=self.device).reshape(-1)
         self.phys = tuple(float(v) for v in phys)
         self.bounds = tuple(float(v) for v in bounds)
         self.gamma = float(gamma)
@@ -37,7 +72,7 @@ class TorchCartPoleEngine:
         self.accumulate = bool(accumulate)
         self.watkins = bool(watkins)
         self._step = th.compiled(self._learning_step, compile)
-        self._columns = torch.arange(STATE_ACTIONS, device=self.device) if compile else None  # see th.put_along
+        self.slots: int | None = None  # passes per step, planned from the last phase (None: no phase yet)
 
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
@@ -53,103 +88,153 @@ class TorchCartPoleEngine:
               alpha: torch.Tensor, lam: torch.Tensor, epsilon: torch.Tensor, first_step: int,
               n_steps: int) -> tuple[torch.Tensor, ...]:
         """``n_steps`` steps of every agent with its own α, λ, ε (each shaped like
-        ``action``); returns (q, e, w, cart, action, failures)."""
-        r = _rules
-        if self._columns is None:  # the eager step writes into its tables: the caller's stay as they are
-            q, w, e = q.clone(), w.clone(), e.clone()
-        e_hat = e
-        c_start = torch.zeros_like(e_hat)
-        d_start = torch.zeros_like(e_hat)
-        clock = torch.ones(action.shape, dtype=torch.float64, device=self.device)
-        clock_sum = torch.zeros_like(clock)
-        d_sum = torch.zeros_like(clock)
-        x, x_dot, theta, theta_dot = (cart[..., i].clone() for i in range(4))
-        a = action.clone()
-        failures = torch.zeros(a.shape, dtype=torch.int64, device=self.device)
-        s = r.box(x, x_dot, theta, theta_dot, self.bounds)
+        ``action``); returns (q, e, w, cart, action, failures). The inputs are left as
+        they are."""
+        lanes = action.numel()
+        slots = min(self.slots or _slots_for(lanes / FIRST_PHASE_SHARE), lanes)
+        while True:
+            result, busiest, overflow = self._run(q, e, w, cart, action, alpha, lam, epsilon, first_step, n_steps,
+                                                  slots)
+            busiest, overflow = torch.stack([busiest, overflow.to(busiest.dtype)]).tolist()  # the try's one wait
+            if not overflow:
+                break
+            # Learned again from the same inputs: results never depend on the slot count.
+            slots = min(max(2 * slots, _slots_for(busiest)), lanes)
+        self.slots = _slots_for(busiest)
+        return result
+
+    def _run(self, q: torch.Tensor, e: torch.Tensor, w: torch.Tensor, cart: torch.Tensor, action: torch.Tensor,
+             alpha: torch.Tensor, lam: torch.Tensor, epsilon: torch.Tensor, first_step: int, n_steps: int,
+             slots: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        shape = action.shape
+        lanes = action.numel()
+        f64 = dict(dtype=torch.float64, device=self.device)
+        # A new clock starts every phase: ê = e, C_start = D_start = 0.
+        table = torch.zeros(lanes + 1, STATE_ACTIONS, FIELDS, **f64)
+        for field, values in ((_Q, q), (_W, w), (_E, e)):
+            table[:lanes, :, field] = values.reshape(lanes, STATE_ACTIONS)
+        e_hat = table[:, :, _E]
+        least = torch.where(e_hat != 0.0, e_hat, torch.inf).amin(dim=-1)
+        table = table.view(-1, FIELDS)
+        x, x_dot, theta, theta_dot = (cart.reshape(lanes, 4)[:, i].clone() for i in range(4))
+        a = action.reshape(lanes).clone()
+        s = _rules.box(x, x_dot, theta, theta_dot, self.bounds)
+        flat = lambda v: v.reshape(lanes)  # noqa: E731
+        alpha, lam, epsilon = flat(alpha), flat(lam), flat(epsilon)
+        spare = torch.full((slots,), lanes, dtype=torch.int64, device=self.device)
+        if slots > 1:  # one compiled step for every slot count (dynamo specialises sizes 0 and 1)
+            torch._dynamo.maybe_mark_dynamic(spare, 0)
+        state = _Step(table, least, torch.ones(lanes, **f64), torch.zeros(lanes, **f64), torch.zeros(lanes, **f64),
+                      x, x_dot, theta, theta_dot, s, a, torch.zeros(lanes, dtype=torch.int64, device=self.device),
+                      torch.zeros((), dtype=torch.int64, device=self.device),
+                      torch.zeros((), dtype=torch.bool, device=self.device))
         mixed = self._mixed(first_step + 1, n_steps)
-
-        state = (q, w, e_hat, c_start, d_start, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures)
         for k in range(n_steps):
-            state = self._step(state, mixed[WORDS_PER_STEP * k:WORDS_PER_STEP * (k + 1)], alpha, lam, epsilon)
-        q, w, e_hat, c_start, d_start, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures = state
-        q, w = _fold(e_hat != 0.0, q, w, e_hat, alpha[..., None], clock_sum, c_start, d_sum, d_start)
-        e = e_hat * clock[..., None]
-        return q, e, w, torch.stack([x, x_dot, theta, theta_dot], dim=-1), a, failures
+            state = self._step(state, mixed[WORDS_PER_STEP * k:WORDS_PER_STEP * (k + 1)], alpha, lam, epsilon, spare)
+        t = state.table.view(lanes + 1, STATE_ACTIONS, FIELDS)[:lanes]
+        q_end, w_end, e_end, c_start, d_start = t.unbind(dim=-1)
+        live = e_end != 0.0
+        q_end, w_end = _fold(live, q_end, w_end, e_end, alpha[:, None], state.clock_sum[:, None], c_start,
+                             state.d_sum[:, None], d_start)
+        e_end = e_end * state.clock[:, None]
+        table_shape = shape + (STATE_ACTIONS,)
+        cart_end = torch.stack([state.x, state.x_dot, state.theta, state.theta_dot], dim=-1).reshape(shape + (4,))
+        result = (q_end.reshape(table_shape), e_end.reshape(table_shape), w_end.reshape(table_shape), cart_end,
+                  state.a.reshape(shape), state.failures.reshape(shape))
+        return result, state.busiest, state.overflow
 
-    def _learning_step(self, state: tuple[torch.Tensor, ...], words: torch.Tensor, alpha: torch.Tensor,
-                       lam: torch.Tensor, epsilon: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One step of every agent: the state tuple of :meth:`phase`'s loop, advanced."""
+    def _learning_step(self, state: _Step, words: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
+                       epsilon: torch.Tensor, spare: torch.Tensor) -> _Step:
+        """One step of every lane. ``spare`` (slots of the dummy lane) fixes how many
+        lanes may need a pass over their rows this step."""
         r = _rules
-        q, w, e_hat, c_start, d_start, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures = state
-        alpha_item = alpha[..., None]  # broadcast over the 72 state-actions
-        gamma_lambda = self.gamma * lam  # the same product the numba caller forms
+        (table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures, busiest,
+         overflow) = state
+        lanes = a.shape[0]
+        base = torch.arange(lanes, device=a.device) * STATE_ACTIONS
 
-        def value(index: torch.Tensor) -> torch.Tensor:
-            """Q (pending updates included) at ``index`` along the last axis."""
-            return r.effective(q.gather(-1, index), e_hat.gather(-1, index), d_sum[..., None],
-                               d_start.gather(-1, index))
-
-        def fold(mask: torch.Tensor) -> None:
-            """Fold the pending updates of the state-actions in ``mask`` into q and w."""
-            nonlocal q, w
-            q, w = _fold(mask, q, w, e_hat, alpha_item, clock_sum, c_start, d_sum, d_start)
+        def value(fields: torch.Tensor) -> torch.Tensor:
+            """Q (pending updates included) from a state-action's five numbers."""
+            return r.effective(fields[:, _Q], fields[:, _E], d_sum, fields[:, _D])
 
         x, x_dot, theta, theta_dot, failed = r.dynamics(x, x_dot, theta, theta_dot, a, self.phys)
-        sa = (2 * s + a)[..., None]
+        sa = base + 2 * s + a
         word = _rng.draw(self.keys, words[0])
         s2 = r.box(x, x_dot, theta, theta_dot, self.bounds)
-        q_left = value((2 * s2)[..., None])[..., 0]
-        q_right = value((2 * s2 + 1)[..., None])[..., 0]
+        left = base + 2 * s2
+        read = table.index_select(0, torch.cat([left, left + 1, sa])).view(3, lanes, FIELDS)
+        q_left, q_right, q_sa = value(read[0]), value(read[1]), value(read[2])
         a2 = r.choose(word, q_left, q_right, epsilon)
         q_next = r.target(q_left, q_right, a2, self.watkins)
-        q_sa = value(sa)
-        delta = r.td_error(failed, self.failure_reward, self.gamma, q_next, q_sa[..., 0])
+        delta = r.td_error(failed, self.failure_reward, self.gamma, q_next, q_sa)
         keep = ~failed
         if self.watkins:
             keep = keep & (torch.where(a2 == 1, q_right, q_left) == q_next)
-        e_sa = e_hat.gather(-1, sa)
-        columns = self._columns
-        q = th.put_along(q, sa, q_sa, columns)
-        w = th.put_along(w, sa, r.flush(w.gather(-1, sa), alpha_item, e_sa, clock_sum[..., None],
-                                        c_start.gather(-1, sa)), columns)
-        e_hat = th.put_along(e_hat, sa, r.bump(e_sa, (1.0 / clock)[..., None], self.accumulate), columns)
-        c_start = th.put_along(c_start, sa, clock_sum[..., None], columns)
-        d_start = th.put_along(d_start, sa, d_sum[..., None], columns)
+        visited = read[2]
+        e_sa = r.bump(visited[:, _E], 1.0 / clock, self.accumulate)
+        table.index_copy_(0, sa, torch.stack([
+            q_sa, r.flush(visited[:, _W], alpha, visited[:, _E], clock_sum, visited[:, _C]), e_sa, clock_sum, d_sum,
+        ], dim=-1))
         clock_sum = clock_sum + clock
         d_sum = r.advance(d_sum, alpha * delta, clock)
-        decayed = clock * gamma_lambda
-        dying = (e_hat != 0.0) & ((~keep)[..., None] | (e_hat < (self.cutoff / decayed)[..., None]))
-        fold(dying)
-        e_hat = torch.where(dying, 0.0, e_hat)
-        # Unconditional (no .any()): a host sync every step would stall a GPU.
+        decayed = clock * (self.gamma * lam)
+        dying_below = self.cutoff / decayed
         restart = keep & (decayed < RENORMALIZE_BELOW)
-        fold(restart[..., None] & (e_hat != 0.0))
-        e_hat = torch.where(restart[..., None], e_hat * decayed[..., None], e_hat)
-        c_start = torch.where(restart[..., None], 0.0, c_start)
-        d_start = torch.where(restart[..., None], 0.0, d_start)
+        lane_least = torch.minimum(least[:lanes], e_sa)
+        # Unconditional (no .any()): a host sync every step would stall a GPU.
+        needs_pass = ~keep | restart | (lane_least < dying_below)
+        count = needs_pass.sum()
+        rank = needs_pass.cumsum(0) - 1
+        slots = spare.shape[0]
+        slot = torch.where(needs_pass & (rank < slots), rank, slots)
+        which = torch.cat([spare, spare[:1]]).scatter(0, slot, torch.arange(lanes, device=a.device))[:slots]
+        owner = which.clamp(max=lanes - 1)  # spare slots read some lane's numbers and write the dummy row
+        per_lane = torch.stack([keep.to(clock.dtype), restart.to(clock.dtype), decayed, dying_below, alpha,
+                                clock_sum, d_sum], dim=-1).index_select(0, owner)
+        passed = (which[:, None] * STATE_ACTIONS + torch.arange(STATE_ACTIONS, device=a.device)).reshape(-1)
+        fields = table.index_select(0, passed).view(slots, STATE_ACTIONS, FIELDS)
+        lane_keep, lane_restart, lane_decayed, lane_below, lane_alpha, lane_c, lane_d = (
+            per_lane[:, i, None] for i in range(7))
+        q, w, e_hat, c_start, d_start = fields.unbind(dim=-1)
+        dying = (e_hat != 0.0) & ((lane_keep == 0.0) | (e_hat < lane_below))
+        q, w = _fold(dying, q, w, e_hat, lane_alpha, lane_c, c_start, lane_d, d_start)
+        e_hat = torch.where(dying, 0.0, e_hat)
+        restarting = lane_restart != 0.0
+        q, w = _fold(restarting & (e_hat != 0.0), q, w, e_hat, lane_alpha, lane_c, c_start, lane_d, d_start)
+        e_hat = torch.where(restarting, e_hat * lane_decayed, e_hat)
+        c_start = torch.where(restarting, 0.0, c_start)
+        d_start = torch.where(restarting, 0.0, d_start)
+        table.index_copy_(0, passed, torch.stack([q, w, e_hat, c_start, d_start], dim=-1).view(-1, FIELDS))
+        least = torch.cat([lane_least, least[lanes:]]).index_copy(
+            0, which, torch.where(e_hat != 0.0, e_hat, torch.inf).amin(dim=-1))
         fresh_clock = ~keep | restart
         clock = torch.where(fresh_clock, 1.0, decayed)
         clock_sum = torch.where(fresh_clock, 0.0, clock_sum)
         d_sum = torch.where(fresh_clock, 0.0, d_sum)
-        fresh = r.start_state(_rng.draw(self.keys, words[1]),
-                              _rng.draw(self.keys, words[2]), self.start_range)
+        fresh = r.start_state(_rng.draw(self.keys, words[1]), _rng.draw(self.keys, words[2]), self.start_range)
         x, x_dot, theta, theta_dot = (torch.where(failed, new, old) for new, old in
                                       zip(fresh, (x, x_dot, theta, theta_dot)))
         s_fresh = r.box(*fresh, self.bounds)
-        # A failed agent has no live traces left: its q is its Q.
-        a_fresh = r.choose(word, q.gather(-1, (2 * s_fresh)[..., None])[..., 0],
-                           q.gather(-1, (2 * s_fresh + 1)[..., None])[..., 0], epsilon)
+        # A failed lane has no live traces left: its q is its Q.
+        start = base + 2 * s_fresh
+        start_q = table.index_select(0, torch.cat([start, start + 1]))[:, _Q].view(2, lanes)
+        a_fresh = r.choose(word, start_q[0], start_q[1], epsilon)
         s = torch.where(failed, s_fresh, s2)
         a = torch.where(failed, a_fresh, a2)
         failures = failures + failed.to(torch.int64)
-        return (q, w, e_hat, c_start, d_start, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures)
+        return _Step(table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures,
+                     torch.maximum(busiest, count), overflow | (count > slots))
 
 
 def _fold(mask: torch.Tensor, q: torch.Tensor, w: torch.Tensor, e_hat: torch.Tensor, alpha_item: torch.Tensor,
           clock_sum: torch.Tensor, c_start: torch.Tensor, d_sum: torch.Tensor,
           d_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q and w with the pending updates of the state-actions in ``mask`` folded in."""
-    q = torch.where(mask, _rules.effective(q, e_hat, d_sum[..., None], d_start), q)
-    w = torch.where(mask, _rules.flush(w, alpha_item, e_hat, clock_sum[..., None], c_start), w)
+    q = torch.where(mask, _rules.effective(q, e_hat, d_sum, d_start), q)
+    w = torch.where(mask, _rules.flush(w, alpha_item, e_hat, clock_sum, c_start), w)
     return q, w
+
+
+def _slots_for(lanes_needing_a_pass: float) -> int:
+    """Room for 1.25x that many passes in a step, rounded up to a power of two."""
+    return 1 << max(0, int(1.25 * lanes_needing_a_pass) + SLOT_MARGIN - 1).bit_length()

@@ -32,7 +32,9 @@ advance; a trace dies (flushed, ê ← 0) once ê < cutoff/c, i.e. e < cutoff. C
 restart (everything flushed, c = 1, C = D = 0) when traces are cleared (failure,
 Watkins' cut), when c falls below 2**-8 (so that D − D_start keeps its precision)
 and at phase ends, where q and the true traces e = ê·c are stored. These are the
-rules every backend follows; the torch engine applies them densely.
+rules every backend follows; the numba kernels keep a list of each agent's live
+traces, the torch engine a lower bound on its smallest live ê (the trace to die first:
+all share the clock) and passes over an agent's 72 entries only when it is reached.
 
 Bit-exactness. ``make_rules(xp)`` is the only statement of the dynamics and the
 learning rules; the numba kernels, the torch engine and :func:`step` are built from
