@@ -192,7 +192,9 @@ class TorchCartPoleEngine:
         per_lane = torch.stack([keep.to(clock.dtype), restart.to(clock.dtype), decayed, dying_below, alpha,
                                 clock_sum, d_sum], dim=-1).index_select(0, owner)
         passed = (which[:, None] * STATE_ACTIONS + torch.arange(STATE_ACTIONS, device=a.device)).reshape(-1)
-        fields = table.index_select(0, passed).view(slots, STATE_ACTIONS, FIELDS)
+        # Read as whole rows (a view is fine for reading); written back entry by entry.
+        rows = table.view(lanes + 1, STATE_ACTIONS * FIELDS).index_select(0, which)
+        fields = rows.view(slots, STATE_ACTIONS, FIELDS)
         lane_keep, lane_restart, lane_decayed, lane_below, lane_alpha, lane_c, lane_d = (
             per_lane[:, i, None] for i in range(7))
         q, w, e_hat, c_start, d_start = fields.unbind(dim=-1)
@@ -211,16 +213,22 @@ class TorchCartPoleEngine:
         clock = torch.where(fresh_clock, 1.0, decayed)
         clock_sum = torch.where(fresh_clock, 0.0, clock_sum)
         d_sum = torch.where(fresh_clock, 0.0, d_sum)
-        fresh = r.start_state(_rng.draw(self.keys, words[1]), _rng.draw(self.keys, words[2]), self.start_range)
-        x, x_dot, theta, theta_dot = (torch.where(failed, new, old) for new, old in
-                                      zip(fresh, (x, x_dot, theta, theta_dot)))
+        # A failed lane always has a slot: its new episode is drawn there, not in every lane.
+        slot_keys, slot_word = self.keys.index_select(0, owner), word.index_select(0, owner)
+        fresh = r.start_state(_rng.draw(slot_keys, words[1]), _rng.draw(slot_keys, words[2]), self.start_range)
         s_fresh = r.box(*fresh, self.bounds)
         # A failed lane has no live traces left: its q is its Q.
-        start = base + 2 * s_fresh
-        start_q = table.index_select(0, torch.cat([start, start + 1]))[:, _Q].view(2, lanes)
-        a_fresh = r.choose(word, start_q[0], start_q[1], epsilon)
-        s = torch.where(failed, s_fresh, s2)
-        a = torch.where(failed, a_fresh, a2)
+        start_q = q.gather(1, torch.stack([2 * s_fresh, 2 * s_fresh + 1], dim=-1))
+        a_fresh = r.choose(slot_word, start_q[:, 0], start_q[:, 1], epsilon.index_select(0, owner))
+
+        def on_lanes(values: torch.Tensor) -> torch.Tensor:
+            """Per-slot values laid out per lane (spare slots write past the end)."""
+            return values.new_zeros(lanes + 1).index_copy(0, which, values)[:lanes]
+
+        x, x_dot, theta, theta_dot = (torch.where(failed, on_lanes(new), old) for new, old in
+                                      zip(fresh, (x, x_dot, theta, theta_dot)))
+        s = torch.where(failed, on_lanes(s_fresh), s2)
+        a = torch.where(failed, on_lanes(a_fresh), a2)
         failures = failures + failed.to(torch.int64)
         return _Step(table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures,
                      torch.maximum(busiest, count), overflow | (count > slots))
