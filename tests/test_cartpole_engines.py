@@ -88,7 +88,7 @@ def test_torch_results_do_not_depend_on_its_slot_count(case, monkeypatch):
     monkeypatch.setattr(_torch, "FIRST_PHASE_SHARE", 10_000)  # a first phase starts with 1 slot
     runs = []
     run = _torch.TorchCartPoleEngine._run
-    monkeypatch.setattr(_torch.TorchCartPoleEngine, "_run", lambda self, *args: runs.append(args[-1]) or run(
+    monkeypatch.setattr(_torch.TorchCartPoleEngine, "_run", lambda self, *args: runs.append(min(args[-1])) or run(
         self, *args))
     params = _params(**{**CASES[case], "agents": 6, "trials": 3})
     _, numba_history = _states(params, "numba")
@@ -101,17 +101,27 @@ def test_torch_results_do_not_depend_on_its_slot_count(case, monkeypatch):
                                           err_msg=name)
 
 
-def test_torch_slots_follow_the_busiest_step():
+def test_torch_slots_follow_the_same_steps_of_the_last_two_phases():
     from popplay.games.cartpole import _torch
 
     assert _torch._slots_for(0) == 16
     assert _torch._slots_for(100) == 256  # 1.25 x 100 + 16 = 141
     assert _torch._slots_for(500) == 1024
-    params = _params(agents=64, trials=4, steps_per_agent=128, share_every=64)
+    params = _params(agents=64, trials=4, steps_per_agent=192, share_every=64)
     ex = CartPoleExperiment(params, Backend("torch", "cpu"))
-    assert ex._torch.slots is None
-    ex.phase(ex.initial_state(), time_left=None)
-    assert 16 <= ex._torch.slots < 256  # planned from the phase, fewer than the 256 lanes
+    engine = ex._torch
+    assert engine.plan(3, 256) == [64] * 3  # before any phase: room for one lane in 16 (1.25 x 16 + 16)
+    state = ex.initial_state()
+    needs = []
+    for _ in range(3):
+        state = ex.phase(state, time_left=None)
+        needs.append(engine._needs[-1])
+    assert engine._needs == needs[1:] and all(len(n) == 64 for n in needs)
+    assert len(set(needs[-1])) > 1  # steps of a phase needed different numbers of passes
+    plan = engine.plan(64, 256)
+    assert plan == [min(_torch._slots_for(max(a, b)), 256) for a, b in zip(*needs[1:])]
+    assert max(plan) < 256
+    assert engine.plan(66, 256)[64:] == [min(_torch._slots_for(max(max(n) for n in needs[1:])), 256)] * 2
 
 
 def test_per_agent_parameters_equal_the_reference_exactly():

@@ -29,7 +29,7 @@ _rng = _rules.rng
 
 FIELDS = 5  # per state-action: q, w, ê, C at its last visit, D at its last visit
 _Q, _W, _E, _C, _D = range(FIELDS)
-SLOT_MARGIN = 16  # slots beyond 1.25x the busiest step of the last phase
+SLOT_MARGIN = 16  # slots beyond 1.25x what the same step of the last two phases needed
 FIRST_PHASE_SHARE = 16  # before any phase was seen, room for one lane in 16 (a first phase needed 1 in 16)
 
 
@@ -50,7 +50,7 @@ class _Step(NamedTuple):
     s: torch.Tensor
     a: torch.Tensor
     failures: torch.Tensor
-    busiest: torch.Tensor  # 0-d: the most lanes that needed a pass in one step
+    count: torch.Tensor  # 0-d: how many lanes needed a pass in the last step
     overflow: torch.Tensor  # 0-d bool: some step needed more passes than there were slots
 
 
@@ -72,7 +72,11 @@ class TorchCartPoleEngine:
         self.accumulate = bool(accumulate)
         self.watkins = bool(watkins)
         self._step = th.compiled(self._learning_step, compile)
-        self.slots: int | None = None  # passes per step, planned from the last phase (None: no phase yet)
+        # Passes a phase's step k needed, in the last two phases: the same steps of
+        # different phases need about as many (measured), and a step's slots are planned
+        # from them.
+        self._needs: list[list[int]] = []
+        self._spares: dict[tuple[int, int], torch.Tensor] = {}
 
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
@@ -91,21 +95,31 @@ class TorchCartPoleEngine:
         ``action``); returns (q, e, w, cart, action, failures). The inputs are left as
         they are."""
         lanes = action.numel()
-        slots = min(self.slots or _slots_for(lanes / FIRST_PHASE_SHARE), lanes)
+        plan = self.plan(n_steps, lanes)
         while True:
-            result, busiest, overflow = self._run(q, e, w, cart, action, alpha, lam, epsilon, first_step, n_steps,
-                                                  slots)
-            busiest, overflow = torch.stack([busiest, overflow.to(busiest.dtype)]).tolist()  # the try's one wait
+            result, counts, overflow = self._run(q, e, w, cart, action, alpha, lam, epsilon, first_step, n_steps,
+                                                 plan)
+            *counts, overflow = torch.stack(counts + [overflow.to(torch.int64)]).tolist()  # the try's one wait
             if not overflow:
                 break
             # Learned again from the same inputs: results never depend on the slot count.
-            slots = min(max(2 * slots, _slots_for(busiest)), lanes)
-        self.slots = _slots_for(busiest)
+            plan = [min(max(2 * slots, _slots_for(count)), lanes) for slots, count in zip(plan, counts)]
+        self._needs = (self._needs + [counts])[-2:]
         return result
+
+    def plan(self, n_steps: int, lanes: int) -> list[int]:
+        """Slots for each step of the next phase: room for 1.25x the passes that step
+        needed in the last two phases (their busiest step where they were shorter; one
+        lane in 16 before any phase), a power of two, at most a slot per lane."""
+        if not self._needs:
+            return [min(_slots_for(lanes / FIRST_PHASE_SHARE), lanes)] * n_steps
+        busiest = max(max(counts, default=0) for counts in self._needs)
+        return [min(_slots_for(max(counts[k] if k < len(counts) else busiest for counts in self._needs)), lanes)
+                for k in range(n_steps)]
 
     def _run(self, q: torch.Tensor, e: torch.Tensor, w: torch.Tensor, cart: torch.Tensor, action: torch.Tensor,
              alpha: torch.Tensor, lam: torch.Tensor, epsilon: torch.Tensor, first_step: int, n_steps: int,
-             slots: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+             plan: list[int]) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor], torch.Tensor]:
         shape = action.shape
         lanes = action.numel()
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -121,16 +135,16 @@ class TorchCartPoleEngine:
         s = _rules.box(x, x_dot, theta, theta_dot, self.bounds)
         flat = lambda v: v.reshape(lanes)  # noqa: E731
         alpha, lam, epsilon = flat(alpha), flat(lam), flat(epsilon)
-        spare = torch.full((slots,), lanes, dtype=torch.int64, device=self.device)
-        if slots > 1:  # one compiled step for every slot count (dynamo specialises sizes 0 and 1)
-            torch._dynamo.maybe_mark_dynamic(spare, 0)
         state = _Step(table, least, torch.ones(lanes, **f64), torch.zeros(lanes, **f64), torch.zeros(lanes, **f64),
                       x, x_dot, theta, theta_dot, s, a, torch.zeros(lanes, dtype=torch.int64, device=self.device),
                       torch.zeros((), dtype=torch.int64, device=self.device),
                       torch.zeros((), dtype=torch.bool, device=self.device))
         mixed = self._mixed(first_step + 1, n_steps)
+        counts = []
         for k in range(n_steps):
-            state = self._step(state, mixed[WORDS_PER_STEP * k:WORDS_PER_STEP * (k + 1)], alpha, lam, epsilon, spare)
+            state = self._step(state, mixed[WORDS_PER_STEP * k:WORDS_PER_STEP * (k + 1)], alpha, lam, epsilon,
+                               self._spare(plan[k], lanes))
+            counts.append(state.count)
         t = state.table.view(lanes + 1, STATE_ACTIONS, FIELDS)[:lanes]
         q_end, w_end, e_end, c_start, d_start = t.unbind(dim=-1)
         live = e_end != 0.0
@@ -141,14 +155,23 @@ class TorchCartPoleEngine:
         cart_end = torch.stack([state.x, state.x_dot, state.theta, state.theta_dot], dim=-1).reshape(shape + (4,))
         result = (q_end.reshape(table_shape), e_end.reshape(table_shape), w_end.reshape(table_shape), cart_end,
                   state.a.reshape(shape), state.failures.reshape(shape))
-        return result, state.busiest, state.overflow
+        return result, counts, state.overflow
+
+    def _spare(self, slots: int, lanes: int) -> torch.Tensor:
+        """``slots`` slots of the dummy lane ``lanes`` (a step's room for passes)."""
+        spare = self._spares.get((slots, lanes))
+        if spare is None:
+            spare = self._spares[slots, lanes] = torch.full((slots,), lanes, dtype=torch.int64, device=self.device)
+            if slots > 1:  # one compiled step for every slot count (dynamo specialises sizes 0 and 1)
+                torch._dynamo.maybe_mark_dynamic(spare, 0)
+        return spare
 
     def _learning_step(self, state: _Step, words: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
                        epsilon: torch.Tensor, spare: torch.Tensor) -> _Step:
         """One step of every lane. ``spare`` (slots of the dummy lane) fixes how many
         lanes may need a pass over their rows this step."""
         r = _rules
-        (table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures, busiest,
+        (table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures, _,
          overflow) = state
         lanes = a.shape[0]
         base = torch.arange(lanes, device=a.device) * STATE_ACTIONS
@@ -231,7 +254,7 @@ class TorchCartPoleEngine:
         a = torch.where(failed, on_lanes(a_fresh), a2)
         failures = failures + failed.to(torch.int64)
         return _Step(table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures,
-                     torch.maximum(busiest, count), overflow | (count > slots))
+                     count, overflow | (count > slots))
 
 
 def _fold(mask: torch.Tensor, q: torch.Tensor, w: torch.Tensor, e_hat: torch.Tensor, alpha_item: torch.Tensor,
