@@ -107,10 +107,10 @@ def test_torch_slots_follow_the_same_steps_of_the_last_two_phases():
     assert _torch._slots_for(0) == 16
     assert _torch._slots_for(100) == 256  # 1.25 x 100 + 16 = 141
     assert _torch._slots_for(500) == 1024
-    params = _params(agents=64, trials=4, steps_per_agent=192, share_every=64)
+    params = _params(agents=64, trials=16, steps_per_agent=192, share_every=64)
     ex = CartPoleExperiment(params, Backend("torch", "cpu"))
     engine = ex._torch
-    assert engine.plan(3, 256) == [64] * 3  # before any phase: room for one lane in 16 (1.25 x 16 + 16)
+    assert engine.plan(3, 1024) == [128] * 3  # before any phase: room for one lane in 16 (1.25 x 64 + 16)
     state = ex.initial_state()
     needs = []
     for _ in range(3):
@@ -118,10 +118,10 @@ def test_torch_slots_follow_the_same_steps_of_the_last_two_phases():
         needs.append(engine._needs[-1])
     assert engine._needs == needs[1:] and all(len(n) == 64 for n in needs)
     assert len(set(needs[-1])) > 1  # steps of a phase needed different numbers of passes
-    plan = engine.plan(64, 256)
-    assert plan == [min(_torch._slots_for(max(a, b)), 256) for a, b in zip(*needs[1:])]
-    assert max(plan) < 256
-    assert engine.plan(66, 256)[64:] == [min(_torch._slots_for(max(max(n) for n in needs[1:])), 256)] * 2
+    plan = engine.plan(64, 1024)
+    assert plan == [min(_torch._slots_for(max(a, b)), 1024) for a, b in zip(*needs[1:])]
+    assert len(set(plan)) > 1 and max(plan) < 1024  # steps get different room, all fewer than the lanes
+    assert engine.plan(66, 1024)[64:] == [min(_torch._slots_for(max(max(n) for n in needs[1:])), 1024)] * 2
 
 
 def test_per_agent_parameters_equal_the_reference_exactly():
