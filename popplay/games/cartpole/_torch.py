@@ -5,8 +5,9 @@ where the rule reads or writes them: the two state-actions of the next box and t
 just left, found by index in one table that keeps a state-action's five numbers (q, w,
 ê, C_start, D_start) side by side, a lane's 72 state-actions in a row. The passes over
 a whole row that failures, Watkins' cuts, clock restarts and dying traces call for (see
-"Traces" in the rules) run only on the lanes that need one that step, packed into a
-fixed number of slots without asking the device how many there are; a lane keeps a
+"Traces" in the rules) run only on the lanes that need one that step, packed into the
+slots planned for that step (from what it needed in the last two phases) without asking
+the device how many there are; a lane keeps a
 lower bound on its smallest live ê (all its traces share the clock, so the smallest
 dies first) to know when a trace may die. A phase in which some step needed more passes
 than there were slots (each try's one question to the device says so) is learned again
