@@ -77,7 +77,7 @@ class TorchCartPoleEngine:
         # different phases need about as many (measured), and a step's slots are planned
         # from them.
         self._needs: list[list[int]] = []
-        self._spares: dict[tuple[int, int], torch.Tensor] = {}
+        self._rooms: dict[int, torch.Tensor] = {}
 
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
@@ -144,7 +144,7 @@ class TorchCartPoleEngine:
         counts = []
         for k in range(n_steps):
             state = self._step(state, mixed[WORDS_PER_STEP * k:WORDS_PER_STEP * (k + 1)], alpha, lam, epsilon,
-                               self._spare(plan[k], lanes))
+                               self._room(plan[k]))
             counts.append(state.count)
         t = state.table.view(lanes + 1, STATE_ACTIONS, FIELDS)[:lanes]
         q_end, w_end, e_end, c_start, d_start = t.unbind(dim=-1)
@@ -158,19 +158,20 @@ class TorchCartPoleEngine:
                   state.a.reshape(shape), state.failures.reshape(shape))
         return result, counts, state.overflow
 
-    def _spare(self, slots: int, lanes: int) -> torch.Tensor:
-        """``slots`` slots of the dummy lane ``lanes`` (a step's room for passes)."""
-        spare = self._spares.get((slots, lanes))
-        if spare is None:
-            spare = self._spares[slots, lanes] = torch.full((slots,), lanes, dtype=torch.int64, device=self.device)
+    def _room(self, slots: int) -> torch.Tensor:
+        """A tensor of length ``slots``: a step's room for passes, as a size the
+        compiled step may take without being built again."""
+        room = self._rooms.get(slots)
+        if room is None:
+            room = self._rooms[slots] = torch.empty(slots, dtype=torch.int8, device=self.device)
             if slots > 1:  # one compiled step for every slot count (dynamo specialises sizes 0 and 1)
-                torch._dynamo.maybe_mark_dynamic(spare, 0)
-        return spare
+                torch._dynamo.maybe_mark_dynamic(room, 0)
+        return room
 
     def _learning_step(self, state: _Step, words: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
-                       epsilon: torch.Tensor, spare: torch.Tensor) -> _Step:
-        """One step of every lane. ``spare`` (slots of the dummy lane) fixes how many
-        lanes may need a pass over their rows this step."""
+                       epsilon: torch.Tensor, room: torch.Tensor) -> _Step:
+        """One step of every lane. ``room``'s length fixes how many lanes may have a
+        pass over their rows this step (its values are not read)."""
         r = _rules
         (table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures, _,
          overflow) = state
@@ -208,11 +209,10 @@ class TorchCartPoleEngine:
         # Unconditional (no .any()): a host sync every step would stall a GPU.
         needs_pass = ~keep | restart | (lane_least < dying_below)
         count = needs_pass.sum()
-        rank = needs_pass.cumsum(0) - 1
-        slots = spare.shape[0]
-        slot = torch.where(needs_pass & (rank < slots), rank, slots)
-        which = torch.cat([spare, spare[:1]]).scatter(0, slot, torch.arange(lanes, device=a.device))[:slots]
-        owner = which.clamp(max=lanes - 1)  # spare slots read some lane's numbers and write the dummy row
+        slots = room.shape[0]
+        packed, valid, ran_out = th.compact(needs_pass, slots)
+        which = torch.where(valid, packed, lanes)  # spare slots read and write the dummy lane's rows
+        owner = which.clamp(max=lanes - 1)  # and some lane's numbers
         per_lane = torch.stack([keep.to(clock.dtype), restart.to(clock.dtype), decayed, dying_below, alpha,
                                 clock_sum, d_sum], dim=-1).index_select(0, owner)
         passed = (which[:, None] * STATE_ACTIONS + torch.arange(STATE_ACTIONS, device=a.device)).reshape(-1)
@@ -255,7 +255,7 @@ class TorchCartPoleEngine:
         a = torch.where(failed, on_lanes(a_fresh), a2)
         failures = failures + failed.to(torch.int64)
         return _Step(table, least, clock, clock_sum, d_sum, x, x_dot, theta, theta_dot, s, a, failures,
-                     count, overflow | (count > slots))
+                     count, overflow | ran_out)
 
 
 def _fold(mask: torch.Tensor, q: torch.Tensor, w: torch.Tensor, e_hat: torch.Tensor, alpha_item: torch.Tensor,
