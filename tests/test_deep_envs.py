@@ -271,3 +271,54 @@ def test_numba_seeded_starts_are_numpys_draws_bit_for_bit() -> None:
     with pytest.raises(ValueError, match=r"one seed in \[0, 2\^32\) per row"):
         batch.reset(np.array([1]), np.array([1 << 32]))
 
+
+
+def test_episode_seeds_of_many_copies_are_each_copys_episode_seed() -> None:
+    """A population derives the seeds of the copies it resets in one numba call; each
+    must be :func:`episode_seed` of its copy and episode, keys at the int64 edges too."""
+    from popplay import rng
+    from popplay.deep.envs.members import copy_key, episode_seed, episode_seeds
+
+    draws = np.random.default_rng(5)
+    members, copies = draws.integers(0, 1 << 20, 500), draws.integers(0, 4, 500)
+    episodes = np.concatenate([np.arange(10), draws.integers(0, 1 << 40, 490)])
+    keys = np.array([rng.signed64(copy_key(11, int(m), int(c))) for m, c in zip(members, copies)])
+    expected = [episode_seed(11, int(m), int(c), int(e)) for m, c, e in zip(members, copies, episodes)]
+    assert episode_seeds(keys, episodes).tolist() == expected
+    edges = np.array([(1 << 63) - 1, -(1 << 63), -1, 0])
+    assert episode_seeds(edges, np.full(4, 3)).tolist() == \
+        [rng.key_extend(int(k) & ((1 << 64) - 1), 3) & 0xFFFFFFFF for k in edges]
+    with pytest.raises(ValueError, match="one episode index per key"):
+        episode_seeds(keys[:3], episodes[:2])
+
+
+def test_a_cartpole_batch_ends_episodes_as_its_time_limit_says_and_refuses_bad_input_untouched() -> None:
+    """The batch's one-loop step: a copy that fails at its last allowed step is
+    terminated, not truncated; one that survives it is truncated; no limit never
+    truncates. A bad action, a wrong count, a row outside the batch or a seed outside
+    32 bits is refused in one line, and nothing moves."""
+    from popplay.deep.envs.cartpole import CartPoleBatch
+
+    batch = CartPoleBatch(3, 5)
+    batch.reset(np.arange(3), np.array([1, 2, 3]))
+    batch.state[0, 2:] = 0.2094, 1.0  # about to pass 12 degrees
+    batch.steps[:] = [4, 4, 3]
+    successors, reward, failed, truncated = batch.step(np.array([1, 1, 1]))
+    assert failed.tolist() == [True, False, False] and truncated.tolist() == [False, True, False]
+    assert batch.steps.tolist() == [5, 5, 4] and reward.tolist() == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(successors, batch.state.astype(np.float32))
+    unlimited = CartPoleBatch(2, None)
+    unlimited.reset(np.arange(2), np.array([4, 5]))
+    unlimited.steps[:] = 10**6
+    assert unlimited.step(np.array([0, 1]))[3].tolist() == [False, False]
+
+    before, steps = batch.state.copy(), batch.steps.copy()
+    for actions, message in ((np.array([0, 2, 1]), "actions must be 0 or 1"),
+                             (np.array([0, 1]), r"one action per copy expected \(3, got 2\)")):
+        with pytest.raises(ValueError, match=message):
+            batch.step(actions)
+    for rows, seeds in (([3], [7]), ([-1], [7]), ([0, 1], [7, 1 << 32]), ([0, 1], [-1, 7]), ([0], [1, 2])):
+        with pytest.raises(ValueError, match=r"one seed in \[0, 2\^32\) per row in \[0, 3\)"):
+            batch.reset(np.array(rows), np.array(seeds))
+    np.testing.assert_array_equal(batch.state, before)
+    np.testing.assert_array_equal(batch.steps, steps)

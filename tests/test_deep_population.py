@@ -224,8 +224,9 @@ def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
     for step in (0, 1, EXPLORE_BLOCK - 1, EXPLORE_BLOCK, 3 * EXPLORE_BLOCK + 5, 2):  # back into an earlier block
         word = r.draw(learner._keys[_EXPLORE], r.mix_counter(torch.tensor(step, dtype=torch.int64)))
         chance, action = learner._explore_draws(step)
-        assert torch.equal(chance, r.uniform_hi32(word))
-        assert torch.equal(action, (r.uniform_lo32(word) * learner.actions).to(torch.int64))
+        assert isinstance(chance, np.ndarray) and isinstance(action, np.ndarray)  # the CPU's choice is NumPy's
+        assert torch.equal(torch.as_tensor(chance), r.uniform_hi32(word))
+        assert torch.equal(torch.as_tensor(action), (r.uniform_lo32(word) * learner.actions).to(torch.int64))
     assert len(set(learner._explore_draws(7)[0].tolist())) == learner.count  # members draw from their own streams
 
 
@@ -253,6 +254,33 @@ def test_minibatch_slots_drawn_in_blocks_are_each_updates_own_words() -> None:
     keys = other
     assert torch.equal(replay.sample_index(r, keys, 2), expected(2))
 
+
+
+def test_replay_rings_hold_each_members_transition_in_its_slot_written_in_place_or_staged() -> None:
+    """On the CPU a transition is written into the rings through a NumPy view; elsewhere
+    it is staged and copied in. Both leave each member's fields in the ring's slot,
+    wrapping round, as the minibatches read them."""
+    from popplay.deep.agents.member_replay import MemberReplay
+
+    def filled(staged: bool) -> MemberReplay:
+        replay = MemberReplay(3, 4, 2, (), torch.int64, batch_size=2, learning_starts=1, update_ratio=1.0)
+        if staged:
+            replay._host_packed = None  # the path a GPU's rings take
+        for t in range(6):
+            obs = np.arange(6, dtype=np.float32).reshape(3, 2) + 10 * t
+            replay.store(obs, np.array([t % 2, 1, 0]), np.full(3, t, dtype=np.float32), obs + 0.5,
+                         np.array([t == 5, False, True]))
+        return replay
+
+    in_place, staged = filled(False), filled(True)
+    assert in_place._host_packed is not None
+    assert torch.equal(in_place.packed, staged.packed)
+    rows = in_place.batch(torch.tensor([[1, 0], [1, 3], [0, 2]]))  # slot 1 holds step 5, slot 0 step 4
+    assert rows["obs"][0].tolist() == [[50.0, 51.0], [40.0, 41.0]]
+    assert rows["next_obs"][1].tolist() == [[52.5, 53.5], [32.5, 33.5]]
+    assert rows["action"].tolist() == [[1, 0], [1, 1], [0, 0]] and rows["action"].dtype == torch.int64
+    assert rows["reward"][0].tolist() == [5.0, 4.0] and rows["terminated"].tolist() == [[1.0, 0.0], [0.0, 0.0],
+                                                                                        [1.0, 1.0]]
 
 
 def test_ppo_member_k_of_a_population_is_member_k_alone() -> None:

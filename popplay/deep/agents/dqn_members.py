@@ -84,6 +84,7 @@ class DQNMembers:
         self._lr = torch.as_tensor(h["lr"], dtype=torch.float64, device=self.device)
         self._max_norm = as32("max_grad_norm")
         self._target_every = h["target_every"].astype(np.int64)
+        self._epsilons_at = -1  # the ε schedules may have changed
 
     @property
     def count(self) -> int:
@@ -105,19 +106,32 @@ class DQNMembers:
         env-step ``step``: draw ``rng.draw(explore key, step)``, its high half against
         ε, its low half for the random action."""
         chance, random = self._explore_draws(step)
-        explore = chance < torch.as_tensor(self.epsilons(), device=self.device)
-        # Skipping the forward pass when every member explores pays on the CPU; on a
-        # GPU the question would be a second wait per step (the actions are the first).
-        if self._on_cpu and bool(explore.all()):
-            return random.cpu().numpy()
+        if self._on_cpu:
+            # The choice in NumPy: a step's handful of small tensor operations around
+            # the forward pass cost about as much as the pass itself (64 members).
+            explore = chance < self._epsilons_now()
+            if explore.all():  # every member explores: no forward pass
+                return random
+            greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1).numpy()
+            return np.where(explore, random, greedy)
+        explore = chance < torch.as_tensor(self._epsilons_now(), device=self.device)
         greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
         return torch.where(explore, random, greedy).cpu().numpy()
 
-    def _explore_draws(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _epsilons_now(self) -> np.ndarray:
+        """:meth:`epsilons`, computed once per update count (acting asks at every step)."""
+        if self._epsilons_at != self.updates:
+            self._epsilons, self._epsilons_at = self.epsilons(), self.updates
+        return self._epsilons
+
+    _epsilons_at = -1
+
+    def _explore_draws(self, step: int) -> tuple[Any, Any]:
         """Member env-step ``step``'s draws (P,): the uniform that ε is compared with and
-        the random action. The words of :data:`EXPLORE_BLOCK` steps are drawn at once (a
-        stream's words are pure functions of their counters, so a block holds the same
-        bits as one draw a step, with a twentieth of the small tensor operations)."""
+        the random action, as NumPy arrays on the CPU (tensors elsewhere). The words of
+        :data:`EXPLORE_BLOCK` steps are drawn at once (a stream's words are pure
+        functions of their counters, so a block holds the same bits as one draw a step,
+        with a twentieth of the small tensor operations)."""
         start = step - step % EXPLORE_BLOCK
         if self._explore_start != start:
             r = self._rng
@@ -125,9 +139,12 @@ class DQNMembers:
             words = r.draw(self._keys[_EXPLORE].unsqueeze(0), counters.unsqueeze(1))  # (steps, P): rows contiguous
             self._explore_chance = r.uniform_hi32(words)
             self._explore_action = (r.uniform_lo32(words) * self.actions).to(torch.int64)
+            if self._on_cpu:
+                self._explore_chance, self._explore_action = self._explore_chance.numpy(), self._explore_action.numpy()
             self._explore_start = start
         # a copy: the actions go out to the environments, and must not alias the block
-        return self._explore_chance[step - start], self._explore_action[step - start].clone()
+        return self._explore_chance[step - start], self._explore_action[step - start].copy() if self._on_cpu \
+            else self._explore_action[step - start].clone()
 
     _explore_start = -1
 

@@ -53,6 +53,7 @@ class MemberReplay:
         #: copy across ranks buffers one field at a time, not whole packed rows.
         self.tables = {name: self._field(self.packed, name) for name in FIELDS}
         self._row = np.zeros((members, self.packed.shape[2]), dtype=np.float32)
+        self._host_packed = self.packed.numpy() if self.packed.device.type == "cpu" else None
         self.position = 0  # next slot of every ring
         self.size = 0
         self.added = 0  # transitions each member has stored (the ring's next slot: this mod capacity)
@@ -65,11 +66,15 @@ class MemberReplay:
         updates per member transition once ``learning_starts`` are stored (the one-agent
         rule, :class:`popplay.deep.agents.credit.UpdateCredit`)."""
         at, row = self.position, self._row
+        # On the CPU the slot is written in place through a NumPy view of the rings:
+        # staging a row and copying it in as a tensor took 3x as long (64 members).
+        target = row if self._host_packed is None else self._host_packed[:, at]
         for name, values in (("obs", obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
                              ("terminated", terminated)):
             start, width, _ = self._fields[name]
-            row[:, start:start + width] = np.asarray(values).reshape(len(row), width)
-        self.packed[:, at] = torch.from_numpy(row).to(self.device)
+            target[:, start:start + width] = np.asarray(values).reshape(len(row), width)
+        if self._host_packed is None:
+            self.packed[:, at] = torch.from_numpy(row).to(self.device)
         self.position = (at + 1) % self.capacity
         self.size = min(self.capacity, self.size + 1)
         self.added += 1

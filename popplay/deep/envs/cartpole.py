@@ -91,51 +91,60 @@ class CartPoleBatch:
     caller before it steps again."""
 
     def __init__(self, count: int, max_episode_steps: int | None) -> None:
-        from popplay.deep.envs._cartpole_numba import step_many  # defers numba
-        from popplay.deep.envs._numpy_streams import seeded_uniforms  # defers numba
+        from popplay.deep.envs._cartpole_numba import reset_rows, step_all, step_many  # defers numba
 
         self._step_many = _loaded(step_many)
-        self._seeded_uniforms = seeded_uniforms
         self._phys = PHYSICS.vector()
+        # loaded now, as _loaded does for step_many: a step on no rows
+        step_all(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), self._phys, np.zeros(0, dtype=np.int64), -1,
+                 np.zeros((0, 4), dtype=np.float32), np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.bool_))
+        self._step_all = step_all
+        reset_rows(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                   np.zeros(0, dtype=np.int64), -_START, _START, np.zeros((0, 4), dtype=np.float32))
+        self._reset_rows = reset_rows
         self.limit = max_episode_steps
         self.state = np.zeros((count, 4), dtype=np.float64)
         self.steps = np.zeros(count, dtype=np.int64)
-        self._failed = np.zeros(count, dtype=np.bool_)
 
     def reset(self, rows: np.ndarray, seeds: np.ndarray) -> np.ndarray:
         """Restart copies ``rows`` with ``seeds`` (one each, in [0, 2^32)); their first
         observations (len(rows), 4). The start is ``gymnasium.utils.seeding.np_random(seed)``'s
         ``uniform(±0.05, size=4)``, drawn in numba (:mod:`._numpy_streams`): the same bits
         without building NumPy's three generator objects per seed (about 10 µs each
-        time, and a population resets a few copies at every step)."""
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
-        if seeds.shape != rows.shape or ((seeds < 0) | (seeds > 0xFFFFFFFF)).any():
-            raise ValueError("one seed in [0, 2^32) per row expected")
-        starts = np.empty((len(rows), 4), dtype=np.float64)
-        self._seeded_uniforms(seeds, -_START, _START, starts)
-        self.state[rows] = starts
-        self.steps[rows] = 0
-        return starts.astype(np.float32)
+        time, and a population resets a few copies at every step). Rows run from 0 to
+        the copy count less one."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        seeds = np.ascontiguousarray(seeds, dtype=np.int64).reshape(-1)
+        starts = np.empty((len(rows), 4), dtype=np.float32)
+        if seeds.shape != rows.shape or not self._reset_rows(self.state, self.steps, rows, seeds, -_START, _START,
+                                                             starts):
+            raise ValueError(f"one seed in [0, 2^32) per row in [0, {len(self.state)}) expected")
+        return starts
 
     def step(self, actions: np.ndarray, rows: np.ndarray | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         actions = np.asarray(actions, dtype=np.int64).reshape(-1)
+        if rows is None:
+            # one loop for the step and what it returns (a population steps its copies
+            # every env-step: a dozen small NumPy passes cost three times the physics)
+            count = len(self.state)
+            if len(actions) != count:
+                raise ValueError(f"one action per copy expected ({count}, got {len(actions)})")
+            successors, failed = np.empty((count, 4), dtype=np.float32), np.empty(count, dtype=np.bool_)
+            truncated = np.empty(count, dtype=np.bool_)
+            if not self._step_all(self.state, actions, self._phys, self.steps, -1 if self.limit is None else self.limit,
+                                  successors, failed, truncated):
+                raise ValueError("actions must be 0 or 1")
+            return successors, np.ones(count, dtype=np.float32), failed, truncated
         if ((actions != 0) & (actions != 1)).any():
             raise ValueError("actions must be 0 or 1")
-        if rows is None:
-            self._step_many(self.state, actions, self._phys, self._failed)
-            state, failed, steps = self.state, self._failed, self.steps
-            steps += 1
-        else:
-            state, failed = self.state[rows], np.zeros(len(rows), dtype=np.bool_)
-            self._step_many(state, actions, self._phys, failed)
-            self.state[rows] = state
-            self.steps[rows] += 1
-            steps = self.steps[rows]
+        state, failed = self.state[rows], np.zeros(len(rows), dtype=np.bool_)
+        self._step_many(state, actions, self._phys, failed)
+        self.state[rows] = state
+        self.steps[rows] += 1
+        steps = self.steps[rows]
         truncated = (steps >= self.limit) if self.limit is not None else np.zeros(len(steps), dtype=bool)
-        return (state.astype(np.float32), np.ones(len(state), dtype=np.float32), failed.copy(),
-                truncated & ~failed)
+        return state.astype(np.float32), np.ones(len(state), dtype=np.float32), failed, truncated & ~failed
 
 
 class CartPoleVectorEnv(VectorEnv):

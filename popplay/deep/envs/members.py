@@ -38,6 +38,22 @@ def episode_seed(seed: int, member: int, copy: int, episode: int, key: int | Non
     return rng.key_extend(key, episode) & 0xFFFFFFFF
 
 
+def episode_seeds(keys: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+    """:func:`episode_seed` of many copies at once (int64): ``keys``, their
+    :func:`copy_key` values as signed 64-bit ints, and their episode indices. A
+    population resets a few copies at every step; one key a time in Python ints cost
+    about 10 us a copy."""
+    from popplay.deep.envs._seeds_numba import episode_seeds_into  # defers numba
+
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    episodes = np.ascontiguousarray(episodes, dtype=np.int64)
+    if keys.shape != episodes.shape or keys.ndim != 1:
+        raise ValueError("one episode index per key expected")
+    out = np.empty(len(keys), dtype=np.int64)
+    episode_seeds_into(keys, episodes, out)
+    return out
+
+
 class Step(NamedTuple):
     """One step of every environment (rows member-major) and the episodes it ended."""
 
@@ -74,7 +90,8 @@ class MemberEnvs:
             [first, *(envs.make_single(env_id, disable_env_checker=True) for _ in self._owner[1:])]
         p = len(self._owner)
         # each copy's key before its episode index (episode_seed's path, derived once)
-        self._episode_keys = [copy_key(seed, int(m), int(c)) for m, c in zip(self._owner, self._copy)]
+        self._episode_keys = np.array([rng.signed64(copy_key(seed, int(m), int(c)))
+                                       for m, c in zip(self._owner, self._copy)], dtype=np.int64)
         self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
@@ -83,8 +100,7 @@ class MemberEnvs:
 
     def _reset(self, rows: np.ndarray) -> np.ndarray:
         """Start environments ``rows`` on their current episodes; their first observations."""
-        seeds = np.array([episode_seed(self.seed, int(self._owner[i]), int(self._copy[i]), int(self.episode[i]),
-                                       key=self._episode_keys[i]) for i in rows.tolist()], dtype=np.int64)
+        seeds = episode_seeds(self._episode_keys[rows], self.episode[rows])
         if self.batch is not None:
             return self.batch.reset(rows, seeds)
         return np.stack([self.envs[i].reset(seed=int(s))[0] for i, s in zip(rows.tolist(), seeds.tolist())]
@@ -124,7 +140,7 @@ class MemberEnvs:
         self.episode_return += reward
         self.episode_length += 1
         finished = np.flatnonzero(done)
-        returns, lengths = self.episode_return[finished].copy(), self.episode_length[finished].copy()
+        returns, lengths = self.episode_return[finished], self.episode_length[finished]  # copies
         after = successor.copy()
         if finished.size:
             self.episode[finished] += 1
