@@ -230,6 +230,25 @@ def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
     assert len(set(learner._explore_draws(7)[0].tolist())) == learner.count  # members draw from their own streams
 
 
+def test_greedy_members_act_on_the_first_maximum_of_their_q_values_nan_counting_as_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acting picks each greedy member's action in NumPy; it must be torch's argmax:
+    the first maximum, a NaN counting as the maximum (a diverged member), ties and
+    signed zeros to the first; exploring members take their random action."""
+    learner = DQNPopulation(small(agents=6), None).initial_state().learner
+    nan = float("nan")
+    rows = [[nan, 1.0], [1.0, nan], [2.0, 2.0], [-0.0, 0.0], [1.0, 3.0], [float("-inf"), -1e30]]
+    q = torch.tensor([rows[k % len(rows)] for k in range(learner.count)], dtype=torch.float32).unsqueeze(1)
+    monkeypatch.setattr(learner, "q_values", lambda obs: q)
+    monkeypatch.setattr(learner, "epsilons", lambda: np.zeros(learner.count))  # every member greedy
+    obs = np.zeros((learner.count, learner.obs_dim), dtype=np.float32)
+    assert learner.act(obs, 3).tolist() == q[:, 0].argmax(dim=1).tolist()
+    assert learner.act(obs, 3).tolist()[:6] == [0, 1, 0, 0, 1, 1]
+    monkeypatch.setattr(learner, "epsilons", lambda: np.ones(learner.count))  # every member explores
+    learner._epsilons_at = -1
+    assert learner.act(obs, 3).tolist() == learner._explore_draws(3)[1].tolist()
+
+
 def test_minibatch_slots_drawn_in_blocks_are_each_updates_own_words() -> None:
     from popplay import rng
     from popplay.deep.agents.member_replay import SAMPLE_BLOCK, MemberReplay

@@ -112,7 +112,8 @@ class DQNMembers:
             explore = chance < self._epsilons_now()
             if explore.all():  # every member explores: no forward pass
                 return random
-            greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1).numpy()
+            # NumPy's argmax: the first maximum, a NaN counting as one, as torch's
+            greedy = self.q_values(torch.from_numpy(np.asarray(obs)).unsqueeze(1))[:, 0].numpy().argmax(axis=1)
             return np.where(explore, random, greedy)
         explore = chance < torch.as_tensor(self._epsilons_now(), device=self.device)
         greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)

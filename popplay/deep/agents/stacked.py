@@ -68,11 +68,13 @@ def batched(product: Any, *operands: torch.Tensor) -> torch.Tensor:
 
 
 def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], x: torch.Tensor,
-                   activation: Any, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
+                   activation: Any, hidden: list[torch.Tensor] | None = None,
+                   operands: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
     """A stack of MLPs' outputs (P, B, out) for inputs (P, B, in): one batched product
     per layer, ``activation`` between layers (``torch.relu_`` in place where no autograd
     runs through it, ``torch.tanh`` where one does); hidden activations appended to
-    ``hidden`` when given."""
+    ``hidden`` when given. ``operands``: each layer's ``(bias.unsqueeze(1),
+    weight.transpose(1, 2))`` made beforehand (views of the same tensors)."""
     h = x
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
@@ -88,7 +90,8 @@ def forward_layers(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tenso
             # again (a small copy): an argmax along the transposed view took 10x as long.
             h = batched(torch.baddbmm, b.unsqueeze(2), w, h.transpose(1, 2)).transpose(1, 2).contiguous()
         else:
-            h = batched(torch.baddbmm, b.unsqueeze(1), h, w.transpose(1, 2))
+            bias_rows, transposed = operands[i] if operands is not None else (b.unsqueeze(1), w.transpose(1, 2))
+            h = batched(torch.baddbmm, bias_rows, h, transposed)
         if i < last:
             h = activation(h)
             if hidden is not None:
@@ -113,6 +116,9 @@ class StackedMLP:
         grads = self.split(self.grad)
         self.weights, self.biases = params[0::2], params[1::2]
         self._weight_grads, self._bias_grads = grads[0::2], grads[1::2]
+        # made once: a network acting on one observation per member spent a third of
+        # its pass making these views again (64 members, 64-64 units)
+        self._operands = [(b.unsqueeze(1), w.transpose(1, 2)) for w, b in zip(self.weights, self.biases)]
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Sequential], device: str | torch.device = "cpu") -> "StackedMLP":
@@ -137,7 +143,7 @@ class StackedMLP:
     def forward(self, x: torch.Tensor, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Outputs (P, B, out) for inputs ``x`` (P, B, in), member by member; the hidden
         activations are appended to ``hidden`` when given, for :meth:`backward`."""
-        return forward_layers(self.weights, self.biases, x, torch.relu_, hidden)
+        return forward_layers(self.weights, self.biases, x, torch.relu_, hidden, self._operands)
 
     def backward(self, x: torch.Tensor, hidden: list[torch.Tensor], grad_output: torch.Tensor) -> torch.Tensor:
         """d(loss)/d(parameters) into :attr:`grad` (P, n; returned), given d(loss)/d(output)
