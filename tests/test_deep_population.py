@@ -77,6 +77,36 @@ def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
         torch.testing.assert_close(stack.matrix[k], networks.flat_parameters(module), rtol=1e-5, atol=1e-7)
 
 
+def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused kernel runs on one thread (its rows are too short to share); the
+    caller's thread count is restored after the step, also when the kernel fails."""
+    stack = StackedMLP.from_modules([networks.seeded_mlp(s, 3, 2, (4,)) for s in range(2)])
+    adam = StackedAdam(stack)
+    seen: list[int] = []
+    fused = torch._fused_adam_
+
+    def spy(*args: object, **kwargs: object) -> None:
+        seen.append(torch.get_num_threads())
+        fused(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_fused_adam_", spy)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
+        assert seen == [1] and torch.get_num_threads() == 2
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("kernel failed")
+
+        monkeypatch.setattr(torch, "_fused_adam_", broken)
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_moments_of_dead_parameters_reach_zero_without_going_subnormal() -> None:
     # A gradient of 1 once and 0 after (a unit that died): the first moment falls by 0.9 a
     # step and, left alone, would be float32-subnormal from about step 800 on, where each

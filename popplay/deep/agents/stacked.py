@@ -212,6 +212,7 @@ class StackedAdam:
         self._scratch = torch.zeros_like(network.matrix)
         self._rows = [list(t.unbind(0)) for t in (self._scratch, network.grad, self.exp_avg, self.exp_avg_sq)]
         self._counts = list(self.steps.view(-1, 1).unbind(0))
+        self._on_cpu = network.matrix.device.type == "cpu"
 
     def step(self, grad: torch.Tensor, lr: torch.Tensor, rows: list[int] | None = None) -> None:
         """One Adam step of every row along the same row of ``grad``; ``lr`` (P,).
@@ -230,8 +231,20 @@ class StackedAdam:
                 row.zero_()
             moments = lists[2] + lists[3]
         scratch, grads, exp_avgs, exp_avg_sqs, counts = lists
-        torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
-                           beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+        threads = torch.get_num_threads()
+        if self._on_cpu and threads > 1:
+            # The kernel shares each row among the threads, and a row is a few
+            # thousand numbers: waking the other thread 64 times took longer than the
+            # work (64 rows of a 64-64 network, 2-core CPU, right after an update: 410
+            # against 320 us on one thread). The chunks start on whole cache lines, so
+            # a row rounds alike on one thread or two.
+            torch.set_num_threads(1)
+        try:
+            torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
+                               beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
         for table in moments:
             torch.hardshrink(table, MOMENT_FLOOR, out=table)
         if rows is None:
