@@ -99,7 +99,9 @@ class DQNMembers:
     # --- acting ---------------------------------------------------------------------
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """(P, B, actions) Q values of observations (P, B, obs_dim), no autograd."""
-        return self.online.forward(obs.to(self.device, torch.float32))
+        if obs.dtype != torch.float32 or obs.device != self.online.matrix.device:
+            obs = obs.to(self.device, torch.float32)
+        return self.online.forward(obs)
 
     def act(self, obs: np.ndarray, step: int) -> np.ndarray:
         """ε-greedy actions (P,) for one observation per member (P, obs_dim) at member
@@ -113,7 +115,8 @@ class DQNMembers:
             if explore.all():  # every member explores: no forward pass
                 return random
             # NumPy's argmax: the first maximum, a NaN counting as one, as torch's
-            greedy = self.q_values(torch.from_numpy(np.asarray(obs)).unsqueeze(1))[:, 0].numpy().argmax(axis=1)
+            values = self.q_values(torch.from_numpy(np.asarray(obs, dtype=np.float32)).unsqueeze(1))
+            greedy = values.numpy()[:, 0].argmax(axis=1)
             return np.where(explore, random, greedy)
         explore = chance < torch.as_tensor(self._epsilons_now(), device=self.device)
         greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
