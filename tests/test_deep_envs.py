@@ -322,3 +322,47 @@ def test_a_cartpole_batch_ends_episodes_as_its_time_limit_says_and_refuses_bad_i
             batch.reset(np.array(rows), np.array(seeds))
     np.testing.assert_array_equal(batch.state, before)
     np.testing.assert_array_equal(batch.steps, steps)
+
+
+@pytest.mark.parametrize("trim_every", [1, 3, 256])
+def test_member_envs_keep_each_current_episodes_actions_through_trims_and_resumes(
+        monkeypatch: pytest.MonkeyPatch, trim_every: int) -> None:
+    """The run file holds each environment's actions in its current episode. They are
+    kept as one log of the steps, cut back as episodes end; against a plain list per
+    environment, the stored actions match at every check, also after a resume
+    continues the same steps."""
+    from popplay.deep.envs import members as member_envs
+
+    monkeypatch.setattr(member_envs, "_TRIM_EVERY", trim_every)
+    live = member_envs.MemberEnvs(envs.POPPLAY_CARTPOLE, 4, np.arange(3), copies=2)
+    draws = np.random.default_rng(2)
+    current: list[list[int]] = [[] for _ in range(6)]
+
+    def check(run: member_envs.MemberEnvs) -> None:
+        stored = run.arrays()
+        assert stored["env.action_counts"].tolist() == [len(c) for c in current]
+        assert stored["env.actions"].tolist() == [a for c in current for a in c]
+        assert stored["env.actions"].dtype == np.int64
+
+    resumed = None
+    for t in range(600):
+        # mostly pushing back towards upright, so some episodes outlast several cuts
+        lean = live.obs[:, 2] + 0.5 * live.obs[:, 3]
+        actions = np.where(draws.random(6) < 0.8, (lean > 0).astype(np.int64), draws.integers(0, 2, 6))
+        steps = [run.step(actions) for run in (live, resumed) if run is not None]
+        for i in range(6):
+            current[i].append(int(actions[i]))
+        for i in steps[0].ended.tolist():
+            current[i] = []
+        for step in steps[1:]:
+            assert step.ended.tolist() == steps[0].ended.tolist()
+            np.testing.assert_array_equal(step.successor, steps[0].successor)
+        if t % 50 == 7:
+            check(live)
+        if t == 250:
+            assert max(len(c) for c in current) > 3 * trim_every or trim_every == 256
+            resumed = member_envs.MemberEnvs(envs.POPPLAY_CARTPOLE, 4, np.arange(3), copies=2)
+            resumed.load(live.arrays())
+        if resumed is not None and t % 50 == 9:
+            check(resumed)
+    assert max(len(c) for c in current) > 1

@@ -24,6 +24,8 @@ from popplay import rng
 from popplay.deep import envs
 
 TAG_MEMBER_ENV = 11
+#: Steps the action log grows by before the steps no current episode needs are dropped.
+_TRIM_EVERY = 256
 
 
 def copy_key(seed: int, member: int, copy: int) -> int:
@@ -95,7 +97,16 @@ class MemberEnvs:
         self.episode = np.zeros(p, dtype=np.int64)  # index of each member's current episode
         self.episode_return = np.zeros(p, dtype=np.float64)
         self.episode_length = np.zeros(p, dtype=np.int64)
-        self._actions: list[list[Any]] = [[] for _ in range(p)]
+        # The actions of the current episodes, for the run file: each step's actions
+        # array, kept from the oldest current episode's start (step ``_taken_from``) on,
+        # and the step at which each environment's episode started. One list entry a
+        # step, not one per environment: appending to 64 lists was a tenth of a
+        # population's environment step.
+        self._taken: list[np.ndarray] = []
+        self._taken_from = 0
+        self._now = 0
+        self._started = np.zeros(p, dtype=np.int64)
+        self._trim_at = _TRIM_EVERY
         self.obs = self._reset(np.arange(p))
 
     def _reset(self, rows: np.ndarray) -> np.ndarray:
@@ -112,7 +123,8 @@ class MemberEnvs:
         self.episode[:] = episode
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
-        self._actions = [[] for _ in self._owner]
+        self._taken, self._taken_from = [], self._now
+        self._started[:] = self._now
         self.obs = self._reset(np.arange(len(self._owner)))
 
     def step(self, actions: np.ndarray) -> Step:
@@ -123,8 +135,6 @@ class MemberEnvs:
         if self.batch is not None:
             successor, reward, terminated, truncated = self.batch.step(actions)
             truncated = truncated & ~terminated
-            for i, action in enumerate(actions.tolist()):
-                self._actions[i].append(action)
         else:
             successor = np.empty_like(obs)
             reward = np.empty(p, dtype=np.float32)
@@ -133,9 +143,10 @@ class MemberEnvs:
             for i, env in enumerate(self.envs):
                 action = actions[i].item() if actions.ndim == 1 else actions[i]
                 nxt, r, term, trunc, _ = env.step(action)
-                self._actions[i].append(action)
                 successor[i] = nxt
                 reward[i], terminated[i], truncated[i] = r, term, trunc and not term
+        self._taken.append(np.array(actions))  # a copy: the caller's array may change
+        self._now += 1
         done = terminated | truncated
         self.episode_return += reward
         self.episode_length += 1
@@ -146,16 +157,31 @@ class MemberEnvs:
             self.episode[finished] += 1
             self.episode_return[finished] = 0.0
             self.episode_length[finished] = 0
-            for i in finished.tolist():
-                self._actions[i] = []
+            self._started[finished] = self._now
+            if len(self._taken) >= self._trim_at:
+                self._trim()
             after[finished] = self._reset(finished)
         self.obs = after
         return Step(obs, actions, reward, successor, terminated, truncated, finished, returns, lengths)
 
+    def _trim(self) -> None:
+        """Drop the steps before every current episode's start."""
+        oldest = int(self._started.min())
+        del self._taken[:oldest - self._taken_from]
+        self._taken_from = oldest
+        self._trim_at = len(self._taken) + _TRIM_EVERY
+
+    def _episode_actions(self, i: int) -> list[Any]:
+        """Environment ``i``'s actions in its current episode, as :meth:`step` took
+        them: a Python scalar from a vector of actions, else the action's row."""
+        steps = self._taken[int(self._started[i]) - self._taken_from:]
+        return [row[i].item() if row.ndim == 1 else row[i] for row in steps]
+
     # --- run-file arrays -------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
-        lengths = np.asarray([len(a) for a in self._actions], dtype=np.int64)
-        flat = np.asarray([a for member in self._actions for a in member])
+        taken = [self._episode_actions(i) for i in range(len(self._owner))]
+        lengths = np.asarray([len(a) for a in taken], dtype=np.int64)
+        flat = np.asarray([a for member in taken for a in member])
         if flat.size == 0:
             flat = np.zeros((0,) + ((self.info.action_dim,) if not self.info.discrete else ()))
         return {"env.episode": self.episode.copy(), "env.return": self.episode_return.copy(),
@@ -177,6 +203,11 @@ class MemberEnvs:
         self.episode = episode.copy()
         self.episode_return = returns.copy()
         self.episode_length = counts.copy()
+        # the stored episodes laid into the step log, each ending at the current step
+        longest = int(counts.max(initial=0))
+        log = np.zeros((longest, p) + actions.shape[1:], dtype=actions.dtype)
+        self._now, self._taken_from, self._started = longest, 0, longest - counts
+        self._trim_at = longest + _TRIM_EVERY
         start = 0
         for i in range(p):
             obs = self._reset(np.array([i]))[0]
@@ -186,12 +217,13 @@ class MemberEnvs:
                 obs, term, trunc = self._replay(i, action.item() if self.info.discrete else action)
                 if term or trunc:
                     raise ValueError(f"env.actions: member {int(self._owner[i])}'s stored episode ended early")
-            self._actions[i] = [a.item() if self.info.discrete else a for a in taken]
+            log[longest - len(taken):, i] = taken
             # equal_nan: a diverged member's actions can lead its environment to NaN
             if not np.array_equal(np.asarray(obs, dtype=np.float32), stored_obs[i], equal_nan=True):
                 raise ValueError(f"--env {self.env_id}: member {int(self._owner[i])}'s episode does not replay to "
                                  "its stored state (the environment is not deterministic)")
             self.obs[i] = obs
+        self._taken = list(log)
 
     def _replay(self, i: int, action: Any) -> tuple[np.ndarray, bool, bool]:
         """Environment ``i`` alone steps ``action`` (a resume replaying its episode)."""
