@@ -302,6 +302,9 @@ def test_minibatch_slots_drawn_in_blocks_are_each_updates_own_words() -> None:
     assert not torch.equal(replay.sample_index(r, other, 2), expected(2))
     keys = other
     assert torch.equal(replay.sample_index(r, keys, 2), expected(2))
+    replay._host_packed = None  # the tensor path a GPU's rings take gives the same slots
+    for update in (2, SAMPLE_BLOCK + 1):
+        assert torch.equal(replay.sample_index(r, keys, update), expected(update))
 
 
 

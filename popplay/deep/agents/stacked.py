@@ -205,8 +205,9 @@ class StackedAdam:
     def __init__(self, network: StackedMLP, eps: float = 1e-8) -> None:
         self.network = network
         self.eps = float(eps)
-        self.exp_avg = torch.zeros_like(network.matrix)
-        self.exp_avg_sq = torch.zeros_like(network.matrix)
+        # both moments in one tensor, so that the floor is one pass over both
+        self._moments = network.matrix.new_zeros((2, *network.matrix.shape))
+        self.exp_avg, self.exp_avg_sq = self._moments.unbind(0)
         # float32, as torch.optim keeps the count for its fused kernel; one per member
         self.steps = torch.zeros(network.members, dtype=torch.float32, device=network.matrix.device)
         self._scratch = torch.zeros_like(network.matrix)
@@ -223,7 +224,7 @@ class StackedAdam:
         if rows is None:
             self.steps.add_(1)  # the kernel reads the count after this step, as torch.optim gives it
             self._scratch.zero_()
-            moments = [self.exp_avg, self.exp_avg_sq]  # floored whole: two passes, not 2P
+            moments = [self._moments]  # floored whole: one pass, not 2P
         else:
             lists = [[rows_of[i] for i in rows] for rows_of in lists]
             for count, row in zip(lists[4], lists[0]):
