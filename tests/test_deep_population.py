@@ -260,6 +260,29 @@ def test_exploration_draws_made_in_blocks_are_each_steps_own_word() -> None:
     assert len(set(learner._explore_draws(7)[0].tolist())) == learner.count  # members draw from their own streams
 
 
+@pytest.mark.parametrize("copies", [1, 2])
+def test_ended_episodes_enter_the_lists_and_each_members_window_in_environment_order(copies: int) -> None:
+    """The episodes of a step go into the run's lists and shift each member's window of
+    recent returns as one episode at a time would, in environment order: with several
+    copies a member whose copies end together takes both, the later copy last."""
+    from types import SimpleNamespace
+
+    experiment = DQNPopulation(small(agents=4), None)
+    state = experiment.initial_state()
+    experiment.copies = copies
+    state.recent = np.arange(4 * 3, dtype=np.float64).reshape(4, 3)
+    expected = state.recent.copy()
+    ended = np.array([0, 2, 3]) if copies == 1 else np.array([0, 1, 4, 7])
+    returns = np.array([10.5, 20.5, 30.5, 40.5])[:len(ended)]
+    for env, ret in zip(ended, returns):  # one episode at a time
+        expected[env // copies] = [*expected[env // copies][1:], ret]
+    state.member_steps = 5
+    experiment._record_episodes(state, SimpleNamespace(ended=ended, returns=returns, lengths=ended + 7))
+    np.testing.assert_array_equal(state.recent, expected)
+    assert state.episode_member == (ended // copies).tolist() and state.episode_return == returns.tolist()
+    assert state.episode_length == (ended + 7).tolist() and state.episode_step == [state.env_steps] * len(ended)
+
+
 def test_greedy_members_act_on_the_first_maximum_of_their_q_values_nan_counting_as_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Acting picks each greedy member's action in NumPy; it must be torch's argmax:

@@ -213,14 +213,8 @@ class PopulationExperiment(DeepExperiment):
             state.member_steps += 1
             if state.member_steps % every == 0:  # schedules run on each member's share of the budget
                 learner.train(state.member_env_steps * p.agents / p.env_steps if p.env_steps else 0.0)
-            for env, ret, length in zip(step.ended.tolist(), step.returns.tolist(), step.lengths.tolist()):
-                row = env // self.copies
-                state.episode_member.append(int(self.slots[row]))
-                state.episode_return.append(ret)
-                state.episode_length.append(length)
-                state.episode_step.append(state.env_steps)
-                state.recent[row, :-1] = state.recent[row, 1:]
-                state.recent[row, -1] = ret
+            if step.ended.size:
+                self._record_episodes(state, step)
             state.episodes += len(step.ended)
             # at the step a mark is passed, not at the phase's end: where a phase ends
             # depends on budgets (a resumed run's phases fall elsewhere), the marks do not
@@ -228,6 +222,23 @@ class PopulationExperiment(DeepExperiment):
         if self.sharded:  # the other ranks' episodes of this phase
             state.episodes = before + collectives.sum_int(state.episodes - before, dist=self.dist)
         return state
+
+    def _record_episodes(self, state: PopulationState, step: Any) -> None:
+        """The episodes ``step`` ended, in environment order: into the run's episode
+        lists and each member's window of recent returns."""
+        rows = step.ended // self.copies
+        returns = step.returns.tolist()
+        state.episode_member.extend(self.slots[rows].tolist())
+        state.episode_return.extend(returns)
+        state.episode_length.extend(step.lengths.tolist())
+        state.episode_step.extend([state.env_steps] * len(returns))
+        if self.copies == 1:  # one episode per member at most: the windows move at once
+            state.recent[rows, :-1] = state.recent[rows, 1:]
+            state.recent[rows, -1] = step.returns
+            return
+        for row, ret in zip(rows.tolist(), returns):  # a member's copies may end together: in turn
+            state.recent[row, :-1] = state.recent[row, 1:]
+            state.recent[row, -1] = ret
 
     def _crossed(self, state: PopulationState, every: int, done: int) -> bool:
         return bool(every) and state.member_env_steps // every > done
