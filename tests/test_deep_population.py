@@ -78,15 +78,16 @@ def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
 
 
 def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused kernel runs on one thread (its rows are too short to share); the
-    caller's thread count is restored after the step, also when the kernel fails."""
+    """Short tensors go to the fused kernel on one thread (a row, or the pieces the
+    whole-matrix call leaves; that call itself keeps the threads); the caller's thread
+    count is restored after the step, also when the kernel fails."""
     stack = StackedMLP.from_modules([networks.seeded_mlp(s, 3, 2, (4,)) for s in range(2)])
     adam = StackedAdam(stack)
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     fused = torch._fused_adam_
 
     def spy(*args: object, **kwargs: object) -> None:
-        seen.append(torch.get_num_threads())
+        seen.append((len(args[0]), torch.get_num_threads()))  # type: ignore[arg-type]
         fused(*args, **kwargs)
 
     monkeypatch.setattr(torch, "_fused_adam_", spy)
@@ -94,7 +95,11 @@ def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch
     try:
         torch.set_num_threads(2)
         adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
-        assert seen == [1] and torch.get_num_threads() == 2
+        assert seen == [(1, 2), (2, 1)] and torch.get_num_threads() == 2  # the whole matrix; the two rows' edges
+        seen.clear()
+        adam._whole = None
+        adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
+        assert seen == [(2, 1)] and torch.get_num_threads() == 2  # a tensor per row
 
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("kernel failed")
@@ -105,6 +110,46 @@ def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("members, width", [(64, 4610), (1, 4610), (2, 4610), (3, 4611), (5, 4625), (7, 4608),
+                                            (64, 23), (3, 17), (4, 16), (9, 31), (13, 100)])
+def test_adam_over_the_whole_stack_rounds_each_row_as_a_call_on_that_row(members: int, width: int) -> None:
+    """The CPU's one call over the whole matrix (plus the pieces it steps again) gives
+    every row the bits a fused call on that row alone gives, over several steps: row
+    widths on and off whole 16-number units, one member and many."""
+    g = torch.Generator().manual_seed(members * 1000 + width)
+    stacks = [StackedMLP(torch.randn(members, width, generator=g), [(width,)]) for _ in range(2)]
+    stacks[1].matrix.copy_(stacks[0].matrix)
+    whole, per_row = StackedAdam(stacks[0]), StackedAdam(stacks[1])
+    per_row._whole = None  # each row a tensor of its own, as a GPU or a partial step does it
+    assert whole._whole is not None
+    lr = torch.rand(members, generator=g, dtype=torch.float64) * 1e-2
+    for _ in range(4):
+        grads = torch.randn(members, width, generator=g)
+        grads[:, ::7] = 0.0  # some parameters idle, as dead units are
+        for stack, adam in zip(stacks, (whole, per_row)):
+            stack.grad.copy_(grads)
+            adam.step(stack.grad, lr)
+    for table in ("exp_avg", "exp_avg_sq", "steps"):
+        assert torch.equal(getattr(whole, table), getattr(per_row, table))
+    assert torch.equal(stacks[0].matrix, stacks[1].matrix)
+
+
+def test_adam_steps_rows_apart_when_members_have_made_different_counts() -> None:
+    """The whole-matrix call takes one step count; members at other counts (a partial
+    step before) are stepped row by row, with their own bias corrections."""
+    stacks = [StackedMLP(torch.linspace(-1, 1, 3 * 40).view(3, 40).clone(), [(40,)]) for _ in range(2)]
+    adams = [StackedAdam(stack) for stack in stacks]
+    adams[1]._whole = None
+    lr = torch.full((3,), 1e-2, dtype=torch.float64)
+    for rows in ([0], None, None):
+        for stack, adam in zip(stacks, adams):
+            stack.grad.copy_(torch.cos(torch.arange(120.0)).view(3, 40))
+            adam.step(stack.grad, lr, rows=rows)
+    assert adams[0].steps.tolist() == [3.0, 2.0, 2.0]
+    assert torch.equal(stacks[0].matrix, stacks[1].matrix)
+    assert torch.equal(adams[0].exp_avg, adams[1].exp_avg)
 
 
 def test_moments_of_dead_parameters_reach_zero_without_going_subnormal() -> None:

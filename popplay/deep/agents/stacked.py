@@ -16,8 +16,9 @@ one. So member ``k`` of a P-member stack follows the same bits as a stack holdin
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -193,11 +194,15 @@ class StackedAdam:
     torch's fused Adam kernel takes one step size, so it runs with step size 1 into a
     zeroed scratch matrix, which then moves each row by its member's step size: one
     fused pass and one multiply-add instead of the dozen passes of Adam written out
-    element by element (about 5x faster at 64 members of a 128-128 network). The kernel is
-    given each member's row as a tensor of its own, because it rounds the tail of a
-    tensor differently from its vectorised body: a row is then computed alike in a
-    stack of any size. ``grad`` must always be the same matrix (the network's
-    :attr:`StackedMLP.grad`), whose row views are made once."""
+    element by element (about 5x faster at 64 members of a 128-128 network). The kernel
+    rounds the tail of a tensor (its length modulo the vector width) differently from
+    its vectorised body, so each member's row is stepped as a tensor of its own would
+    be: a row is then computed alike in a stack of any size. On the CPU, when every
+    member has made as many steps, that takes one call over the whole matrix plus a
+    call for the few numbers it rounds otherwise (see :class:`_WholeStep`); elsewhere,
+    or for some rows only, a call with each row as a tensor. ``grad`` must always be
+    the same matrix (the network's :attr:`StackedMLP.grad`), whose row views are made
+    once."""
 
     betas = (0.9, 0.999)
     eps = 1e-8
@@ -214,6 +219,8 @@ class StackedAdam:
         self._rows = [list(t.unbind(0)) for t in (self._scratch, network.grad, self.exp_avg, self.exp_avg_sq)]
         self._counts = list(self.steps.view(-1, 1).unbind(0))
         self._on_cpu = network.matrix.device.type == "cpu"
+        self._whole = _WholeStep(self._scratch, network.grad, self._moments, self._counts[0]) \
+            if self._on_cpu and network.matrix.shape[1] >= _UNIT else None
 
     def step(self, grad: torch.Tensor, lr: torch.Tensor, rows: list[int] | None = None) -> None:
         """One Adam step of every row along the same row of ``grad``; ``lr`` (P,).
@@ -232,20 +239,16 @@ class StackedAdam:
                 row.zero_()
             moments = lists[2] + lists[3]
         scratch, grads, exp_avgs, exp_avg_sqs, counts = lists
-        threads = torch.get_num_threads()
-        if self._on_cpu and threads > 1:
-            # The kernel shares each row among the threads, and a row is a few
-            # thousand numbers: waking the other thread 64 times took longer than the
-            # work (64 rows of a 64-64 network, 2-core CPU, right after an update: 410
-            # against 320 us on one thread). The chunks start on whole cache lines, so
-            # a row rounds alike on one thread or two.
-            torch.set_num_threads(1)
-        try:
-            torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
-                               beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
-        finally:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
+        if rows is None and self._whole is not None and self._lockstep():
+            self._whole(self._fused)
+        else:
+            with _one_thread(self._on_cpu):
+                # The kernel shares each tensor among the threads, and a row is a few
+                # thousand numbers: waking the other thread 64 times took longer than
+                # the work (64 rows of a 64-64 network, 2-core CPU, right after an
+                # update: 410 against 320 us on one thread). The chunks start on whole
+                # cache lines, so a row rounds alike on one thread or two.
+                self._fused(scratch, grads, exp_avgs, exp_avg_sqs, counts)
         for table in moments:
             torch.hardshrink(table, MOMENT_FLOOR, out=table)
         if rows is None:
@@ -253,6 +256,84 @@ class StackedAdam:
             return
         for i, row in zip(rows, scratch):  # each member's row as the whole matrix's would be, one at a time
             self.network.matrix[i].addcmul_(row, lr[i].to(grad.dtype))
+
+    def _fused(self, scratch: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], counts: list[torch.Tensor]) -> None:
+        """torch's fused Adam kernel, step size 1, over the tensors of the lists."""
+        torch._fused_adam_(scratch, grads, exp_avgs, exp_avg_sqs, [], counts, lr=1.0, beta1=self.betas[0],
+                           beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+
+    def _lockstep(self) -> bool:
+        """Whether every member has made as many steps (the host's copy: CPU only)."""
+        steps = self.steps.numpy()
+        return bool(steps.min() == steps.max())
+
+
+#: The fused Adam kernel's task unit in float32 numbers (a 64-byte cache line): it hands
+#: its threads whole units, and every vector width torch has on a CPU divides it.
+_UNIT = 16
+
+
+@contextlib.contextmanager
+def _one_thread(on_cpu: bool) -> Iterator[None]:
+    """torch's CPU operations on one thread inside, the caller's count restored after."""
+    threads = torch.get_num_threads()
+    if on_cpu and threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+class _WholeStep:
+    """The fused Adam step of every row of a (P, n) stack in one call over the whole
+    matrix, with each row's numbers rounded as a call on that row alone rounds them.
+
+    The kernel gives its threads whole 16-number units and, within each thread's part,
+    runs the vector code on a multiple of the vector width V and scalar code on the
+    rest; V divides 16. A row alone thus runs its last n mod V numbers (its *tail*) in
+    scalar code and the rest in vector code. Over the first L numbers of the whole
+    matrix (L the largest multiple of 16 within it) every number runs in vector code,
+    which is right for all but the tails. So the last n mod 16 numbers of every row
+    (their *edges*, which hold the tails) and the last row's numbers from a 16-aligned
+    point before L up to its edge are put back as they were and stepped again in one
+    call that has each as a tensor of its own: an edge alone rounds as the row's end
+    does (its own tail is n mod 16 mod V = n mod V numbers), and the last row's body
+    piece, a multiple of 16 long, runs in vector code. The tests compare this with a
+    call per row bit for bit over many shapes."""
+
+    def __init__(self, scratch: torch.Tensor, grad: torch.Tensor, moments: torch.Tensor, count: torch.Tensor) -> None:
+        p, n = scratch.shape
+        edge = n % _UNIT
+        body_end = n - edge  # a multiple of 16
+        self._length = p * n // _UNIT * _UNIT
+        last = (p - 1) * n
+        missed = min(body_end, self._length - last)  # where the whole call stops in the last row, up to its edge
+        start = body_end - -(-(body_end - missed) // _UNIT) * _UNIT  # ... moved back onto a 16-aligned piece
+        tables = (scratch, grad, *moments.unbind(0))
+        self._flat = [t.view(-1) for t in tables]
+        self._again = [[t[k, body_end:] for k in range(p) if edge] + ([t[p - 1, start:body_end]] if start < body_end
+                                                                        else []) for t in tables]
+        again = [k * n + j for k in range(p) for j in range(body_end, n)] + [last + j for j in range(start, body_end)]
+        index = torch.tensor(again, dtype=torch.int64, device=scratch.device)
+        self._index = index
+        self._moment_index = torch.cat([index, index + p * n])  # both moments, flat (2, P, n)
+        self._moments_flat = moments.view(-1)
+        self._count = count
+        self._counts = [count] * len(self._again[0])
+
+    def __call__(self, fused: Any) -> None:
+        """One step: ``fused(scratch, grads, exp_avgs, exp_avg_sqs, counts)`` on lists."""
+        held = self._moments_flat[self._moment_index]
+        fused(*[[t[:self._length]] for t in self._flat], [self._count])
+        if not self._counts:
+            return
+        self._moments_flat[self._moment_index] = held
+        self._flat[0][self._index] = 0.0
+        with _one_thread(True):  # a few short tensors: see StackedAdam.step
+            fused(*self._again, self._counts)
 
 
 # --- run-file arrays of a population learner ------------------------------------------
