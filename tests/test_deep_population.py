@@ -81,6 +81,9 @@ def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch
     """Short tensors go to the fused kernel on one thread (a row, or the pieces the
     whole-matrix call leaves; that call itself keeps the threads); the caller's thread
     count is restored after the step, also when the kernel fails."""
+    from popplay.deep.agents import stacked
+
+    monkeypatch.setattr(stacked, "WHOLE_STEP_FROM", 0)
     stack = StackedMLP.from_modules([networks.seeded_mlp(s, 3, 2, (4,)) for s in range(2)])
     adam = StackedAdam(stack)
     seen: list[tuple[int, int]] = []
@@ -114,10 +117,15 @@ def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch
 
 @pytest.mark.parametrize("members, width", [(64, 4610), (1, 4610), (2, 4610), (3, 4611), (5, 4625), (7, 4608),
                                             (64, 23), (3, 17), (4, 16), (9, 31), (13, 100)])
-def test_adam_over_the_whole_stack_rounds_each_row_as_a_call_on_that_row(members: int, width: int) -> None:
+def test_adam_over_the_whole_stack_rounds_each_row_as_a_call_on_that_row(
+        monkeypatch: pytest.MonkeyPatch, members: int, width: int) -> None:
     """The CPU's one call over the whole matrix (plus the pieces it steps again) gives
     every row the bits a fused call on that row alone gives, over several steps: row
-    widths on and off whole 16-number units, one member and many."""
+    widths on and off whole 16-number units, one member and many (the size from which
+    a stack takes it set to 0)."""
+    from popplay.deep.agents import stacked
+
+    monkeypatch.setattr(stacked, "WHOLE_STEP_FROM", 0)
     g = torch.Generator().manual_seed(members * 1000 + width)
     stacks = [StackedMLP(torch.randn(members, width, generator=g), [(width,)]) for _ in range(2)]
     stacks[1].matrix.copy_(stacks[0].matrix)
@@ -136,9 +144,20 @@ def test_adam_over_the_whole_stack_rounds_each_row_as_a_call_on_that_row(members
     assert torch.equal(stacks[0].matrix, stacks[1].matrix)
 
 
-def test_adam_steps_rows_apart_when_members_have_made_different_counts() -> None:
+def test_adam_takes_the_whole_stack_call_from_its_size_on() -> None:
+    from popplay.deep.agents.stacked import WHOLE_STEP_FROM
+
+    assert StackedAdam(StackedMLP(torch.zeros(64, 4610), [(4610,)]))._whole is not None  # 295,040 parameters
+    assert StackedAdam(StackedMLP(torch.zeros(2, 4610), [(4610,)]))._whole is None
+    assert 2 * 4610 < WHOLE_STEP_FROM <= 64 * 4610
+
+
+def test_adam_steps_rows_apart_when_members_have_made_different_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole-matrix call takes one step count; members at other counts (a partial
     step before) are stepped row by row, with their own bias corrections."""
+    from popplay.deep.agents import stacked
+
+    monkeypatch.setattr(stacked, "WHOLE_STEP_FROM", 0)
     stacks = [StackedMLP(torch.linspace(-1, 1, 3 * 40).view(3, 40).clone(), [(40,)]) for _ in range(2)]
     adams = [StackedAdam(stack) for stack in stacks]
     adams[1]._whole = None

@@ -219,8 +219,9 @@ class StackedAdam:
         self._rows = [list(t.unbind(0)) for t in (self._scratch, network.grad, self.exp_avg, self.exp_avg_sq)]
         self._counts = list(self.steps.view(-1, 1).unbind(0))
         self._on_cpu = network.matrix.device.type == "cpu"
+        members, width = network.matrix.shape
         self._whole = _WholeStep(self._scratch, network.grad, self._moments, self._counts[0]) \
-            if self._on_cpu and network.matrix.shape[1] >= _UNIT else None
+            if self._on_cpu and width >= _UNIT and members * width >= WHOLE_STEP_FROM else None
 
     def step(self, grad: torch.Tensor, lr: torch.Tensor, rows: list[int] | None = None) -> None:
         """One Adam step of every row along the same row of ``grad``; ``lr`` (P,).
@@ -272,6 +273,12 @@ class StackedAdam:
 #: The fused Adam kernel's task unit in float32 numbers (a 64-byte cache line): it hands
 #: its threads whole units, and every vector width torch has on a CPU divides it.
 _UNIT = 16
+#: Stacks of at least this many parameters take :class:`_WholeStep` on the CPU. Below,
+#: its fixed cost (the pieces stepped again) outweighs a call per row: 2-core CPU, a
+#: step of 64-64 networks (4,610 parameters) took 167 against 140 us at 16 members, 230
+#: against 233 at 32 and 360 against 425 at 64; of 128-128 networks (17,410), 306
+#: against 366 at 16 members and 976 against 1,580 at 64.
+WHOLE_STEP_FROM = 1 << 17
 
 
 @contextlib.contextmanager
@@ -314,6 +321,7 @@ class _WholeStep:
         start = body_end - -(-(body_end - missed) // _UNIT) * _UNIT  # ... moved back onto a 16-aligned piece
         tables = (scratch, grad, *moments.unbind(0))
         self._flat = [t.view(-1) for t in tables]
+        self._whole = [[t[:self._length]] for t in self._flat]
         self._again = [[t[k, body_end:] for k in range(p) if edge] + ([t[p - 1, start:body_end]] if start < body_end
                                                                         else []) for t in tables]
         again = [k * n + j for k in range(p) for j in range(body_end, n)] + [last + j for j in range(start, body_end)]
@@ -327,7 +335,7 @@ class _WholeStep:
     def __call__(self, fused: Any) -> None:
         """One step: ``fused(scratch, grads, exp_avgs, exp_avg_sqs, counts)`` on lists."""
         held = self._moments_flat[self._moment_index]
-        fused(*[[t[:self._length]] for t in self._flat], [self._count])
+        fused(*self._whole, [self._count])
         if not self._counts:
             return
         self._moments_flat[self._moment_index] = held
