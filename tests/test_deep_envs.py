@@ -366,3 +366,6 @@ def test_member_envs_keep_each_current_episodes_actions_through_trims_and_resume
         if resumed is not None and t % 50 == 9:
             check(resumed)
     assert max(len(c) for c in current) > 1
+    if trim_every < 256:  # cut back at episode ends: the log spans about the oldest current episode
+        for run in (live, resumed):
+            assert run is not None and len(run._taken) <= max(len(c) for c in current) + trim_every

@@ -77,44 +77,6 @@ def test_stacked_adam_and_clipping_match_torch_per_member() -> None:
         torch.testing.assert_close(stack.matrix[k], networks.flat_parameters(module), rtol=1e-5, atol=1e-7)
 
 
-def test_stacked_adam_steps_on_one_thread_and_gives_the_threads_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Short tensors go to the fused kernel on one thread (a row, or the pieces the
-    whole-matrix call leaves; that call itself keeps the threads); the caller's thread
-    count is restored after the step, also when the kernel fails."""
-    from popplay.deep.agents import stacked
-
-    monkeypatch.setattr(stacked, "WHOLE_STEP_FROM", 0)
-    stack = StackedMLP.from_modules([networks.seeded_mlp(s, 3, 2, (4,)) for s in range(2)])
-    adam = StackedAdam(stack)
-    seen: list[tuple[int, int]] = []
-    fused = torch._fused_adam_
-
-    def spy(*args: object, **kwargs: object) -> None:
-        seen.append((len(args[0]), torch.get_num_threads()))  # type: ignore[arg-type]
-        fused(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "_fused_adam_", spy)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
-        assert seen == [(1, 2), (2, 1)] and torch.get_num_threads() == 2  # the whole matrix; the two rows' edges
-        seen.clear()
-        adam._whole = None
-        adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
-        assert seen == [(2, 1)] and torch.get_num_threads() == 2  # a tensor per row
-
-        def broken(*args: object, **kwargs: object) -> None:
-            raise RuntimeError("kernel failed")
-
-        monkeypatch.setattr(torch, "_fused_adam_", broken)
-        with pytest.raises(RuntimeError, match="kernel failed"):
-            adam.step(stack.grad, torch.tensor([1e-3, 1e-3], dtype=torch.float64))
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("members, width", [(64, 4610), (1, 4610), (2, 4610), (3, 4611), (5, 4625), (7, 4608),
                                             (64, 23), (3, 17), (4, 16), (9, 31), (13, 100)])
 def test_adam_over_the_whole_stack_rounds_each_row_as_a_call_on_that_row(
@@ -227,7 +189,13 @@ def test_each_member_of_a_stack_computes_what_it_computes_alone(inputs: int, out
             assert torch.equal(alone.backward(x[k:k + 1].clone(), hidden_k, upstream[k:k + 1].clone())[0], grad[k])
 
 
-def test_member_k_of_a_population_is_member_k_alone() -> None:
+@pytest.mark.parametrize("whole_step_from", [None, 0], ids=["adam-as-sized", "adam-whole-stack"])
+def test_member_k_of_a_population_is_member_k_alone(monkeypatch: pytest.MonkeyPatch, whole_step_from: int | None
+                                                    ) -> None:
+    if whole_step_from is not None:  # every stack, the one member's too, through the whole-stack Adam step
+        from popplay.deep.agents import stacked
+
+        monkeypatch.setattr(stacked, "WHOLE_STEP_FROM", whole_step_from)
     params = small()
     population = run_phases(DQNPopulation(params, None), 3)
     assert population.learner.updates > 20  # the comparison covers learning, not just acting

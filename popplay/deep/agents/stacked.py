@@ -16,9 +16,8 @@ one. So member ``k`` of a P-member stack follows the same bits as a stack holdin
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -243,13 +242,7 @@ class StackedAdam:
         if rows is None and self._whole is not None and self._lockstep():
             self._whole(self._fused)
         else:
-            with _one_thread(self._on_cpu):
-                # The kernel shares each tensor among the threads, and a row is a few
-                # thousand numbers: waking the other thread 64 times took longer than
-                # the work (64 rows of a 64-64 network, 2-core CPU, right after an
-                # update: 410 against 320 us on one thread). The chunks start on whole
-                # cache lines, so a row rounds alike on one thread or two.
-                self._fused(scratch, grads, exp_avgs, exp_avg_sqs, counts)
+            self._fused(scratch, grads, exp_avgs, exp_avg_sqs, counts)
         for table in moments:
             torch.hardshrink(table, MOMENT_FLOOR, out=table)
         if rows is None:
@@ -275,23 +268,10 @@ class StackedAdam:
 _UNIT = 16
 #: Stacks of at least this many parameters take :class:`_WholeStep` on the CPU. Below,
 #: its fixed cost (the pieces stepped again) outweighs a call per row: 2-core CPU, a
-#: step of 64-64 networks (4,610 parameters) took 167 against 140 us at 16 members, 230
-#: against 233 at 32 and 360 against 425 at 64; of 128-128 networks (17,410), 306
-#: against 366 at 16 members and 976 against 1,580 at 64.
+#: step of 64-64 networks (4,610 parameters) took 157 against 158 us at 16 members, 193
+#: against 222 at 24 and 346 against 529 at 64; of 128-128 networks (17,410), 199
+#: against 179 at 8 members and 945 against 1,104 at 64.
 WHOLE_STEP_FROM = 1 << 17
-
-
-@contextlib.contextmanager
-def _one_thread(on_cpu: bool) -> Iterator[None]:
-    """torch's CPU operations on one thread inside, the caller's count restored after."""
-    threads = torch.get_num_threads()
-    if on_cpu and threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 class _WholeStep:
@@ -340,8 +320,7 @@ class _WholeStep:
             return
         self._moments_flat[self._moment_index] = held
         self._flat[0][self._index] = 0.0
-        with _one_thread(True):  # a few short tensors: see StackedAdam.step
-            fused(*self._again, self._counts)
+        fused(*self._again, self._counts)
 
 
 # --- run-file arrays of a population learner ------------------------------------------

@@ -123,7 +123,7 @@ class MemberEnvs:
         self.episode[:] = episode
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
-        self._taken, self._taken_from = [], self._now
+        self._taken, self._taken_from, self._trim_at = [], self._now, _TRIM_EVERY
         self._started[:] = self._now
         self.obs = self._reset(np.arange(len(self._owner)))
 
