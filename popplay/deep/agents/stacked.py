@@ -116,7 +116,7 @@ class StackedMLP:
         grads = self.split(self.grad)
         self.weights, self.biases = params[0::2], params[1::2]
         self._weight_grads, self._bias_grads = grads[0::2], grads[1::2]
-        # made once: a network acting on one observation per member spent a third of
+        # made once: a network acting on one observation per member spent a quarter of
         # its pass making these views again (64 members, 64-64 units)
         self._operands = [(b.unsqueeze(1), w.transpose(1, 2)) for w, b in zip(self.weights, self.biases)]
 
