@@ -107,20 +107,20 @@ class DQNMembers:
         """ε-greedy actions (P,) for one observation per member (P, obs_dim) at member
         env-step ``step``: draw ``rng.draw(explore key, step)``, its high half against
         ε, its low half for the random action."""
+        # On the CPU the choice is made in NumPy (the draws come as arrays there): a step's
+        # handful of small tensor operations around the forward pass cost about as much as
+        # the pass itself (64 members).
         chance, random = self._explore_draws(step)
-        if self._on_cpu:
-            # The choice in NumPy: a step's handful of small tensor operations around
-            # the forward pass cost about as much as the pass itself (64 members).
-            explore = chance < self._epsilons_now()
-            if explore.all():  # every member explores: no forward pass
-                return random
-            # NumPy's argmax: the first maximum, a NaN counting as one, as torch's
-            values = self.q_values(torch.from_numpy(np.asarray(obs, dtype=np.float32)).unsqueeze(1))
-            greedy = values.numpy()[:, 0].argmax(axis=1)
-            return np.where(explore, random, greedy)
-        explore = chance < torch.as_tensor(self._epsilons_now(), device=self.device)
-        greedy = self.q_values(torch.as_tensor(obs).unsqueeze(1))[:, 0].argmax(dim=1)
-        return torch.where(explore, random, greedy).cpu().numpy()
+        epsilons = self._epsilons_now()
+        explore = chance < (epsilons if self._on_cpu else torch.as_tensor(epsilons, device=self.device))
+        # Skipping the forward pass when every member explores pays on the CPU; on a
+        # GPU the question would be a second wait per step (the actions are the first).
+        if self._on_cpu and explore.all():
+            return random
+        values = self.q_values(torch.from_numpy(np.asarray(obs, dtype=np.float32)).unsqueeze(1))
+        if self._on_cpu:  # NumPy's argmax: the first maximum, a NaN counting as one, as torch's
+            return np.where(explore, random, values.numpy()[:, 0].argmax(axis=1))
+        return torch.where(explore, random, values[:, 0].argmax(dim=1)).cpu().numpy()
 
     def _epsilons_now(self) -> np.ndarray:
         """:meth:`epsilons`, computed once per update count (acting asks at every step)."""

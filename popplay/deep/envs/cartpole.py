@@ -28,11 +28,14 @@ MAX_EPISODE_STEPS = 500
 _START = 0.05
 
 
-def _loaded(step_many: Any) -> Any:
-    """``step_many`` with its compiled code loaded now (a step on no rows): the first real
-    step would otherwise pay it (about 0.3 s from the cache), inside a run's timed learning."""
-    step_many(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), PHYSICS.vector(), np.zeros(0, dtype=np.bool_))
-    return step_many
+def _loaded(kernel: Any, *no_rows: Any) -> Any:
+    """``kernel`` with its compiled code loaded now, by a call on ``no_rows`` (arrays of no
+    rows): the first real call would otherwise pay it (about 0.3 s from the cache),
+    inside a run's timed learning."""
+    kernel(*no_rows)
+    return kernel
+
+
 
 
 def _observation_space() -> spaces.Box:
@@ -49,8 +52,9 @@ class CartPoleEnv(gymnasium.Env):
     def __init__(self, render_mode: str | None = None) -> None:
         from popplay.deep.envs._cartpole_numba import step_many  # defers numba
 
-        self._step_many = _loaded(step_many)
         self._phys = PHYSICS.vector()
+        self._step_many = _loaded(step_many, np.zeros((0, 4)), np.zeros(0, dtype=np.int64), self._phys,
+                                  np.zeros(0, dtype=np.bool_))
         self.action_space = spaces.Discrete(2)
         self.observation_space = _observation_space()
         self._state = np.zeros((1, 4), dtype=np.float64)
@@ -91,17 +95,15 @@ class CartPoleBatch:
     caller before it steps again."""
 
     def __init__(self, count: int, max_episode_steps: int | None) -> None:
-        from popplay.deep.envs._cartpole_numba import reset_rows, step_all, step_many  # defers numba
+        from popplay.deep.envs._cartpole_numba import reset_rows, step_all  # defers numba
 
-        self._step_many = _loaded(step_many)
         self._phys = PHYSICS.vector()
-        # loaded now, as _loaded does for step_many: a step on no rows
-        step_all(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), self._phys, np.zeros(0, dtype=np.int64), -1,
-                 np.zeros((0, 4), dtype=np.float32), np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.bool_))
-        self._step_all = step_all
-        reset_rows(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                   np.zeros(0, dtype=np.int64), -_START, _START, np.zeros((0, 4), dtype=np.float32))
-        self._reset_rows = reset_rows
+        self._step_all = _loaded(step_all, np.zeros((0, 4)), np.zeros(0, dtype=np.int64), self._phys,
+                                 np.zeros(0, dtype=np.int64), -1, np.zeros((0, 4), dtype=np.float32),
+                                 np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.bool_))
+        self._reset_rows = _loaded(reset_rows, np.zeros((0, 4)), np.zeros(0, dtype=np.int64),
+                                   np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), -_START, _START,
+                                   np.zeros((0, 4), dtype=np.float32))
         self.limit = max_episode_steps
         self.state = np.zeros((count, 4), dtype=np.float64)
         self.steps = np.zeros(count, dtype=np.int64)
@@ -124,28 +126,21 @@ class CartPoleBatch:
     def step(self, actions: np.ndarray, rows: np.ndarray | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         actions = np.asarray(actions, dtype=np.int64).reshape(-1)
-        if rows is None:
-            # one loop for the step and what it returns (a population steps its copies
-            # every env-step): with a dozen small NumPy passes around the physics, a step
-            # of 64 copies took 16 against 7 us
-            count = len(self.state)
-            if len(actions) != count:
-                raise ValueError(f"one action per copy expected ({count}, got {len(actions)})")
-            successors, failed = np.empty((count, 4), dtype=np.float32), np.empty(count, dtype=np.bool_)
-            truncated = np.empty(count, dtype=np.bool_)
-            if not self._step_all(self.state, actions, self._phys, self.steps, -1 if self.limit is None else self.limit,
-                                  successors, failed, truncated):
-                raise ValueError("actions must be 0 or 1")
-            return successors, np.ones(count, dtype=np.float32), failed, truncated
-        if ((actions != 0) & (actions != 1)).any():
+        # one loop for the step and what it returns (a population steps its copies every
+        # env-step): with a dozen small NumPy passes around the physics, a step of 64
+        # copies took 16 against 7 us
+        state, steps = (self.state, self.steps) if rows is None else (self.state[rows], self.steps[rows])
+        count = len(state)
+        if len(actions) != count:
+            raise ValueError(f"one action per copy expected ({count}, got {len(actions)})")
+        successors, failed = np.empty((count, 4), dtype=np.float32), np.empty(count, dtype=np.bool_)
+        truncated = np.empty(count, dtype=np.bool_)
+        if not self._step_all(state, actions, self._phys, steps, -1 if self.limit is None else self.limit,
+                              successors, failed, truncated):
             raise ValueError("actions must be 0 or 1")
-        state, failed = self.state[rows], np.zeros(len(rows), dtype=np.bool_)
-        self._step_many(state, actions, self._phys, failed)
-        self.state[rows] = state
-        self.steps[rows] += 1
-        steps = self.steps[rows]
-        truncated = (steps >= self.limit) if self.limit is not None else np.zeros(len(steps), dtype=bool)
-        return state.astype(np.float32), np.ones(len(state), dtype=np.float32), failed, truncated & ~failed
+        if rows is not None:  # the rows were stepped in copies
+            self.state[rows], self.steps[rows] = state, steps
+        return successors, np.ones(count, dtype=np.float32), failed, truncated
 
 
 class CartPoleVectorEnv(VectorEnv):

@@ -128,8 +128,7 @@ class TorchCartPoleEngine:
         table = torch.zeros(lanes + 1, STATE_ACTIONS, FIELDS, **f64)
         for field, values in ((_Q, q), (_W, w), (_E, e)):
             table[:lanes, :, field] = values.reshape(lanes, STATE_ACTIONS)
-        e_hat = table[:, :, _E]
-        least = torch.where(e_hat != 0.0, e_hat, torch.inf).amin(dim=-1)
+        least = _least_live(table[:, :, _E])
         table = table.view(-1, FIELDS)
         x, x_dot, theta, theta_dot = (cart.reshape(lanes, 4)[:, i].clone() for i in range(4))
         a = action.reshape(lanes).clone()
@@ -231,8 +230,7 @@ class TorchCartPoleEngine:
         c_start = torch.where(restarting, 0.0, c_start)
         d_start = torch.where(restarting, 0.0, d_start)
         table.index_copy_(0, passed, torch.stack([q, w, e_hat, c_start, d_start], dim=-1).view(-1, FIELDS))
-        least = torch.cat([lane_least, least[lanes:]]).index_copy(
-            0, which, torch.where(e_hat != 0.0, e_hat, torch.inf).amin(dim=-1))
+        least = torch.cat([lane_least, least[lanes:]]).index_copy(0, which, _least_live(e_hat))
         fresh_clock = ~keep | restart
         clock = torch.where(fresh_clock, 1.0, decayed)
         clock_sum = torch.where(fresh_clock, 0.0, clock_sum)
@@ -265,6 +263,11 @@ def _fold(mask: torch.Tensor, q: torch.Tensor, w: torch.Tensor, e_hat: torch.Ten
     q = torch.where(mask, _rules.effective(q, e_hat, d_sum, d_start), q)
     w = torch.where(mask, _rules.flush(w, alpha_item, e_hat, clock_sum, c_start), w)
     return q, w
+
+
+def _least_live(e_hat: torch.Tensor) -> torch.Tensor:
+    """Each row's smallest live ê (inf where none is live): its trace that dies first."""
+    return torch.where(e_hat != 0.0, e_hat, torch.inf).amin(dim=-1)
 
 
 def _slots_for(lanes_needing_a_pass: float) -> int:
