@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from popplay import rng
-from popplay.games.knights import _numba as kernels
-from popplay.games.knights import rules as game
-from popplay.games.knights import engine
-from popplay.games.knights.rules import GameBatch, KnightsParams
 from popplay.core.backend import Backend, cuda_available
+from popplay.games.knights import _numba as kernels
+from popplay.games.knights import engine
+from popplay.games.knights import rules as game
+from popplay.games.knights.rules import GameBatch, KnightsParams
 from tests.reference import knights as reference
 
 NUMBA, TORCH = Backend("numba", "cpu"), Backend("torch", "cpu")
@@ -274,6 +274,18 @@ def test_benchmark_bots_play_like_the_opponents_module():
                     break
 
 
+def _agreement_games(params: KnightsParams, hidden2: int = 0):
+    """90 games of four networks, greedy and random players among them, learning on
+    some sides: what the torch engine is checked against numba with."""
+    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6, hidden2)
+    g = np.arange(90)
+    kind = np.stack([np.where(g % 5 == 0, game.KIND_GREEDY, game.KIND_NET),
+                     np.where(g % 7 == 0, game.KIND_RANDOM, 0)], 1)
+    batch = GameBatch(kind.astype(np.int64), np.stack([g % 4, (g + 1 + g // 4) % 4], 1).astype(np.int64),
+                      np.full((90, 2), 0.2), np.stack([g % 2 == 0, g % 3 == 0], 1), rng.stream_keys(2, 99, g))
+    return nets, batch, np.array([0.3, 0.5, 0.7, 0.9])
+
+
 @pytest.mark.parametrize("lookahead, hidden2, td_leaf", [(1, 0, False), (2, 0, False), (1, 3, False),
                                                        (2, 3, True)])
 def test_torch_engine_agrees_with_numba(lookahead, hidden2, td_leaf, monkeypatch):
@@ -282,12 +294,7 @@ def test_torch_engine_agrees_with_numba(lookahead, hidden2, td_leaf, monkeypatch
     with ``hidden2`` both engines evaluate and learn a second hidden layer; with
     ``td_leaf`` both learn from the same leaves."""
     params = KnightsParams(max_turns=60, lookahead=lookahead, hidden2=hidden2, td_leaf=td_leaf)
-    nets = game.init_networks(1, np.arange(4), params.inputs, 5, 0.6, hidden2)
-    lam = np.array([0.3, 0.5, 0.7, 0.9])
-    g = np.arange(90)
-    kind = np.stack([np.where(g % 5 == 0, game.KIND_GREEDY, game.KIND_NET), np.where(g % 7 == 0, game.KIND_RANDOM, 0)], 1)
-    batch = GameBatch(kind.astype(np.int64), np.stack([g % 4, (g + 1 + g // 4) % 4], 1).astype(np.int64),
-                      np.full((90, 2), 0.2), np.stack([g % 2 == 0, g % 3 == 0], 1), rng.stream_keys(2, 99, g))
+    nets, batch, lam = _agreement_games(params, hidden2)
     a = engine.run_batch(nets, lam, batch, params=params, base=5, backend=NUMBA)
     b = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
     assert np.array_equal(a.result, b.result) and np.array_equal(a.plies, b.plies)
@@ -301,6 +308,80 @@ def test_torch_engine_agrees_with_numba(lookahead, hidden2, td_leaf, monkeypatch
         monkeypatch.setattr(_torch, "LOOKAHEAD_ELEMENTS", 40 * 40 * 5 * 7)  # blocks of 7 games: the same
         blocks = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
         assert np.array_equal(blocks.plies, b.plies) and np.array_equal(blocks.delta, b.delta)
+
+
+def test_torch_moves_by_factored_exponentials_and_one_each_play_numbas_games(monkeypatch):
+    """Both ways of evaluating the moves (a product of per-piece and per-move
+    exponentials, or an exponential per move where the weights are too large for the
+    product) play the numba engine's games with its sums, and each really ran."""
+    from popplay.games.knights import _torch
+
+    params = KnightsParams(max_turns=60)
+    nets, batch, lam = _agreement_games(params)
+    on_numba = engine.run_batch(nets, lam, batch, params=params, base=5, backend=NUMBA)
+    taken = []
+    columns = _torch.TorchKnightsEngine._move_columns
+
+    def spy(self, w1p, factored):
+        taken.append(factored)
+        return columns(self, w1p, factored)
+
+    monkeypatch.setattr(_torch.TorchKnightsEngine, "_move_columns", spy)
+    factored = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    monkeypatch.setattr(_torch, "_factors_fit", lambda *args: False)
+    direct = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    assert taken == [True, False]
+    for run in (factored, direct):
+        assert np.array_equal(run.result, on_numba.result) and np.array_equal(run.plies, on_numba.plies)
+        np.testing.assert_allclose(run.delta, on_numba.delta, rtol=1e-9, atol=1e-12)
+
+
+def test_factored_move_values_stay_finite_and_exact_up_to_the_bound():
+    """Weights just inside the bound: every factor near the edge of float64, and the
+    moves' output pre-activations still those of one exponential per move."""
+    import torch
+
+    from popplay.games.knights import _torch
+
+    params = KnightsParams()
+    table = params.geometry.table
+    k, hidden, n = params.pieces, 4, 300
+    torch_engine = _torch.TorchKnightsEngine(jumps=table, pieces=k, max_turns=10, device="cpu")
+    gen = np.random.default_rng(3)
+    w1 = gen.choice([-55.0, 55.0], size=(2, params.inputs, hidden)) * gen.uniform(0.9, 1.0, (2, params.inputs, hidden))
+    nets = game.Networks(w1=w1, b1=np.full((2, hidden), 40.0), w2=gen.normal(size=(2, hidden)), b2=np.zeros(2))
+    assert _torch._factors_fit(nets, 2 * k, torch.float64)  # 40 + 12 · 55 = 700 < 707.4
+    assert not _torch._factors_fit(nets._replace(w1=w1 * 1.02), 2 * k, torch.float64)
+    assert not _torch._factors_fit(nets, 2 * k, torch.float32)  # float32's normal range ends at e^±87
+    w1p = torch.cat([torch.as_tensor(w1), torch.zeros(2, 1, hidden, dtype=torch.float64)], dim=1)
+    squares = torch.as_tensor(np.stack([gen.permutation(table.shape[0] - 1)[:2 * k] for _ in range(n)]))
+    own, opp = squares[:, :k].sort(dim=1).values, squares[:, k:].sort(dim=1).values
+    q = torch.as_tensor(gen.integers(0, 2, n))
+    rows = params.inputs + 1
+    z0 = torch_engine._preactivation(w1p.reshape(-1, hidden), torch.as_tensor(nets.b1), q, own, opp, rows)
+    capture = torch.as_tensor(gen.random((n, k * table.shape[1])) < 0.3)
+    middle = torch.zeros(2, hidden, 0, dtype=torch.float64), torch.zeros(2, 0, dtype=torch.float64)
+    values = []
+    for factored in (True, False):
+        tables = [None, None, torch.as_tensor(nets.w2), torch.as_tensor(nets.b2)] + [None] * 6 + list(middle)
+        tables += [None, torch_engine._move_columns(w1p, factored)]
+        values.append(_torch._move_outputs(z0, q, own, capture, tuple(tables)))
+    assert torch.isfinite(values[0]).all()
+    assert (values[0] != values[1]).any()  # really two computations ...
+    torch.testing.assert_close(values[0], values[1], rtol=1e-13, atol=1e-13)  # ... of the same values
+
+
+def test_torch_td_in_chunks_of_plies_sums_what_one_chunk_sums(monkeypatch):
+    from popplay.games.knights import _torch
+
+    params = KnightsParams(max_turns=60)
+    nets, batch, lam = _agreement_games(params)
+    whole = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    monkeypatch.setattr(_torch, "TD_CHUNK_ELEMENTS", 90 * 10 * 3)  # 3 plies a chunk
+    chunks = engine.run_batch(nets, lam, batch, params=params, base=5, backend=TORCH)
+    assert np.array_equal(chunks.result, whole.result) and np.array_equal(chunks.plies, whole.plies)
+    np.testing.assert_allclose(chunks.delta, whole.delta, rtol=1e-12, atol=1e-15)
+    assert np.abs(whole.delta).max() > 1e-3  # there was something to sum
 
 
 def test_float32_torch_engine_plays_the_same_games_within_float32_rounding():

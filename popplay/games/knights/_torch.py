@@ -20,6 +20,7 @@ Benchmark players: random and greedy; the material search runs on the numba engi
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,8 @@ SYNC_EVERY = 8  # plies between the ply loop's checks that a game is still on
 # The two-ply chooser's largest (games, moves, replies, widest layer) block: 2^24 numbers,
 # 128 MiB in float64, so a GPU-sized batch is evaluated in a few blocks, not at once.
 LOOKAHEAD_ELEMENTS = 1 << 24
+# TD(λ) stacks the records of at most 2^24 (ply, game, index) entries at once.
+TD_CHUNK_ELEMENTS = 1 << 24
 
 
 class TorchKnightsEngine:
@@ -70,6 +73,7 @@ class TorchKnightsEngine:
         if not np.isin(kind_np, TORCH_KINDS).all():
             raise ValueError("the torch engine plays networks, random and greedy only; use the numba engine")
         net_side = [bool((kind_np[:, side] == KIND_NET).any()) for side in range(2)]
+        greedy_side = [bool((kind_np[:, side] == KIND_GREEDY).any()) for side in range(2)]
         deep_side = [bool(((kind_np[:, side] == KIND_NET) & (depth[:, side] == 2)).any()) for side in range(2)]
         learn_side = [bool(learn_np[:, side].any()) for side in range(2)]
         kind_t = self._tensor(kind_np, torch.int64)
@@ -115,7 +119,7 @@ class TorchKnightsEngine:
         history: list[list[tuple]] = [[], []]
         learning = any(learn_side)
         tables = (w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t,
-                  self._move_columns(w1p))
+                  self._move_columns(w1p, _factors_fit(nets, 2 * k, self.dtype)))
         plies_done = torch.arange(1, self.max_turns + 1, device=dev)  # as tensors: one graph for every ply
         for ply in range(self.max_turns):
             # The one question a ply loop asks the device, every SYNC_EVERY plies:
@@ -127,32 +131,35 @@ class TorchKnightsEngine:
                 words = _rng.draw(keys_t, mixed[2 * k + ply:2 * k + ply + SYNC_EVERY, None])  # (plies, games)
             side = ply % 2
             pieces, board, active, result, plies, record = self._ply(
-                side, net_side[side], learn_side[side], deep_side[side], td_leaf, plies_done[ply],
+                side, net_side[side], greedy_side[side], learn_side[side], deep_side[side], td_leaf,
+                plies_done[ply],
                 words[ply % SYNC_EVERY], pieces, board, active, result, plies, tables)
             if record is not None:
                 history[side].append(record)
         delta = None
         if learning:
             rest = b1.shape[1] + wm.shape[1] * wm.shape[2] + bm.shape[1] + w2.shape[1] + 1  # b1, wm, bm, w2, b2
-            # The sums are kept transposed, a row per parameter: index_add_ splits its
-            # work over threads by the axis it does not index, so each thread now owns
-            # whole rows. Split by hidden unit, two threads added into the same cache
-            # lines and the pass ran up to 3x slower. Each sum adds in the same order.
-            d_w1 = torch.zeros(hidden, n_nets * rows, dtype=self.dtype, device=dev)
+            # The sums are kept transposed, a row per parameter: the scatters split their
+            # work over threads by the axes they do not index, so each thread owns whole
+            # rows. Split by hidden unit, two threads added into the same cache lines and
+            # the pass ran up to 3x slower. The first layer's sums keep one column per
+            # index slot of a record (the pieces' places), added up once at the end.
+            d_w1 = torch.zeros(hidden, n_nets * rows, 2 * k, dtype=self.dtype, device=dev)
             d_rest = torch.zeros(rest, n_nets, dtype=self.dtype, device=dev)
             for side in range(2):
                 self._td(history[side], side, result, net_t[:, side], lam_t, w2, wm, rows, d_w1, d_rest)
-            d_w1 = d_w1.t().reshape(n_nets, rows, hidden)[:, :inputs].reshape(n_nets, -1)
+            d_w1 = d_w1.sum(dim=-1).t().reshape(n_nets, rows, hidden)[:, :inputs].reshape(n_nets, -1)
             delta = torch.cat([d_w1, d_rest.t()], dim=1).cpu().numpy()
         return result.to(torch.int8).cpu().numpy(), plies.cpu().numpy(), delta
 
-    def _one_ply(self, side: int, net_here: bool, learn_here: bool, deep_here: bool, td_leaf: bool,
-                 ply_done: torch.Tensor, word: torch.Tensor,
+    def _one_ply(self, side: int, net_here: bool, greedy_here: bool, learn_here: bool, deep_here: bool,
+                 td_leaf: bool, ply_done: torch.Tensor, word: torch.Tensor,
                  pieces: torch.Tensor, board: torch.Tensor, active: torch.Tensor, result: torch.Tensor,
                  plies: torch.Tensor, tables: tuple) -> tuple:
         """One ply of every game: the mover (``side``) picks its move, the position and
         results advance; the learner's after-state record when ``learn_here``. Where
-        ``deep_here``, some networks look two plies deep (``deep_t``)."""
+        ``deep_here``, some networks look two plies deep (``deep_t``). The flags say
+        which kinds of player move on this side, as the host knows them."""
         w1flat, b1, w2, b2, kind_t, net_t, eps_t, learn_t, rows, inputs, wm, bm, deep_t, _ = tables
         deep = deep_t[:, side]
         S = self.squares
@@ -168,10 +175,12 @@ class TorchKnightsEngine:
         n_legal = legal.sum(dim=1)
         u = _rules.choice(word)
         random_slot = th.nth_true(legal, _rules.pick(u, n_legal))
-        n_capture = capture.sum(dim=1)
-        greedy_slot = torch.where(n_capture > 0, th.nth_true(capture, _rules.pick(u, n_capture)), random_slot)
         kd = kind_t[:, side]
-        slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
+        slot = random_slot
+        if greedy_here:  # the greedy player's own running count only where one plays
+            n_capture = capture.sum(dim=1)
+            greedy_slot = torch.where(n_capture > 0, th.nth_true(capture, _rules.pick(u, n_capture)), random_slot)
+            slot = torch.where(kd == KIND_GREEDY, greedy_slot, random_slot)
         if net_here:
             is_net = kd == KIND_NET
             q = net_t[:, side]
@@ -307,18 +316,25 @@ class TorchKnightsEngine:
         z0 = self._preactivation(w1flat, b1, q_flat, replier.reshape(-1, k), mover_pieces.reshape(-1, k), rows)
         return reply_origin, rt, legal, takes, _move_outputs(z0.view(*lead, -1), q, replier, takes, tables)
 
-    def _move_columns(self, w1p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _move_columns(self, w1p: torch.Tensor, factored: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """The first-layer columns every move touches, per network and origin square:
         the origin's (networks, squares + 1, hidden), the target's and the taken
         piece's (networks, squares + 1, hidden, jumps); off-board targets read square
         0 (their moves are illegal). With the jumps innermost, a piece's moves are one
         contiguous block: compiled, the after-state pass then runs in vector lanes
-        where gathering a row per move kept it scalar."""
+        where gathering a row per move kept it scalar.
+
+        ``factored``: the target's and the taken piece's columns come as exp(−w) and
+        exp(w), so that a move's exp(−z) is a product of per-piece and per-move
+        factors (:func:`_move_outputs`). The last flag says which."""
         S = self.squares
         targets = self.jumps.clamp(min=0)  # (squares + 1, jumps)
         origins = torch.arange(S + 1, device=w1p.device).clamp(max=S - 1)  # the captured row: never moves
-        return (w1p[:, origins], w1p[:, targets].transpose(-1, -2).contiguous(),
-                w1p[:, S + targets].transpose(-1, -2).contiguous())
+        to = w1p[:, targets].transpose(-1, -2).contiguous()
+        take = w1p[:, S + targets].transpose(-1, -2).contiguous()
+        if factored:
+            return w1p[:, origins], torch.exp(-to), torch.exp(take), True
+        return w1p[:, origins], to, take, False
 
     def _preactivation(self, w1flat, b1, q, own, opp, rows):
         """b1 + the columns of the pieces (own plane, then the opponent's) of network q."""
@@ -330,29 +346,56 @@ class TorchKnightsEngine:
 
     def _td(self, steps, side, result, q, lam_t, w2, wm, rows, d_w1, d_rest):
         """Backward over one side's after-states: c_t = δ_t + λ c_{t+1}, Σ c_t ∇V(s_t)
-        into ``d_w1`` (hidden, networks · rows) and ``d_rest`` (b1, then wm and bm of a
-        second layer, w2, b2; by networks)."""
+        into ``d_w1`` (hidden, networks · rows, indices: one sum per index slot of a
+        record, added up by the caller) and ``d_rest`` (b1, then wm and bm of a second
+        layer, w2, b2; by networks).
+
+        Only the recursion for c runs ply by ply (a few operations on (games,)); the
+        gradients of many plies are one batched pass. A game's gradients of the other
+        parameters are summed over its plies before they are added into its network.
+        The first layer's are scattered from an expanded view, never copied out once
+        per index; on the CPU every sum is in a fixed order, the same on every run and
+        for any number of threads."""
         if not steps:
             return
         hidden = wm.shape[1]
         target = _rules.reward(result, 1 - 2 * side).to(w2.dtype)
         c = torch.zeros_like(target)
         lam = lam_t[q]
-        for records, index, h, h2, v, sign in reversed(steps):  # v: the estimate J (V, or a TD-Leaf value)
-            c = torch.where(records, _rules.lambda_return_error(c, target, v, lam), c)
-            target = torch.where(records, v, target)
-            g_out = torch.where(records, c * sign * v * (1.0 - v), torch.zeros_like(c))
-            if h2 is None:
-                g_h = g_out[:, None] * w2[q] * h * (1.0 - h)
-                parts = [g_h, g_out[:, None] * h, g_out[:, None]]
+        latest_first = steps[::-1]
+        records, v = (torch.stack([step[i] for step in latest_first]) for i in (0, 4))  # (plies, games)
+        weights = []
+        for t in range(len(latest_first)):  # v: the estimate J (V, or a TD-Leaf value)
+            c = torch.where(records[t], _rules.lambda_return_error(c, target, v[t], lam), c)
+            target = torch.where(records[t], v[t], target)
+            weights.append(c)
+        w2q = w2[q]
+        wmq = None if latest_first[0][3] is None else wm[q]
+        per_game = 0
+        # The stacked records of a GPU-sized batch are large: stacked a chunk of plies
+        # at a time.
+        chunk = max(1, TD_CHUNK_ELEMENTS // (q.shape[0] * latest_first[0][1].shape[1]))
+        for start in range(0, len(latest_first), chunk):
+            part = latest_first[start:start + chunk]
+            plies = len(part)
+            index, h, sign = (torch.stack([step[i] for step in part]) for i in (1, 2, 5))
+            c_part, v_part = torch.stack(weights[start:start + chunk]), v[start:start + plies]
+            g_out = torch.where(records[start:start + plies], c_part * sign * v_part * (1.0 - v_part),
+                                torch.zeros_like(c_part))
+            if wmq is None:
+                g_h = g_out[..., None] * w2q * h * (1.0 - h)
+                parts = [g_h, g_out[..., None] * h, g_out[..., None]]
             else:
-                g2 = g_out[:, None] * w2[q] * h2 * (1.0 - h2)
-                g_h = (wm[q] * g2[:, None, :]).sum(dim=-1) * h * (1.0 - h)
-                parts = [g_h, (h[:, :, None] * g2[:, None, :]).flatten(1), g2, g_out[:, None] * h2, g_out[:, None]]
-            d_rest.index_add_(1, q, torch.cat(parts, dim=1).t())
-            flat_rows = (q * rows)[:, None] + index
-            d_w1.index_add_(1, flat_rows.reshape(-1),
-                            g_h.t()[:, :, None].expand(-1, -1, index.shape[1]).reshape(hidden, -1))
+                h2 = torch.stack([step[3] for step in part])
+                g2 = g_out[..., None] * w2q * h2 * (1.0 - h2)
+                g_h = (wmq * g2[..., None, :]).sum(dim=-1) * h * (1.0 - h)
+                parts = [g_h, (h[..., :, None] * g2[..., None, :]).flatten(-2), g2, g_out[..., None] * h2,
+                         g_out[..., None]]
+            per_game = per_game + torch.cat(parts, dim=-1).sum(dim=0)
+            flat_rows = ((q * rows)[:, None] + index).reshape(1, -1, index.shape[-1])  # (1, plies · games, indices)
+            d_w1.scatter_add_(1, flat_rows.expand(hidden, -1, -1),
+                              g_h.reshape(-1, hidden).t()[:, :, None].expand(-1, -1, index.shape[-1]))
+        d_rest.index_add_(1, q, per_game.t())
 
 
 def _output(a1: torch.Tensor, q: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, wm: torch.Tensor,
@@ -376,14 +419,36 @@ def _move_outputs(z0: torch.Tensor, q: torch.Tensor, pieces: torch.Tensor, captu
     its origin, lands on its target, and takes what stands there where ``capture``) by
     networks ``q`` (games,); ``pieces`` (games, ..., k) are the mover's."""
     w2, b2, wm, bm = tables[2], tables[3], tables[10], tables[11]
-    w_from, w_to, w_take = tables[13]
+    w_from, w_to, w_take, factored = tables[13]
     lead, k = pieces.shape[:-1], pieces.shape[-1]
     net = q.view(-1, *(1,) * len(lead))
     jumps = w_to.shape[-1]
-    z = ((z0[..., None, :, None] - w_from[net, pieces][..., None]) + w_to[net, pieces]
-         - capture.view(*lead, k, 1, jumps) * w_take[net, pieces])  # (games, ..., k, hidden, jumps)
-    y = _output(_rules.sigmoid(z).transpose(-1, -2), q, w2, b2, wm, bm)[0]
+    taken = capture.view(*lead, k, 1, jumps)
+    if factored:
+        # exp(−z) = exp(w_from − z0) · exp(−w_to) · exp(w_take if a capture): one
+        # exponential per piece and hidden unit instead of one per move and hidden
+        # unit, the move's two factors precomputed per batch (the exponentials were
+        # most of a compiled ply). Each factor's rounding adds to exp(−z)'s, a few
+        # units in the last place; the factors never leave the dtype's normal range
+        # (_factors_fit), so their product is never 0 · inf.
+        away = torch.exp(w_from[net, pieces] - z0[..., None, :])  # (games, ..., k, hidden)
+        e = away[..., None] * w_to[net, pieces] * torch.where(taken, w_take[net, pieces], 1.0)
+        a1 = 1.0 / (1.0 + e)  # (games, ..., k, hidden, jumps)
+    else:
+        a1 = _rules.sigmoid((z0[..., None, :, None] - w_from[net, pieces][..., None]) + w_to[net, pieces]
+                            - taken * w_take[net, pieces])
+    y = _output(a1.transpose(-1, -2), q, w2, b2, wm, bm)[0]
     return y.reshape(*lead, k * jumps)
+
+
+def _factors_fit(nets: Any, indices: int, dtype: torch.dtype) -> bool:
+    """Whether every factor of :func:`_move_outputs`' product stays a normal number of
+    ``dtype``: a first-layer pre-activation adds b1 to at most ``indices`` columns of
+    w1, a move's factors one column each more, so |b1| + (indices + 2)·|w1| bounds
+    every exponent. Learning weights this large is rare; past it the moves are
+    evaluated one exponential each, as before."""
+    bound = float(np.abs(nets.b1).max(initial=0.0)) + (indices + 2) * float(np.abs(nets.w1).max(initial=0.0))
+    return bound < -math.log(torch.finfo(dtype).tiny) - 1.0
 
 
 def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
