@@ -83,6 +83,25 @@ def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tens
     return lanes[:capacity], valid, count > capacity
 
 
+class Rooms:
+    """Empty int8 tensors whose length is a step's room for packed lanes
+    (:func:`compact`'s capacity): a size a compiled step takes as an input. From length
+    2 on it is marked dynamic, so one compiled step serves every room; passed as a
+    Python int, each new room would build the step again (seconds each on a CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._held: dict[int, torch.Tensor] = {}
+
+    def __call__(self, size: int) -> torch.Tensor:
+        room = self._held.get(size)
+        if room is None:
+            room = self._held[size] = torch.empty(size, dtype=torch.int8, device=self.device)
+            if size > 1:  # dynamo specialises sizes 0 and 1
+                torch._dynamo.maybe_mark_dynamic(room, 0)
+        return room
+
+
 def nth_true(mask: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
     """Along the last axis, the index of the ``rank``-th (from 0) True of ``mask``; 0
     where there are not that many. Counted, not searched: the number of slots whose

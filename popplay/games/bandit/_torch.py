@@ -89,6 +89,7 @@ class TorchBanditEngine:
         # Agents needing a scan at each step of the last phase (see ``_scan_slots``).
         self._scan_history: list[int] = []
         self._compile = compile
+        self._room = th.Rooms(self.device)
         self._slot_numbers = torch.arange(1, arms + 1, device=self.device)[:, None, None]
         self._slot_numbers_u8 = self._slot_numbers[:255].to(torch.uint8)
         # arm numbers in slots, and the unused slots' ``arms``, in the smallest integers that hold them
@@ -212,7 +213,8 @@ class TorchBanditEngine:
                        shared.expand(by_arm).contiguous() if direct
                        else torch.zeros(slots_shape, dtype=q.dtype, device=dev),
                        torch.zeros((trials, agents), dtype=torch.int64, device=dev))
-            greedy = _Greedy(*(x.expand(trials, agents) for x in _top2(shared)),
+            # contiguous, as every later step's cache is: one compiled step for both
+            greedy = _Greedy(*(x.expand(trials, agents).contiguous() for x in _top2(shared)),
                              torch.zeros((trials, agents), dtype=torch.bool, device=dev))
         for s in range(n_steps):
             if s % self.choice_block == 0:
@@ -229,7 +231,7 @@ class TorchBanditEngine:
                                                     noise)
                 continue
             own, greedy, scanned, fell_over = self._cached(own, greedy, q, trial_tables, u_choice, explore, noise,
-                                                           slots[s])
+                                                           None if slots[s] is None else self._room(slots[s]))
             scans.append(scanned)
             overflow |= fell_over
         if self.ranks_every_step:  # no scans to count: every agent ranks at every step
@@ -257,12 +259,13 @@ class TorchBanditEngine:
 
     def _cached_step(self, own: "_Own", greedy: "_Greedy", q: torch.Tensor, trial_tables: torch.Tensor,
                      u_choice: torch.Tensor, explore: torch.Tensor, noise: torch.Tensor,
-                     slots: int | None) -> tuple[Any, ...]:
+                     room: torch.Tensor | None) -> tuple[Any, ...]:
         """One step of every agent that keeps a greedy cache (:class:`_Greedy`) and its
         own estimates of the arms it pulled (:class:`_Own`). An agent scans all its
         arms only when the cache is stale, or when it acts greedily and its arms may
-        tie; at most ``slots`` agents (None: all) scan. Returns the new estimates and
-        cache, how many agents wanted a scan and whether that was more than ``slots``."""
+        tie; at most ``room``'s length of agents (None: all) scan. Returns the new
+        estimates and cache, how many agents wanted a scan and whether that was more
+        than the room."""
         arms = self.shape[2]
         best_arm, best, second, stale = greedy
         scan = stale | (~explore & ~(best > second))
@@ -270,14 +273,14 @@ class TorchBanditEngine:
         # A scan rebuilds a cache exactly, which is as good as the cache it replaces,
         # and where the agent needed none its pick is its one leader (or it explores):
         # so the scans' results are written without asking which agents wanted them.
-        if slots is None:
+        if room is None:
             best_arm, best, second, greedy_arm = (x.view(scan.shape) for x in _top2_pick(
                 self._agent_values(q, own, None), u_choice.reshape(-1)))
             fell_over = torch.zeros((), dtype=torch.bool, device=scan.device)
         else:
             # The slots past the last scanning agent hold lane 0: agent 0 is scanned
             # again, which is harmless by the above.
-            lanes, _, fell_over = th.compact(scan, slots)
+            lanes, _, fell_over = th.compact(scan, room.shape[0])
             new_arm, new_best, new_second, pick = _top2_pick(self._agent_values(q, own, lanes),
                                                              th.flat_take(u_choice, lanes))
             best_arm, best, second = (_put_lanes(old, lanes, new) for old, new in

@@ -77,7 +77,7 @@ class TorchCartPoleEngine:
         # different phases need about as many (measured), and a step's slots are planned
         # from them.
         self._needs: list[list[int]] = []
-        self._rooms: dict[int, torch.Tensor] = {}
+        self._room = th.Rooms(self.device)
 
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
@@ -156,16 +156,6 @@ class TorchCartPoleEngine:
         result = (q_end.reshape(table_shape), e_end.reshape(table_shape), w_end.reshape(table_shape), cart_end,
                   state.a.reshape(shape), state.failures.reshape(shape))
         return result, counts, state.overflow
-
-    def _room(self, slots: int) -> torch.Tensor:
-        """A tensor of length ``slots``: a step's room for passes, as a size the
-        compiled step may take without being built again."""
-        room = self._rooms.get(slots)
-        if room is None:
-            room = self._rooms[slots] = torch.empty(slots, dtype=torch.int8, device=self.device)
-            if slots > 1:  # one compiled step for every slot count (dynamo specialises sizes 0 and 1)
-                torch._dynamo.maybe_mark_dynamic(room, 0)
-        return room
 
     def _learning_step(self, state: _Step, words: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
                        epsilon: torch.Tensor, room: torch.Tensor) -> _Step:
