@@ -6,11 +6,13 @@ every after-state of every game is evaluated in one batched step (the incrementa
 pre-activations of the numba engine, gathered per game's network); the chosen moves
 are applied with scatters. Finished games stay in the batch, masked. The learners'
 after-states are kept per ply and TD(λ) runs backwards over them at the end (the
-forward view, as in the numba engine), accumulating ∇V by ``index_add_`` per network.
+forward view, as in the numba engine), the gradients of all plies in one batched
+pass, scattered into sums per network.
 
 It draws the same words and lists moves in the same order as the numba engine, so
 games agree exactly unless two after-state values differ only in the last bits
-(library ``exp`` and summation order differ between the engines).
+(library ``exp``, the factored exponentials of :func:`_move_outputs` and summation
+order differ between the engines).
 
 With ``lookahead=2`` every move's score is the numba engine's minimax over V: all
 replies of every move of every game are evaluated at once, (games, moves, replies,
