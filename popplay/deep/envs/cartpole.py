@@ -36,8 +36,6 @@ def _loaded(kernel: Any, *no_rows: Any) -> Any:
     return kernel
 
 
-
-
 def _observation_space() -> spaces.Box:
     # Twice the failure limits, as gymnasium does, so a failing observation stays inside.
     high = np.array([PHYSICS.track_limit * 2, np.inf, PHYSICS.angle_limit * 2, np.inf], dtype=np.float32)
