@@ -117,7 +117,9 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
     runs = {
         "td3": _start(jobs, ["--workflow", "multi-learner", "--learners", "2", "--actors", "3", "--env-steps", "600",
                        *small, "--out", str(tmp_path / "td3.h5")], agent="td3"),
-        "ddpg": _start(jobs, ["--workflow", "master-learner", "--learners", "2", "--actors", "1", "--env-steps", "600",
+        # One actor, two episodes, three learners: learner 0 hands them to learners 1 and
+        # 2 before keeping any, so it never holds replay and must still take part.
+        "ddpg": _start(jobs, ["--workflow", "master-learner", "--learners", "3", "--actors", "1", "--env-steps", "400",
                         "--per", *small, "--out", str(tmp_path / "ddpg.h5")], agent="ddpg"),
         "central": _start(jobs, ["--workflow", "central-inference", "--actors", "2", "--env-steps", "800", *small,
                            "--out", str(tmp_path / "central.h5")], agent="td3"),
@@ -132,23 +134,24 @@ def test_replay_learners_through_real_processes(jobs, tmp_path: Path) -> None:
     assert central["updates"] == 800
     # Per step: each actor sends (2 obs + 5) float32, rank 0 sends back [flag, action] float64.
     assert central["topology_bytes"] >= 800 * ((2 * 3 + 5) * 4 + 16)
-    for name, ranks, steps in (("td3", 5, 600), ("ddpg", 3, 600)):
+    for name, ranks, learners, steps in (("td3", 5, 2, 600), ("ddpg", 4, 3, 400)):
         run = summaries[name]
         assert run["ranks"] == ranks and run["env_steps"] == steps and run["episodes"] == steps // 200
         assert run["topology_produced"] == run["topology_reads"] == run["episodes"]
         assert run["topology_produced_checksum"] == run["topology_reads_checksum"]
         assert run["topology_learners_identical"] == 1
         reads = [int(v) for v in run["topology_reads_by_learner"].split(",")]
-        # Both learners report; which one reads an episode is timing (an idle learner takes
-        # trajectories of another's actors, and DDPG's one actor belongs to learner 1), so
-        # with three episodes one may read them all (it did, once, under CI's load). That
-        # both trained is the identical networks above and the updates below.
-        assert len(reads) == 2 and sum(reads) == run["episodes"]
+        # Every learner reports; which one reads an episode is timing (an idle learner takes
+        # trajectories of another's actors), so with three episodes one TD3 learner may
+        # read them all (it did under CI's load). The others then hold no replay and take
+        # part in each step with weight 0: the identical networks above, the updates below.
+        assert len(reads) == learners and sum(reads) == run["episodes"]
+        assert name != "ddpg" or reads == [0, 1, 1]
         # One update per env-step once 200 were stored, the round that crossed that
         # included (its first episode is 200 steps): every step was paid for.
         assert run["updates"] == steps
     counters = load_run(tmp_path / "ddpg.h5").state_counters
-    assert counters["received"] == 600 and counters["updates"] == summaries["ddpg"]["updates"]
+    assert counters["received"] == 400 and counters["updates"] == summaries["ddpg"]["updates"]
     from popplay.cli.main import main
 
     assert main(["evaluate", str(tmp_path / "td3.h5"), "--episodes", "1", "--json"]) == 0

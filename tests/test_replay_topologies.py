@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from popplay.deep import envs
-from popplay.deep.agents.replay import rows_batch
+from popplay.deep.agents.replay import episode_rows, rows_batch
 from popplay.deep.envs.rollout import Episodes, play_episodes
 from popplay.deep.topologies import wire
 from popplay.deep.topologies.dqn import DQNParams
@@ -76,8 +76,8 @@ def test_dqn_averages_its_gradients_through_the_hook() -> None:
     plain, _ = _learner(params)
     hooked, _ = _learner(params)
     zeroed, _ = _learner(params)
-    hooked.average_gradients(lambda g: g.clone())
-    zeroed.average_gradients(torch.zeros_like)
+    hooked.average_gradients(lambda g, weight: g.clone())
+    zeroed.average_gradients(lambda g, weight: torch.zeros_like(g))
     before = torch.cat([p.detach().clone().reshape(-1) for p in zeroed.policy.parameters()])
     env = envs.make_vector("CartPole-v1", 1)
     played = play_episodes(env, lambda obs: np.zeros(obs.shape[0], np.int64), [1])
@@ -89,6 +89,39 @@ def test_dqn_averages_its_gradients_through_the_hook() -> None:
     flat = [torch.cat([p.detach().reshape(-1) for p in a.policy.parameters()]) for a in (plain, hooked, zeroed)]
     assert torch.equal(flat[0], flat[1]) and not torch.equal(flat[0], before)
     assert torch.equal(flat[2], before)
+
+
+@pytest.mark.parametrize("params", [
+    DQNParams(hidden=(8,), batch_size=4, learning_starts=0),
+    DDPGParams(env="Pendulum-v1", hidden=(8,), batch_size=4, learning_starts=0),
+    TD3Params(env="Pendulum-v1", hidden=(8,), batch_size=4, learning_starts=0, per=True),
+], ids=["dqn", "ddpg", "td3-per"])
+def test_a_learner_without_replay_steps_with_its_peers_at_weight_zero(params: object) -> None:
+    """A data-parallel learner whose peers have read every trajectory so far runs the
+    updates owed with them: each step hands a blank batch's gradient to the mean with
+    weight 0 and moves along its peers' mean; its replay stays empty and its loss NaN.
+    Once it holds replay, its steps weigh 1."""
+    agent, info = _learner(params)
+    weights: list[float] = []
+
+    def peers_mean(gradient: torch.Tensor, weight: float) -> torch.Tensor:
+        weights.append(weight)
+        return torch.full_like(gradient, 0.01)
+
+    agent.average_gradients(peers_mean)
+    before = [p.detach().clone() for p in agent.policy.parameters()]
+    agent.update_credit = 3.0
+    assert agent.train() == 3 and agent.updates == 3
+    assert weights and set(weights) == {0.0}
+    assert len(agent.replay) == 0 and np.isnan(agent.last_loss)
+    assert all(not torch.equal(b, p) for b, p in zip(before, agent.policy.parameters()))
+    weights.clear()
+    env = envs.make_vector(params.env, 1)
+    played = play_episodes(env, agent.explorer(agent.policy, torch.Generator().manual_seed(0)), [1])
+    env.close()
+    agent.receive(rows_batch(episode_rows(played), info.obs_dim, info.discrete))
+    agent.train(2)
+    assert weights and set(weights) == {1.0} and np.isfinite(agent.last_loss)
 
 
 def test_reinforce_learns_alone_exactly_as_its_server_updates() -> None:

@@ -153,6 +153,8 @@ class ContinuousLearner(UpdateCredit):
         self.received = 0
         self.update_credit = 0.0
         self.last_loss = float("nan")
+        self.data_parallel = False  # set by average_gradients
+        self.blank_step = False  # an update on a blank batch is under way
 
     #: A replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`).
     on_policy = False
@@ -175,15 +177,15 @@ class ContinuousLearner(UpdateCredit):
     def explorer(self, policy: nn.Module, generator: torch.Generator) -> GaussianExplorer:
         return GaussianExplorer(policy, self.config.exploration_noise, generator)
 
-    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Before every optimiser step, replace the gradients by ``reduce`` of them (all
-        of a step's parameters in one flat vector): data-parallel learners pass the mean
-        over the learners."""
+    def average_gradients(self, reduce: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
+        """Before every optimiser step, replace the gradients by ``reduce(flat, weight)``
+        (all of a step's parameters in one flat vector; weight 0 on a blank batch, see
+        :meth:`update`): data-parallel learners pass the weighted mean over the learners."""
 
         def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             params = [q for g in optimizer.param_groups for q in g["params"]]
             flat = reduce(torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1)
-                                     for q in params]))
+                                     for q in params]), 0.0 if self.blank_step else 1.0)
             offset = 0
             for q in params:
                 q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
@@ -191,6 +193,7 @@ class ContinuousLearner(UpdateCredit):
 
         for optimizer in self.optimizers().values():
             optimizer.register_step_pre_hook(hook)
+        self.data_parallel = True
 
     def networks(self) -> nn.Module:
         """Every network, targets included (for checksums of the learners' copies)."""
@@ -227,7 +230,16 @@ class ContinuousLearner(UpdateCredit):
         return True
 
     def update(self) -> float:
-        """One update on a replay minibatch (prioritised: weighted, then re-prioritised)."""
+        """One update on a replay minibatch (prioritised: weighted, then re-prioritised).
+        A data-parallel learner whose replay is still empty takes part in its peers' step
+        on a blank batch, whose gradient the mean over the learners weighs 0."""
+        if self.data_parallel and len(self.replay) == 0:
+            self.blank_step = True
+            try:
+                self.learn(self.replay.blank(self.config.batch_size), None)
+            finally:
+                self.blank_step = False
+            return self.last_loss
         if isinstance(self.replay, PrioritizedReplay):
             draw = self.replay.sample_prioritized(self.config.batch_size, self.sampler)
             stats = self.learn(draw.batch, draw.weights)

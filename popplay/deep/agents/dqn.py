@@ -112,7 +112,7 @@ class DoubleDQN(UpdateCredit):
     update_credit: float = 0.0  # updates owed (update_ratio per transition), not yet done
     _last_loss: float = field(default=float("nan"), init=False)
     _last_errors: torch.Tensor | None = field(default=None, init=False, repr=False)  # the latest update's, for last_loss
-    _reduce: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, init=False, repr=False)
+    _reduce: Callable[[torch.Tensor, float], torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     #: A replay agent (:class:`popplay.deep.agents.protocol.ReplayAgent`) with action indices.
     on_policy = False
@@ -156,9 +156,10 @@ class DoubleDQN(UpdateCredit):
         q = self.q_values if policy is self.online else FlatMLP(policy).forward
         return EpsilonGreedy(q, self.actions, generator)
 
-    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Step along ``reduce`` of every update's gradient (before clipping):
-        data-parallel learners pass the mean over the learners."""
+    def average_gradients(self, reduce: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
+        """Step along ``reduce(gradient, weight)`` of every update (before clipping; weight
+        0 on a blank batch, see :meth:`update`): data-parallel learners pass the weighted
+        mean over the learners."""
         self._reduce = reduce
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
@@ -169,18 +170,22 @@ class DoubleDQN(UpdateCredit):
     def update(self) -> None:
         """One gradient step on a uniform minibatch (:func:`double_dqn_gradient`,
         clipped to ``max_grad_norm``, then Adam); refreshes the target when due. The
-        loss itself is only computed when :attr:`last_loss` is read."""
+        loss itself is only computed when :attr:`last_loss` is read. A data-parallel
+        learner whose replay is still empty takes part in its peers' step on a blank
+        batch, whose gradient the mean over the learners weighs 0."""
         config = self.config
-        batch = self.replay.sample(config.batch_size, self.sampler)
+        blank = self._reduce is not None and len(self.replay) == 0
+        batch = self.replay.blank(config.batch_size) if blank else self.replay.sample(config.batch_size, self.sampler)
         grad, errors = double_dqn_gradient(batch, self._online, self._target, config.gamma)
         if self._reduce is not None:
-            grad.copy_(self._reduce(grad))
+            grad.copy_(self._reduce(grad, 0.0 if blank else 1.0))
         clip_norm_(grad, config.max_grad_norm)
         self.adam.step(grad, learning_rate(self.updates, config))
         self.updates += 1
         if self.updates % config.target_every == 0:
             self._target.vector.copy_(self._online.vector)
-        self._last_errors = errors
+        if not blank:
+            self._last_errors = errors
 
     @property
     def last_loss(self) -> float:

@@ -65,9 +65,10 @@ class ReplayAgent(Protocol):
 
     def update(self) -> Any: ...
 
-    def average_gradients(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """From now on, every gradient step uses ``reduce`` of its flat gradient
-        (data-parallel learners: the mean over the learners)."""
+    def average_gradients(self, reduce: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
+        """From now on, every gradient step uses ``reduce(flat gradient, weight)``
+        (data-parallel learners: the weighted mean over the learners). The weight is 1,
+        or 0 where the learner holds no replay yet and steps on a blank batch."""
         ...
 
 

@@ -69,6 +69,15 @@ class ReplayBuffer:
         idx = torch.randint(self.size, (batch_size,), generator=generator).to(self.device)
         return Batch(self.obs[idx], self.action[idx], self.reward[idx], self.next_obs[idx], self.terminated[idx])
 
+    def blank(self, batch_size: int) -> Batch:
+        """``batch_size`` all-zero transitions of the stored shapes: what a data-parallel
+        learner with no replay yet takes its (zero-weighted) part of a step on."""
+        def zeros(like: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(batch_size, *like.shape[1:], dtype=like.dtype, device=self.device)
+
+        return Batch(zeros(self.obs), zeros(self.action), zeros(self.reward), zeros(self.next_obs),
+                     zeros(self.terminated))
+
     def ordered(self) -> Batch:
         """Every stored transition, oldest first."""
         if self.size < self.capacity:

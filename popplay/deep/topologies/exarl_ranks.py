@@ -461,10 +461,10 @@ class Peers:
     def __init__(self, dist: Any, group: Any, tally: Any) -> None:
         self.dist, self.group, self.tally = dist, group, tally
 
-    def mean(self, values: torch.Tensor, weight: float) -> torch.Tensor:
+    def mean(self, values: torch.Tensor, weight: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The mean of ``values`` over the learners, each weighted by its ``weight``
-        (float64 sums; the learners' total weight must be positive)."""
-        vec = torch.cat([values.reshape(-1).double() * weight, torch.tensor([float(weight)], dtype=torch.float64)])
+        (sums in ``dtype``; the learners' total weight must be positive)."""
+        vec = torch.cat([values.reshape(-1).to(dtype) * weight, torch.tensor([float(weight)], dtype=dtype)])
         guarded(self.dist, "all-reduce of the gradients",
                lambda: c10d.all_reduce(vec, op=c10d.ReduceOp.SUM, group=self.group))
         self.tally.bytes += _nbytes(vec)
@@ -482,8 +482,8 @@ class _Alone:
     """:class:`Peers` for a learner with no peers (central-inference's one model)."""
 
     @staticmethod
-    def mean(values: torch.Tensor, weight: float) -> torch.Tensor:
-        return values.double()
+    def mean(values: torch.Tensor, weight: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return values.to(dtype)
 
     @staticmethod
     def max(value: int) -> int:
@@ -682,12 +682,13 @@ class Learners:
                 agent.received += steps
         elif not vec[-1] > 0:
             # The credit follows the steps all learners stored, so every learner owes the
-            # same updates; they start once each holds some replay (a mean over fewer
-            # learners would need a count in every step's all-reduce).
+            # same updates. They pay them once any learner holds replay: one that holds
+            # none yet (its peers read every trajectory so far) takes part with weight 0,
+            # or a short run could end with the credit never paid.
             agent.received += steps
             if agent.received >= agent.config.learning_starts:
                 agent.update_credit += agent.config.update_ratio * steps
-            if int(vec[2]) == L:
+            if vec[2] > 0:
                 self._average_gradients(agent)
                 agent.train()
         self.bitmap &= ~(vec[at + 2 * L:at + 2 * L + A].numpy() > 0)
@@ -698,19 +699,15 @@ class Learners:
 
     def _average_gradients(self, agent: Any) -> None:
         """Make every optimiser step of ``agent`` step along the mean gradient over the
-        learners (one all-reduce of its parameters' gradients before each step), as
-        data-parallel training does: the learners run the same number of steps in the
-        same order, so their networks stay identical while each samples its own replay."""
+        learners (one all-reduce of its parameters' gradients and weight before each
+        step), as data-parallel training does: the learners run the same number of steps
+        in the same order, so their networks stay identical while each samples its own
+        replay (a learner with none yet adds a blank batch's gradient with weight 0)."""
         if self._averaging is agent:
             return
 
-        dist, group, L = self.dist, self.group, self.L
-
-        def mean(flat: torch.Tensor) -> torch.Tensor:
-            guarded(dist, "all-reduce of the gradients",
-                   lambda: c10d.all_reduce(flat, op=c10d.ReduceOp.SUM, group=group))
-            self.tally.bytes += _nbytes(flat)
-            return flat / L
+        def mean(flat: torch.Tensor, weight: float) -> torch.Tensor:
+            return self.peers.mean(flat, weight, flat.dtype)
 
         agent.average_gradients(mean)
         self._averaging = agent
