@@ -94,7 +94,7 @@ def test_learner_receives_exactly_what_the_simulators_produced(jobs, tmp_path: P
         seen: set[str] = set()
         if "slow_simulator" in extra:
             roles = {"learner", "simulator 1", "simulator 2"}
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 90  # three ranks start and import torch
             # Wait for all three: each rank names itself once it has started, in no set order.
             while process.poll() is None and time.monotonic() < deadline and not roles <= seen:
                 seen |= _comms()
@@ -142,7 +142,7 @@ def test_a_killed_simulator_ends_the_job_with_one_line(jobs, tmp_path: Path) -> 
     process = jobs.start(["train", "dqn", "--topology", "collective", "--simulators", "2", "--episodes", "100000",
                         "--out", str(out), "--checkpoint-every", "2", *TINY],
                        hooks={"slow_simulator": 0.02})
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 90  # the launcher and three ranks start up first
     victim = None
     while victim is None and time.monotonic() < deadline and process.poll() is None:
         for entry in Path("/proc").iterdir():

@@ -477,6 +477,10 @@ def run_learner(ctx: Context) -> int:
         if time.monotonic() - last_save > 0.5:
             save()
             last_save = time.monotonic()
+    # A send returns once gloo holds the gradient, not once its shard has applied it, and
+    # a shard saves and ends as soon as every client is finished. Each shard answers a
+    # client's messages in order, so its reply to one more pull means it applied them all.
+    _pull(ctx, flat)
     save()
     if store_wide is not None:
         store_wide.close(pending)
