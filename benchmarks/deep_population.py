@@ -141,6 +141,14 @@ VARIANTS = {
     # PBT's t-test exploit, from the end of ε's fall (5,000 updates at 0.25 per env-step) on.
     "PBT significant, after 20k": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
                                    "--replicate-when", "significant", "--replicate-after", "20000"],
+    # PBT whose copies are whole clones: the parent's replay memory too, so a copied
+    # network goes on learning from the experience it was learning from.
+    "PBT, replay copied": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
+                           "--copy-replay"],
+    # Fewer, rarer and better-founded replacements: two members every 20,000 env-steps,
+    # ranked over 50 episodes, copied whole.
+    "PBT, gentle": ["--replicate-every", "20000", "--replicate-fraction", "0.125", "--window", "50",
+                    "--copy-replay"],
     "sharing": ["--share-every", "5000"],
     # PBT ranked by 5 greedy episodes per member at each step (their env-steps reported apart)
     "PBT greedy-ranked": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--rank-by", "greedy",

@@ -188,7 +188,7 @@ def test_gorila_takes_the_pipeline_s_seeds_time_budget_and_log_dir(tmp_path) -> 
     assert first.config["time_budget"] == 2.0
     # The new budget counts from the time learned so far, which a loaded machine's
     # shutdown can stretch past 2 s: two seconds more than that, whatever it was.
-    budget = float(first.attrs["learning_seconds"]) + 2.0
-    resumed = _popplay("train", "gorila", "--resume", str(runs[0]), "--time-budget", f"{budget:.3f}")
+    budget = round(float(first.attrs["learning_seconds"]) + 2.0, 3)
+    resumed = _popplay("train", "gorila", "--resume", str(runs[0]), "--time-budget", str(budget))
     assert resumed["complete"] and resumed["env_steps"] > both["runs"][0]["env_steps"]
     assert budget <= load_run(runs[0]).attrs["learning_seconds"] < budget + 6.0
