@@ -25,7 +25,8 @@ copies only a clearly better parent and starts once ε has fallen), and experien
 sharing, each ``--steps`` env-steps per member, per seed. Reported: the best member's greedy mean return over
 100 episodes at the end, and the total env-steps at which the best member's training
 mean (last 10 episodes, ε-greedy) first reached ``--threshold`` (default: the
-environment's own ``reward_threshold``: 475 for CartPole-v1, −100 for Acrobot-v1).
+environment's own ``reward_threshold``: 475 for CartPole-v1, −100 for Acrobot-v1,
+200 for LunarLander-v3, which needs ``pip install -e ".[box2d]"``).
 
 ``reach``: the issue's measure of "reaches a 100-episode greedy mean of 475": the same
 16 samples and variants, learned in chunks of ``--check-every`` env-steps per member
