@@ -68,6 +68,32 @@ def test_torch_noise_drawn_in_blocks_that_end_inside_a_phase_is_the_same(monkeyp
         assert np.array_equal(q, np.array(q_ref)) and np.array_equal(n, np.array(n_ref))
 
 
+def test_torch_each_run_draws_its_own_noise(monkeypatch):
+    """A run's noise block is kept across its phases, not across runs: a second run
+    on the same engine draws its noise again (and learns the same tables), so that
+    timing whole runs on one engine times their noise too."""
+    from popplay.games.bandit import _torch
+
+    draws = []
+    bounded = _torch._bounded_reward_noise
+
+    def counting(keys, counters, words):
+        draws.append(counters.shape[0])
+        return bounded(keys, counters, words)
+
+    monkeypatch.setattr(_torch, "_bounded_reward_noise", counting)
+    params = BanditParams(arms=30, agents=5, trials=3, steps_per_agent=12, share_every=6, epsilon=0.2, seed=11)
+    experiment = BanditExperiment(params, TORCH)
+    tables = []
+    for _ in range(2):
+        state = experiment.initial_state()
+        for _ in range(2):
+            state = experiment.phase(state, time_left=None)
+        tables.append((np.asarray(state.q).copy(), np.asarray(state.n).copy()))
+    assert draws == [12, 12]  # one block of the run's 12 steps, once per run
+    assert all(np.array_equal(a, b) for a, b in zip(*tables))
+
+
 def _torch_scans(monkeypatch, margin: int = 1) -> list[int]:
     """Make the torch engine keep its greedy cache at any number of arms, with scan
     slots of ``margin`` beyond what the last phase needed; returns the slot counts

@@ -122,6 +122,9 @@ def test_torch_slots_follow_the_same_steps_of_the_last_two_phases():
     assert plan == [min(_torch._slots_for(max(a, b)), 1024) for a, b in zip(*needs[1:])]
     assert len(set(plan)) > 1 and max(plan) < 1024  # steps get different room, all fewer than the lanes
     assert engine.plan(66, 1024)[64:] == [min(_torch._slots_for(max(max(n) for n in needs[1:])), 1024)] * 2
+    # a new run on the same engine plans as a run in a process of its own would
+    ex.initial_state()
+    assert engine.plan(3, 1024) == [128] * 3
 
 
 def test_per_agent_parameters_equal_the_reference_exactly():

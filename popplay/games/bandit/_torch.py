@@ -122,6 +122,14 @@ class TorchBanditEngine:
             self.bias = _rules.arm_bias(_rng.draw(static, _rng.mix_counter(counters)),
                                         bias_scale).permute(2, 0, 1).contiguous()
 
+    def start_run(self) -> None:
+        """Forget what an earlier run left: its noise block and its scan plans. A run
+        draws its own noise, as it would in a process of its own; a benchmark that
+        times whole runs on one engine would otherwise time the later runs without
+        their noise."""
+        self._noise = None
+        self._scan_history = []
+
     def phase(self, q: torch.Tensor, n: torch.Tensor, first_step: int,
               n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Learn ``n_steps`` steps from the shared tables ``q, n``; return the next shares.

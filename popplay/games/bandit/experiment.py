@@ -85,6 +85,8 @@ class BanditExperiment:
     # -- the runner's interface -------------------------------------------------
 
     def initial_state(self) -> BanditState:
+        if self.backend.name == "torch":
+            self._torch.start_run()
         return game.initial_state(self.params)
 
     def warmup(self) -> None:

@@ -79,6 +79,11 @@ class TorchCartPoleEngine:
         self._needs: list[list[int]] = []
         self._room = th.Rooms(self.device)
 
+    def start_run(self) -> None:
+        """Forget an earlier run's slot plans: a run plans its first phases as it would
+        in a process of its own."""
+        self._needs = []
+
     def tensor(self, array: Any) -> torch.Tensor:
         return torch.as_tensor(array, device=self.device)
 

@@ -122,6 +122,8 @@ class CartPoleExperiment:
     # -- the runner's interface -------------------------------------------------
 
     def initial_state(self) -> CartPoleState:
+        if self._torch is not None:
+            self._torch.start_run()
         return self._to_backend(game.initial_state(self.params, self._keys))
 
     def warmup(self) -> None:
