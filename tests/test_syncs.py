@@ -191,6 +191,19 @@ def test_bounded_normal_equals_the_exact_one(xp) -> None:
                                            rounds=1)[1])
 
 
+@pytest.mark.parametrize("size, density, capacity", [(0, 0.5, 4), (1, 1.0, 1), (37, 0.3, 8), (37, 0.3, 64),
+                                                     (5000, 0.015, 100), (5000, 0.5, 100), (5000, 0.0, 16)])
+def test_packing_by_library_equals_packing_by_count(size, density, capacity) -> None:
+    """Eager on a CPU, ``th.compact`` packs with ``nonzero_static``; compiled and on
+    GPUs with a running count. Same lanes, the same unused slots (lane 0), the same
+    valid slots and overflow, whether the true lanes fit or not."""
+    mask = torch.rand(size, generator=torch.Generator().manual_seed(size)) < density
+    by_library, by_count = th._compact_by_library(mask, capacity), th._compact_by_count(mask, capacity)
+    for got, expected in zip(by_library, by_count):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert bool(by_count[2]) == (int(mask.sum()) > capacity)
+
+
 def test_bounded_normal_never_waits() -> None:
     r = rng.make_rng(th)
     key = torch.arange(5000, dtype=torch.int64)

@@ -74,12 +74,28 @@ def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tens
     marks the slots in use (the others hold lane 0) and ``overflow`` (0-d) says some
     true lanes did not fit."""
     flat = mask.reshape(-1)
+    if flat.device.type == "cpu" and not torch.compiler.is_compiling():
+        # Eager on a CPU one library pass finds the lanes, about 10x faster than the
+        # running count on a large mask (a block of reward noise). Compiled steps and
+        # GPUs keep the running count, whose graphs and sync-free queues their tests
+        # check; a test holds the two to the same answers.
+        return _compact_by_library(flat, capacity)
+    return _compact_by_count(flat, capacity)
+
+
+def _compact_by_library(flat: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lanes = torch.nonzero_static(flat, size=capacity, fill_value=0)[:, 0]
+    count = flat.sum()
+    return lanes, torch.arange(capacity, device=flat.device) < count, count > capacity
+
+
+def _compact_by_count(flat: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rank = flat.cumsum(0) - 1
     slot = torch.where(flat & (rank < capacity), rank, capacity)  # the rest share a spare slot
-    lanes = torch.zeros(capacity + 1, dtype=torch.int64, device=mask.device)
-    lanes.scatter_(0, slot, torch.arange(flat.numel(), device=mask.device))
-    count = rank[-1] + 1 if flat.numel() else torch.zeros((), dtype=torch.int64, device=mask.device)
-    valid = torch.arange(capacity, device=mask.device) < count
+    lanes = torch.zeros(capacity + 1, dtype=torch.int64, device=flat.device)
+    lanes.scatter_(0, slot, torch.arange(flat.numel(), device=flat.device))
+    count = rank[-1] + 1 if flat.numel() else torch.zeros((), dtype=torch.int64, device=flat.device)
+    valid = torch.arange(capacity, device=flat.device) < count
     return lanes[:capacity], valid, count > capacity
 
 
