@@ -75,7 +75,7 @@ def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tens
     true lanes did not fit."""
     flat = mask.reshape(-1)
     if flat.device.type == "cpu" and not torch.compiler.is_compiling():
-        # Eager on a CPU one library pass finds the lanes, about 10x faster than the
+        # Eager on a CPU one library pass finds the lanes, about 9x faster than the
         # running count on a large mask (a block of reward noise). Compiled steps and
         # GPUs keep the running count, whose graphs and sync-free queues their tests
         # check; a test holds the two to the same answers.
