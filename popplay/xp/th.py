@@ -84,9 +84,7 @@ def compact(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def _compact_by_library(flat: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    lanes = torch.nonzero_static(flat, size=capacity, fill_value=0)[:, 0]
-    count = flat.sum()
-    return lanes, torch.arange(capacity, device=flat.device) < count, count > capacity
+    return _packed(torch.nonzero_static(flat, size=capacity, fill_value=0)[:, 0], flat.sum(), capacity)
 
 
 def _compact_by_count(flat: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,8 +93,12 @@ def _compact_by_count(flat: torch.Tensor, capacity: int) -> tuple[torch.Tensor, 
     lanes = torch.zeros(capacity + 1, dtype=torch.int64, device=flat.device)
     lanes.scatter_(0, slot, torch.arange(flat.numel(), device=flat.device))
     count = rank[-1] + 1 if flat.numel() else torch.zeros((), dtype=torch.int64, device=flat.device)
-    valid = torch.arange(capacity, device=flat.device) < count
-    return lanes[:capacity], valid, count > capacity
+    return _packed(lanes[:capacity], count, capacity)
+
+
+def _packed(lanes: torch.Tensor, count: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`compact`'s answer from the packed lanes and the number of true lanes."""
+    return lanes, torch.arange(capacity, device=lanes.device) < count, count > capacity
 
 
 class Rooms:
