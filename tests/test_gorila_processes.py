@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from popplay.core.hooks import variable
 from popplay.deep.agents import networks
 from popplay.deep.agents.adagrad_shard import AdaGradShard
 from popplay.deep.topologies.gorila import GorilaConfig, GorilaJobLost, load_npz, run_gorila
@@ -183,6 +184,41 @@ def test_global_replay_survives_a_killed_learner(tmp_path):
     assert received(0) >= mark["received0"] + 600
     assert _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 300
     assert summary["server_versions"][0] >= mark["version"] + 20
+
+
+def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypatch):
+    # Learner 1 lives on but stops receiving (a hook): actor 1's next send to it can
+    # only time out. gloo then closes every pair of the group the send used; were that
+    # the world group, actor 1 could reach neither learner 0 nor the shard any more.
+    monkeypatch.setenv(variable("deaf_learner"), "2")
+    monkeypatch.setenv(variable("deaf_after"), "100")
+    config = GorilaConfig(actors=2, learners=2, shards=1, replay="global", env_steps=10_000_000, seed=11,
+                          **{**TINY, "timeout": 8.0})
+    mark: dict[str, int] = {}
+    began = time.monotonic()
+
+    def received(l: int) -> int:
+        try:
+            return int(load_npz(tmp_path / f"learner-{l}.npz")["received"])
+        except (OSError, KeyError, ValueError):
+            return 0
+
+    def should_stop() -> bool:
+        if time.monotonic() - began > 180:
+            return True
+        if "deaf" not in mark:
+            if received(1) >= 100:
+                mark["deaf"] = 1
+                mark["steps1"] = _steps(tmp_path / "actor-1.npz")
+                mark["received0"] = received(0)
+            return False
+        return _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 600 and received(0) >= mark["received0"] + 1000
+
+    summary = run_gorila(config, tmp_path, should_stop=should_stop)
+    assert "deaf" in mark and summary["lost"] == []  # actor 1 played on
+    assert _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 600
+    assert received(0) >= mark["received0"] + 1000  # actor 1's transitions as well as actor 0's
+    assert 100 <= received(1) < 100 + 2 * config.chunk
 
 
 def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):

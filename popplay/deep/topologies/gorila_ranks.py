@@ -12,9 +12,11 @@ Only tensors travel (``dist.send``/``dist.recv``, gloo). Every receive names its
 source and runs in a thread of its own (one per client on a shard, one per actor on a
 learner), so that the main thread can poll the launcher's store. Three facts of gloo
 (torch 2.x) shape this: ``Work.is_completed()`` of a receive stays false, so nothing can
-be polled; a wait that times out closes the pair for good (later receives on it fail
-at once); and a receive from *any* source fails as soon as any one peer has died, so
-one lost actor would deafen a shard that listened that way.
+be polled; a wait that times out closes every pair of its group for good (later
+operations on any of them fail at once), which is why transitions travel in groups of
+their own, one per actor-learner pair (:func:`transition_channels`); and a receive from
+*any* source fails as soon as any one peer has died, so one lost actor would deafen a
+shard that listened that way.
 """
 from __future__ import annotations
 
@@ -60,12 +62,35 @@ class _PeerLost(RuntimeError):
     """Every learner this actor may feed is gone: a loss even while the job stops."""
 
 
-def _send_within(tensor: torch.Tensor, dst: int, tag: int, seconds: float) -> None:
+def _send_within(tensor: torch.Tensor, dst: int, tag: int, seconds: float, group: Any) -> None:
     """``dist.send`` that gives up after ``seconds``: a send to a learner killed at the
     wrong moment was seen to wait for ever (gloo noticed nothing), holding the actor and
     with it the end of the job. The learner's receive thread is always waiting, so a live
-    learner takes a chunk at once; a wait that times out closes the pair, as it should."""
-    dist.isend(tensor, dst=dst, tag=tag).wait(datetime.timedelta(seconds=seconds))
+    learner takes a chunk at once. A wait that times out closes every pair of ``group``:
+    it must be this actor-learner pair's own (:func:`transition_channels`)."""
+    dist.isend(tensor, dst=dst, tag=tag, group=group).wait(datetime.timedelta(seconds=seconds))
+
+
+def transition_channels(config: G.GorilaConfig, rank: int) -> dict[int, Any]:
+    """The gloo groups that carry transitions from actors to learners, one per pair,
+    keyed by the peer's rank (empty on a shard). Every rank must call this, in step.
+
+    A wait that times out in gloo closes every pair of its group, and an actor's send to
+    a learner lost mid-chunk can only end by timing out. On the world group that would
+    also cut the actor off from the next learner of a global replay and from its shards;
+    in a group of its own it closes only the lost learner's channel.
+    """
+    channels: dict[int, Any] = {}
+    timeout = datetime.timedelta(seconds=transport_timeout(config))
+    # Forming a group waits for both of its members; one order on every rank means no
+    # two members ever wait for each other in different groups.
+    for a in range(config.actors):
+        for l in sorted(G.learners_of_actor(a, config)):
+            pair = [G.actor_rank(a, config), G.learner_rank(l, config)]
+            group = dist.new_group(pair, timeout=timeout, backend="gloo")
+            if rank in pair:
+                channels[pair[1] if rank == pair[0] else pair[0]] = group
+    return channels
 
 
 class Context:
@@ -88,6 +113,7 @@ class Context:
         self.initial = self.agent.initial()
         self.bounds = shard_bounds(self.initial.numel(), config.shards)
         self.row_width = transition_width(self.info.obs_dim, self.agent.action_dim)
+        self.channels: dict[int, Any] = {}  # actor <-> learner groups, by peer rank (transition_channels)
 
     def rows_batch(self, block: torch.Tensor) -> Batch:
         return rows_batch(block, self.info.obs_dim, discrete=self.agent.discrete)
@@ -356,6 +382,9 @@ def run_learner(ctx: Context) -> int:
     outliers = OutlierGuard(config.outlier_k, config.outlier_window, config.outlier_min_samples)
     # Test hooks: every k-th gradient computed scaled by 1e30, every k-th sent labelled too stale.
     inject_huge, inject_stale = int(hook("inject_huge_every")), int(hook("inject_stale_every"))
+    # Test hook: learner deaf_learner - 1 lives on but stops receiving from each actor
+    # once it took deaf_after rows from it, so that a send to it can only time out.
+    deaf_after = int(hook("deaf_after")) if int(hook("deaf_learner")) == l + 1 else 0
     inbox: queue.Queue = queue.Queue()
     my_actors = G.actors_of_learner(l, config)
     busy = [threading.Event() for _ in my_actors]  # set between a chunk's header and its body
@@ -363,13 +392,19 @@ def run_learner(ctx: Context) -> int:
     def receive(a: int, flag: threading.Event) -> None:
         """Chunks from actor ``a`` until it is gone."""
         header = torch.zeros(4, dtype=torch.int64)
+        actor = G.actor_rank(a, config)
+        channel = ctx.channels[actor]
+        taken = 0
         while True:
+            if deaf_after and taken >= deaf_after:
+                threading.Event().wait()
             try:
-                dist.recv(header, src=G.actor_rank(a, config), tag=TAG_TRANS_HDR)
+                dist.recv(header, src=actor, tag=TAG_TRANS_HDR, group=channel)
                 flag.set()
                 block = torch.empty(int(header[0]), ctx.row_width, dtype=torch.float32)
-                dist.recv(block, src=G.actor_rank(a, config), tag=TAG_TRANS)
+                dist.recv(block, src=actor, tag=TAG_TRANS, group=channel)
                 inbox.put((a, block))
+                taken += block.shape[0]
             except RuntimeError:  # the actor vanished; the launcher reports it
                 return
             finally:
@@ -544,8 +579,9 @@ def run_actor(ctx: Context) -> int:
                 header = torch.tensor([part.shape[0], state["steps"], episode, 0], dtype=torch.int64)
                 while True:
                     try:
-                        _send_within(header, learners[0], TAG_TRANS_HDR, config.timeout)
-                        _send_within(part, learners[0], TAG_TRANS, config.timeout)
+                        channel = ctx.channels[learners[0]]
+                        _send_within(header, learners[0], TAG_TRANS_HDR, config.timeout, channel)
+                        _send_within(part, learners[0], TAG_TRANS, config.timeout, channel)
                         sent[learners[0]] += part.shape[0]
                         break
                     except RuntimeError as error:
@@ -555,9 +591,11 @@ def run_actor(ctx: Context) -> int:
                             raise _Stop() from None
                         # Global replay: the next learner's part of the memory takes it;
                         # with local replay this was the only one and the actor stops.
-                        learners.pop(0)
+                        gone = learners.pop(0)
                         if not learners:
                             raise _PeerLost(_line(error)) from None
+                        print(f"gorila {ctx.role}: {G.role_of(gone, config)} took no transitions ({_line(error)}); "
+                              f"they go to {G.role_of(learners[0], config)} now", file=sys.stderr, flush=True)
             save()
     except _Stop:
         pass
@@ -654,8 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun its agent ends every rank when one is lost.
     dist.init_process_group("gloo", store=dist.PrefixStore("gorila", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
+    channels = transition_channels(config, rank)
     store.add(G.FORMED_KEY, 1)  # the local launcher starts the job again if a rank is lost before all are here
     ctx = Context(config, config_path.parent, rank, store, measured, torchrun)
+    ctx.channels = channels
     if torchrun is not None and rank == 0:
         ctx.rank0 = T.Rank0(config, config_path.parent, torchrun, store)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
