@@ -32,18 +32,20 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _steps(path: Path) -> int:
+def _saved(path: Path, key: str) -> int:
+    """A count a rank saved (0 until its file is there and readable)."""
     try:
-        return int(load_npz(path)["env_steps"])
+        return int(load_npz(path)[key])
     except (OSError, KeyError, ValueError):
         return 0
+
+
+def _steps(path: Path) -> int:
+    return _saved(path, "env_steps")
 
 
 def _version(path: Path) -> int:
-    try:
-        return int(load_npz(path)["version"])
-    except (OSError, KeyError, ValueError):
-        return 0
+    return _saved(path, "version")
 
 
 def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
@@ -159,10 +161,7 @@ def test_global_replay_survives_a_killed_learner(tmp_path):
     began = time.monotonic()
 
     def received(l: int) -> int:
-        try:
-            return int(load_npz(tmp_path / f"learner-{l}.npz")["received"])
-        except (OSError, KeyError, ValueError):
-            return 0
+        return _saved(tmp_path / f"learner-{l}.npz", "received")
 
     def should_stop() -> bool:
         if time.monotonic() - began > 180:  # forming the group alone can take tens of seconds
@@ -198,10 +197,7 @@ def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypa
     began = time.monotonic()
 
     def received(l: int) -> int:
-        try:
-            return int(load_npz(tmp_path / f"learner-{l}.npz")["received"])
-        except (OSError, KeyError, ValueError):
-            return 0
+        return _saved(tmp_path / f"learner-{l}.npz", "received")
 
     def should_stop() -> bool:
         if time.monotonic() - began > 180:
