@@ -393,7 +393,9 @@ class TorchKnightsEngine:
                 g_h = (wmq * g2[..., None, :]).sum(dim=-1) * h * (1.0 - h)
                 parts = [g_h, (h[..., :, None] * g2[..., None, :]).flatten(-2), g2, g_out[..., None] * h2,
                          g_out[..., None]]
-            per_game = per_game + torch.cat(parts, dim=-1).sum(dim=0)
+            # each part summed over the plies, then joined: the same sums, without a
+            # (plies, games, parameters) copy of all of them
+            per_game = per_game + torch.cat([x.sum(dim=0) for x in parts], dim=-1)
             flat_rows = ((q * rows)[:, None] + index).reshape(1, -1, index.shape[-1])  # (1, plies · games, indices)
             d_w1.scatter_add_(1, flat_rows.expand(hidden, -1, -1),
                               g_h.reshape(-1, hidden).t()[:, :, None].expand(-1, -1, index.shape[-1]))
