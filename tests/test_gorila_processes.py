@@ -185,7 +185,7 @@ def test_global_replay_survives_a_killed_learner(tmp_path):
     assert summary["server_versions"][0] >= mark["version"] + 20
 
 
-def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypatch):
+def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypatch, capfd):
     # Learner 1 lives on but stops receiving (a hook): actor 1's next send to it can
     # only time out. gloo then closes every pair of the group the send used; were that
     # the world group, actor 1 could reach neither learner 0 nor the shard any more.
@@ -215,6 +215,8 @@ def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypa
     assert _steps(tmp_path / "actor-1.npz") >= mark["steps1"] + 600
     assert received(0) >= mark["received0"] + 1000  # actor 1's transitions as well as actor 0's
     assert 100 <= received(1) < 100 + 2 * config.chunk
+    assert ("gorila actor 1: learner 1 cannot take transitions (Timed out waiting 8000ms for send operation "
+            "to complete); they go to learner 0 now") in capfd.readouterr().err
 
 
 def test_a_killed_shard_ends_the_job_with_a_resumable_checkpoint(tmp_path):

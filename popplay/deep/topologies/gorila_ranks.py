@@ -594,7 +594,7 @@ def run_actor(ctx: Context) -> int:
                         gone = learners.pop(0)
                         if not learners:
                             raise _PeerLost(_line(error)) from None
-                        print(f"gorila {ctx.role}: {G.role_of(gone, config)} took no transitions ({_line(error)}); "
+                        print(f"gorila {ctx.role}: {G.role_of(gone, config)} cannot take transitions ({_line(error)}); "
                               f"they go to {G.role_of(learners[0], config)} now", file=sys.stderr, flush=True)
             save()
     except _Stop:
