@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,10 @@ def _steps(path: Path) -> int:
 
 def _version(path: Path) -> int:
     return _saved(path, "version")
+
+
+def _received(run_dir: Path, learner: int) -> int:
+    return _saved(run_dir / f"learner-{learner}.npz", "received")
 
 
 def test_shard_processes_apply_exactly_the_unsharded_adagrad(tmp_path):
@@ -160,8 +165,7 @@ def test_global_replay_survives_a_killed_learner(tmp_path):
     mark: dict[str, float] = {}
     began = time.monotonic()
 
-    def received(l: int) -> int:
-        return _saved(tmp_path / f"learner-{l}.npz", "received")
+    received = partial(_received, tmp_path)
 
     def should_stop() -> bool:
         if time.monotonic() - began > 180:  # forming the group alone can take tens of seconds
@@ -196,8 +200,7 @@ def test_an_actor_whose_send_times_out_feeds_the_next_learner(tmp_path, monkeypa
     mark: dict[str, int] = {}
     began = time.monotonic()
 
-    def received(l: int) -> int:
-        return _saved(tmp_path / f"learner-{l}.npz", "received")
+    received = partial(_received, tmp_path)
 
     def should_stop() -> bool:
         if time.monotonic() - began > 180:

@@ -95,7 +95,8 @@ def transition_channels(config: G.GorilaConfig, rank: int) -> dict[int, Any]:
 
 class Context:
     def __init__(self, config: G.GorilaConfig, run_dir: Path, rank: int, store: Any,
-                 measured: dict[str, Any] | None = None, torchrun: dict[str, Any] | None = None) -> None:
+                 measured: dict[str, Any] | None = None, torchrun: dict[str, Any] | None = None,
+                 channels: dict[int, Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
@@ -113,7 +114,7 @@ class Context:
         self.initial = self.agent.initial()
         self.bounds = shard_bounds(self.initial.numel(), config.shards)
         self.row_width = transition_width(self.info.obs_dim, self.agent.action_dim)
-        self.channels: dict[int, Any] = {}  # actor <-> learner groups, by peer rank (transition_channels)
+        self.channels = channels or {}  # actor <-> learner groups, by peer rank (transition_channels)
 
     def rows_batch(self, block: torch.Tensor) -> Batch:
         return rows_batch(block, self.info.obs_dim, discrete=self.agent.discrete)
@@ -694,8 +695,7 @@ def main(argv: list[str] | None = None) -> int:
                             timeout=datetime.timedelta(seconds=transport_timeout(config)))
     channels = transition_channels(config, rank)
     store.add(G.FORMED_KEY, 1)  # the local launcher starts the job again if a rank is lost before all are here
-    ctx = Context(config, config_path.parent, rank, store, measured, torchrun)
-    ctx.channels = channels
+    ctx = Context(config, config_path.parent, rank, store, measured, torchrun, channels)
     if torchrun is not None and rank == 0:
         ctx.rank0 = T.Rank0(config, config_path.parent, torchrun, store)
     runner = {"shard": run_shard, "learner": run_learner, "actor": run_actor}[ctx.role.kind]
