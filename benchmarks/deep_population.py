@@ -34,7 +34,7 @@ environment's own ``reward_threshold``: 475 for CartPole-v1, −100 for Acrobot-
 chunk every member plays 20 greedy episodes (``popplay evaluate``); each member whose
 mean reaches the threshold then plays the 100 that decide. Reported per run: the total
 env-steps at the first check where some member's 100-episode greedy mean reached the
-threshold (the run stops there), and the best 20-episode greedy mean at every check.
+threshold (the run stops there), and every member's 20-episode greedy mean at every check.
 The checks' episodes are not counted as learning env-steps, the same for every variant;
 a variant that plays episodes of its own to rank members (``--rank-by greedy``) reports
 them apart (``ranking_env_steps_then``), to be added to its total.
@@ -151,6 +151,10 @@ VARIANTS = {
     "PBT, gentle": ["--replicate-every", "20000", "--replicate-fraction", "0.125", "--window", "50",
                     "--copy-replay"],
     "sharing": ["--share-every", "5000"],
+    # PBT over a shared network: every member starts each 10,000-step window from the
+    # same weights, so truncation ranks hyper-parameters rather than network luck.
+    "PBT with sharing": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--window", "20",
+                         "--share-every", "5000"],
     # PBT ranked by 5 greedy episodes per member at each step (their env-steps reported apart)
     "PBT greedy-ranked": ["--replicate-every", "10000", "--replicate-fraction", "0.25", "--rank-by", "greedy",
                           "--rank-episodes", "5"],
@@ -203,7 +207,8 @@ def reach_one(args: argparse.Namespace, seed: int, extra: list[str], out: Path) 
         for member in np.flatnonzero(np.asarray(screened) >= args.threshold):
             decided[int(member)] = evaluate(out, "--episodes", "100", "--member", str(member))["quality"]
         checks.append({"env_steps": int(total), "ranking_env_steps": summary.get("ranking_env_steps", 0),
-                       "best_greedy_20": max(screened), "decided_100": decided})
+                       "best_greedy_20": max(screened), "members_greedy_20": [round(x, 1) for x in screened],
+                       "decided_100": decided})
         print(f"  seed {seed} {int(total):>9,} env-steps: best of 20 greedy episodes {max(screened):.1f}"
               + (f"; 100 episodes {decided}" if decided else ""), flush=True)
         if any(value >= args.threshold for value in decided.values()):

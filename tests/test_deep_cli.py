@@ -245,13 +245,17 @@ def test_a_diverged_deep_run_is_flagged_saved_readable_and_not_resumed(tmp_path,
     out = tmp_path / "nan.h5"
     assert main(["train", "dqn", "--episodes", "60", "--lr", "1e30", "--hidden", "8", "--eval-episodes", "1",
                  "--out", str(out)]) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    err = capsys.readouterr().err.splitlines()
+    errors = [line for line in err if line.startswith("Error")]
     assert len(errors) == 1 and "the agent diverged" in errors[0] and str(out) in errors[0]
+    assert sum("the agent diverged" in line for line in err) == 1  # said once, not also as a warning
     stored = load_run(out)  # whole and readable: what it learned, and where it went wrong
     phase = stored.state_counters["diverged_phase"]
     assert any("diverged" in event for event in json.loads(stored.result_attrs["events_json"]))
     assert stored.state_counters["episodes"] == phase < 60
     assert main(["train", "dqn", "--resume", str(out), "--episodes", "80"]) == 2
+    assert f"this run diverged at phase {phase}" in capsys.readouterr().err
+    assert main(["evaluate", str(out)]) == 2  # not "damaged": the file is whole, its network is not
     assert f"this run diverged at phase {phase}" in capsys.readouterr().err
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -466,7 +467,8 @@ def test_greedy_ranking_plays_fresh_greedy_episodes_and_copies_their_best_over_t
 
 
 def test_significant_pbt_copies_only_a_parent_clearly_better_and_always_a_diverged_child() -> None:
-    params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant")
+    params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant",
+                   replicate_every=10**6)  # replicate() is called by hand below
     experiment = DQNPopulation(params, None)
     state = run_phases(experiment, 1)
     # Members 0 and 1 the worst; member 3's returns are far above member 0's, member
@@ -504,7 +506,7 @@ def test_no_pbt_step_before_replicate_after() -> None:
 
 
 def test_copy_replay_takes_the_parents_memory_too() -> None:
-    experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True), None)
+    experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True, replicate_every=10**6), None)
     state = run_phases(experiment, 1)
     experiment.replicate(state, scores=np.array([1.0, 0.0]))
     assert torch.equal(state.learner.replay.tables["obs"][1], state.learner.replay.tables["obs"][0])
@@ -590,11 +592,26 @@ def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> 
     (["--nproc", "2"], "come from its layout"),  # one agent: its topology counts its ranks
     (["--agents", "2", "--replay", "100", "--learning-starts", "500"],
      "--learning-starts (500) exceeds the replay capacity (100): the memory never holds that many"),
+    # options that would do nothing: refused, not silently ignored
+    (["--window", "20"], "--agents 2 or more"),
+    (["--copy-replay"], "--agents 2 or more"),
+    (["--agents", "2", "--copy-replay"], "give --replicate-every too"),
+    (["--agents", "2", "--replicate-when", "significant"], "give --replicate-every too"),
+    (["--agents", "2", "--differentiation", "0.01"], "give --share-every too"),
+    (["--agents", "4", "--share-group", "2"], "give --share-every too"),
 ])
 def test_population_options_that_cannot_work_are_refused_in_one_line(cli, args: list[str], message: str) -> None:
     code, out, err = cli(["train", "dqn", "--env-steps", "100", *args])
     assert code == 2, err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "reinforce"])
+def test_copying_a_replay_memory_is_refused_where_members_keep_none(cli, algo: str) -> None:
+    code, out, err = cli(["train", algo, "--agents", "2", "--env-steps", "100", "--replicate-every", "50",
+                          "--copy-replay"])
+    assert code == 2, err
+    assert "keep no replay memory" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_budget_the_population_steps_overshoot_is_announced(cli, tmp_path) -> None:
@@ -775,3 +792,39 @@ def test_pbt_leaves_every_member_it_never_replaced_as_it_would_be_alone() -> Non
     for k in range(8):
         same = torch.equal(with_pbt.learner.online.matrix[k], alone.learner.online.matrix[k])
         assert same == (k in untouched), k
+
+
+def test_exports_never_replace_a_file_unasked_and_evaluate_refuses_knights_options(tmp_path, cli) -> None:
+    """A file at --out may be the user's own (a model, notes): export and lineage refuse
+    it unless --overwrite, and never replace a run file even then; evaluate refuses the
+    options that only knights runs read instead of ignoring them."""
+    run = str(tmp_path / "run.h5")
+    code, _, err = cli(["train", "dqn", "--agents", "2", "--hidden", "8", "--env-steps", "200",
+                        "--learning-starts", "50", "--phase-steps", "50", "--eval-episodes", "1", "--out", run])
+    assert code == 0, err
+    model, notes = tmp_path / "mine.pt", tmp_path / "notes.txt"
+    model.write_bytes(b"PK\x03\x04\x00\x00 my own model")
+    notes.write_text("my notes\n")
+    refusals = [(["export", run, "--member", "1", "--out", str(model)], model),
+                (["export", run, "--out", str(notes)], notes),
+                (["lineage", run, "--format", "csv", "--out", str(notes)], notes)]
+    for command, victim in refusals:
+        kept = victim.read_bytes()
+        code, _, err = cli(command)
+        assert code == 2 and "pass --overwrite" in err and len(err.strip().splitlines()) == 1, (command, err)
+        assert victim.read_bytes() == kept
+        code, _, err = cli([*command, "--overwrite"])
+        assert code == 0 and victim.read_bytes() != kept, (command, err)
+    kept = Path(run).read_bytes()
+    for command in (["export", run, "--out", run, "--overwrite"],
+                    ["export", str(tmp_path / "copy.h5"), "--member", "0", "--out", run, "--overwrite"],
+                    ["lineage", run, "--out", run, "--overwrite"]):
+        Path(tmp_path / "copy.h5").write_bytes(kept)
+        code, _, err = cli(command)
+        assert code == 2 and ("refused" in err or "would overwrite" in err), (command, err)
+    assert Path(run).read_bytes() == kept
+    for option in (["--opponent", "search4"], ["--games", "4"], ["--ladder"], ["--lookahead", "2"]):
+        code, out, err = cli(["evaluate", run, "--episodes", "1", *option])
+        assert code == 2 and option[0] in err and "knights" in err and not out, (option, err)
+        assert len(err.strip().splitlines()) == 1
+    assert cli(["evaluate", run, "--episodes", "1", "--seed", "3"])[0] == 0

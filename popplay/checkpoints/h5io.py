@@ -26,8 +26,9 @@ import numpy as np
 from popplay.core.limits import format_bytes
 
 # Kinds of file a command may replace without --overwrite (see :func:`file_kind`).
-KIND_NAMES = {"run": "popplay run file", "figure": "popplay figure file", "png": "PNG image",
-              "text": "text file"}
+# What a file of each kind is called in a refusal, article included.
+KIND_NAMES = {"run": "a popplay run file", "figure": "a popplay figure file", "png": "a PNG image",
+              "text": "a text file", "hdf5": "an HDF5 file", "binary": "a binary file"}
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # A temp file of ours older than this, left by a killed writer, is removed by the next
 # successful write of the same file (writers of run files hold its lock: no age needed).
@@ -151,11 +152,23 @@ def check_replaceable(path: Path, error: type[Exception], *, kind: str | None, o
     except OSError as problem:
         raise error(f"{shown}: cannot read the existing file ({problem.strerror})") from None
     if kind is None or found != kind:
-        what = KIND_NAMES.get(found, f"{'an HDF5' if found == 'hdf5' else 'a binary'} file")
+        what = KIND_NAMES[found]
         advice = " (pass --overwrite to replace it)" if kind == "run" else ""
-        expected = f"; only a {KIND_NAMES[kind]} is replaced" if kind in KIND_NAMES else ""
-        raise error(f"{shown}: exists and is a {what}{expected}; refused{advice}")
+        expected = f"; only {KIND_NAMES[kind]} is replaced" if kind in KIND_NAMES else ""
+        raise error(f"{shown}: exists and is {what}{expected}; refused{advice}")
     return target
+
+
+def check_new_output(path: Path, error: type[Exception], *, kind: str, overwrite: bool,
+                     option: str = "--out") -> Path:
+    """:func:`check_replaceable` for a file a command writes on request (an export, a
+    lineage): an existing file is refused unless ``overwrite``, as ``train`` refuses an
+    existing run file, because a file of the same kind (a CSV, a torch file) may be the
+    user's own; with ``overwrite`` still only one of ``kind``, never a run file."""
+    if not overwrite and os.path.lexists(path):
+        check_replaceable(path, error, kind=kind, option=option)  # its more specific refusals first
+        raise error(f"{option} {path}: exists; refused (pass --overwrite to replace it)")
+    return check_replaceable(path, error, kind=kind, option=option)
 
 
 @contextmanager

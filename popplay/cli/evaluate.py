@@ -71,16 +71,19 @@ def evaluate(
         raise UsageError(str(error)) from None
     if not registry.known(stored.domain):
         raise UsageError(f"{run}: unknown domain {stored.domain!r}")
+    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead, rungs))
+             if value is not None]
     if registry.get(stored.domain).kind == registry.DEEP:
-
+        ignored = [name for name in given if name != "--seed"]  # a deep run's episodes take a seed too
+        if ignored:  # even in a two-player environment: its agents play each other, not the benchmark players
+            raise UsageError(f"{ignored[0]} applies to `popplay train knights` runs only ({run} is a "
+                             f"{stored.domain} run; it takes --episodes, --seed and --member)")
         evaluate_deep(run, stored, episodes or 100, seed, json_output, member)
         return
     if member is not None and stored.domain != "knights":
         raise UsageError(f"--member applies to deep populations and knights only ({run} is a {stored.domain} run)")
     if episodes is not None:
-        raise UsageError(f"--episodes applies to dqn and reinforce runs only ({run} is a {stored.domain} run)")
-    given = [name for name, value in zip(KNIGHTS_ONLY, (opponent, games, seed, ladder or None, lookahead, rungs))
-             if value is not None]
+        raise UsageError(f"--episodes applies to the deep agents' runs only ({run} is a {stored.domain} run)")
     if ladder and opponent is not None:
         raise UsageError("--ladder plays every rung of the ladder; leave out --opponent")
     if rungs is not None and not ladder:

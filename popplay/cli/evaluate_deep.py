@@ -19,6 +19,9 @@ def restored(run: Path, stored: Any) -> tuple[Any, Any, Any]:
     a file that does not restore is one line (exit 2)."""
     from popplay.deep.envs import EnvError  # defers gymnasium
 
+    if "diverged_phase" in stored.state_counters:  # saved as it stopped: the file is whole, its agents are not
+        raise UsageError(f"{run}: this run diverged at phase {stored.state_counters['diverged_phase']} (every "
+                         "member's parameters are non-finite); there is no policy to evaluate or export")
     try:
         params = params_from_config(stored.domain, stored.config, run_options=False)
         experiment = registry.get(stored.domain).build(params, Backend("torch", "cpu"))

@@ -8,12 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.checkpoints.h5io import NoSpace, check_replaceable, write_file_atomically
+from popplay.checkpoints.h5io import NoSpace, check_new_output, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.scalars import LogError, write_csv
 from popplay.checkpoints.validation import load_run
 from popplay.cli.app import app
-from popplay.cli.common import print_json
+from popplay.cli.common import OverwriteOption, print_json
 from popplay.cli.evaluate_deep import restored
 from popplay.core import registry
 from popplay.core.errors import PopplayError, UsageError
@@ -32,6 +32,7 @@ def export(
     member: Annotated[Optional[int], typer.Option(
         min=0, help="A deep population (--agents): write member K's network as a torch state_dict file "
                     "(torch.load, then load_state_dict into the same nn.Sequential) instead of the curves.")] = None,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Export the curves of a run file: one row per curve point with agent_steps (agent-time
     steps per trial; knights: agent turns), seconds (learning time) and every metric, as
@@ -40,7 +41,7 @@ def export(
     if member is not None:
         if csv_output:
             raise UsageError("--csv and --member export different things; give one of them")
-        export_member(run, member, out, json_output)
+        export_member(run, member, out, json_output, overwrite)
         return
 
     try:
@@ -70,6 +71,7 @@ def export(
         except OSError as error:
             raise UsageError(f"--out {target}: cannot create {target.parent} ({error.strerror})") from None
     try:
+        check_new_output(target, LogError, kind="text", overwrite=overwrite)
         write_csv(target, steps, seconds, metrics)
     except LogError as error:
         raise UsageError(str(error)) from None
@@ -80,7 +82,7 @@ def export(
         print(f"{run}: wrote {len(steps)} curve points ({', '.join(metrics)}) to {target}")
 
 
-def export_member(run: Path, member: int, out: Optional[Path], json_output: bool) -> None:
+def export_member(run: Path, member: int, out: Optional[Path], json_output: bool, overwrite: bool = False) -> None:
     """Member ``member``'s network of a deep population as a torch ``state_dict`` file."""
     import torch  # defers torch
 
@@ -97,7 +99,7 @@ def export_member(run: Path, member: int, out: Optional[Path], json_output: bool
     if out is not None and str(out) == "-":
         raise UsageError("--out -: a member's network is a binary torch file; name a file (or leave --out out)")
     target = out if out is not None else Path(run).with_name(f"{Path(run).stem}-member{member}.pt")
-    check_replaceable(target, UsageError, kind="binary")  # an earlier export (a zip), never a run file
+    check_new_output(target, UsageError, kind="binary", overwrite=overwrite)  # never a run file
     _, experiment, state = restored(run, stored)
     if experiment.diverged_members(state)[member]:
         raise UsageError(f"--member {member}: that member of {run} diverged (non-finite parameters); there is no "

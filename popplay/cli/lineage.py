@@ -15,10 +15,11 @@ import typer
 from rich.console import Console
 from rich.tree import Tree
 
-from popplay.checkpoints.h5io import NoSpace, check_replaceable, write_file_atomically
+from popplay.checkpoints.h5io import NoSpace, check_new_output, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.validation import load_run
 from popplay.cli.app import app
+from popplay.cli.common import OverwriteOption
 from popplay.core import registry
 from popplay.core.errors import PopplayError, UsageError
 from popplay.operators.evolution import RECORD_COLUMNS, Lineage
@@ -46,6 +47,7 @@ def lineage(
         help="Populations with leading batch axes (e.g. trials x agents): only this one (flat index).")] = None,
     json_output: Annotated[bool, typer.Option(
         "--json", help="Same as --format json (the spelling every other command uses).")] = False,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Who descends from whom: every copy, mutation and reset recorded during training.
     Founders are the initial agents (and agents reset after diverging); each node shows
@@ -82,7 +84,7 @@ def lineage(
             typer.echo(text, nl=False)
         return
 
-    check_replaceable(out, UsageError, kind="text")  # replaces an earlier export, never a run file
+    check_new_output(out, UsageError, kind="text", overwrite=overwrite)  # never a run file
     try:
         write_file_atomically(out, lambda handle: handle.write(text.encode()))
     except NoSpace:

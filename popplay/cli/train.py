@@ -47,7 +47,10 @@ def load_resume(ctx: typer.Context, domain: str, path: Path, fields: set[str] = 
         if param.name in RESUME_RUN_OPTIONS or param.name in fields:
             continue
         if given(ctx, param.name):
-            raise UsageError(f"{param.opts[0]}: settings come from {path} when resuming; only the budget "
+            source = ctx.get_parameter_source(param.name)
+            where = (f"{param.name.replace('_', '-')} in the --config file" if source is not None
+                     and source.name == "DEFAULT_MAP" else param.opts[0])  # the user typed no option there
+            raise UsageError(f"{where}: settings come from {path} when resuming; only the budget "
                              f"(steps, episodes or --time-budget) and how to run ({RESUME_HOW}) may be given")
     # Resuming runs/latest-<domain>.h5 continues the run it links to, in place (an
     # atomic rewrite of the link itself would turn it into a separate copy).
@@ -153,9 +156,11 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
                 print(f"{latest} links to {base.name}", file=sys.stderr)
         raise typer.Exit(done.exit_code or 0)
     outcomes = done.outcomes
+    diverged = [o.summary for o in outcomes if o.summary.get("diverged")]
     for outcome in outcomes:
         for warning in outcome.warnings:
-            print(f"Warning: {warning}", file=sys.stderr)
+            if not (diverged and outcome.summary is diverged[0] and warning == diverged[0]["diverged"]):
+                print(f"Warning: {warning}", file=sys.stderr)  # (the first divergence is the error below)
     latest = link_latest(domain, done.outs[-1]) if defaulted else None
     summary = done.summary
     if json_output:
@@ -169,7 +174,6 @@ def run_training(domain: str, params: Any, *, backend: str, device: str, time_bu
     if not outcomes[-1].summary["complete"]:
         print(f"Stopped early; the run file {outcomes[-1].summary['out']} holds the state so far.", file=sys.stderr)
         raise typer.Exit(130)
-    diverged = [o.summary for o in outcomes if o.summary.get("diverged")]
     if diverged:  # saved whole, flagged in the run file's events: a NaN is not a result
         print(f"Error: {diverged[0]['diverged']}; the run file {diverged[0]['out']} holds it", file=sys.stderr)
         raise typer.Exit(1)

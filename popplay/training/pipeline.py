@@ -223,7 +223,9 @@ def train(domain: str, params: Any, options: TrainOptions, reporter: Reporter | 
 
         def on_event(event: str) -> None:
             writer.events.append(event)
-            if reporter is not None and hasattr(reporter, "warn"):
+            # The event that stops a run (every agent diverged) is the summary's
+            # "diverged", which the command prints as its error: said once, not twice.
+            if reporter is not None and hasattr(reporter, "warn") and event != getattr(experiment, "diverged", None):
                 reporter.warn(event)
 
         def after_phase(state: Any, curve: Curve, seconds: float) -> None:

@@ -89,7 +89,7 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
                       "eval_episodes")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
-        self._check_population(HYPER_BOUNDS, self.workflow, "--workflow")
+        self._check_population(HYPER_BOUNDS, self.workflow, "--workflow", replay=False)
 
     def schedules_stretched_by(self, resumed: "PPOParams") -> list[str]:
         """What anneals over this run's --env-steps budget and would anneal over another

@@ -199,7 +199,7 @@ class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-        self._check_population(A2C_HYPER_BOUNDS, self.workflow, "--workflow")
+        self._check_population(A2C_HYPER_BOUNDS, self.workflow, "--workflow", replay=False)
 
     def new_learner(self, info: Any) -> Any:
         from popplay.deep.agents.a2c import A2C  # defers torch

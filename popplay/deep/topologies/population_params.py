@@ -5,7 +5,7 @@ gymnasium here: parameter modules stay light (the runner is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from popplay.core.options import option
@@ -95,17 +95,32 @@ class PopulationLayout:
             for name, every, what in (("replicate_every", self.replicate_every, "replication"),
                                       ("share_every", self.share_every, "sharing")) if every > per_member]
 
-    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology") -> None:
-        """Population options that only make sense together (ValueError, one line)."""
+    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology", *,
+                          replay: bool = True) -> None:
+        """Population options that only make sense together (ValueError, one line): an
+        option that would do nothing is refused rather than silently ignored.
+        ``replay``: whether this agent's members keep a replay memory."""
         if self.agents < 1:
             raise ValueError(f"agents must be at least 1 (got {self.agents})")
         self.hyper_specs(allowed)
+        defaults = {field.name: field.default for field in fields(PopulationLayout)}
         if self.agents == 1:
-            for name, value in (("hp", self.hp), ("replicate_every", self.replicate_every),
-                                ("share_every", self.share_every), ("rank_by", self.rank_by != "return")):
-                if value:
+            for name in ("hp", "replicate_every", "share_every", "rank_by", "window", "replicate_when",
+                         "replicate_after", "copy_replay", "share_group", "differentiation", "bias_decay"):
+                if getattr(self, name) != defaults[name]:
                     raise ValueError(f"{name} acts on a population: give --agents 2 or more")
             return
+        if not self.replicate_every:
+            for name in ("replicate_when", "replicate_after", "copy_replay"):
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(f"{name} acts on PBT's steps: give --replicate-every too")
+        if not self.share_every:
+            for name in ("share_group", "differentiation", "bias_decay"):
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(f"{name} acts on sharing: give --share-every too")
+        if self.copy_replay and not replay:
+            raise ValueError("copy_replay: these members keep no replay memory (they learn from their own "
+                             "rollouts or episodes)")
         if topology != "sequential":
             raise ValueError(f"agents: a population is a layout of its own (its members in one process, or over "
                              f"--nproc ranks); give {layout} sequential (got {topology!r})")

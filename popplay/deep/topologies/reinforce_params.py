@@ -100,7 +100,8 @@ class ReinforceParams(PopulationLayout, ExarlLayout, DeepParams):
         self.agent_config().validate()
         # a population is its own layout: the server's and the local workers' topologies do not apply to it
         alone = self.agents > 1 and self.topology in ("server", "local")
-        self._check_population(REINFORCE_HYPER_BOUNDS, "sequential" if alone else self.topology, "--topology")
+        self._check_population(REINFORCE_HYPER_BOUNDS, "sequential" if alone else self.topology, "--topology",
+                               replay=False)
         if self.agents > 1 and self.workers != 1:
             raise ValueError(f"workers: each member of a population plays its own environment; give --workers 1 "
                              f"(got {self.workers})")
