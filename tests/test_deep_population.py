@@ -467,8 +467,7 @@ def test_greedy_ranking_plays_fresh_greedy_episodes_and_copies_their_best_over_t
 
 
 def test_significant_pbt_copies_only_a_parent_clearly_better_and_always_a_diverged_child() -> None:
-    params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant",
-                   replicate_every=10**6)  # replicate() is called by hand below
+    params = small(agents=4, replicate_fraction=0.5, resample=0.0, window=4, replicate_when="significant")
     experiment = DQNPopulation(params, None)
     state = run_phases(experiment, 1)
     # Members 0 and 1 the worst; member 3's returns are far above member 0's, member
@@ -506,7 +505,7 @@ def test_no_pbt_step_before_replicate_after() -> None:
 
 
 def test_copy_replay_takes_the_parents_memory_too() -> None:
-    experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True, replicate_every=10**6), None)
+    experiment = DQNPopulation(small(agents=2, replicate_fraction=0.5, copy_replay=True), None)
     state = run_phases(experiment, 1)
     experiment.replicate(state, scores=np.array([1.0, 0.0]))
     assert torch.equal(state.learner.replay.tables["obs"][1], state.learner.replay.tables["obs"][0])
@@ -828,3 +827,18 @@ def test_exports_never_replace_a_file_unasked_and_evaluate_refuses_knights_optio
         assert code == 2 and option[0] in err and "knights" in err and not out, (option, err)
         assert len(err.strip().splitlines()) == 1
     assert cli(["evaluate", run, "--episodes", "1", "--seed", "3"])[0] == 0
+
+
+def test_idle_options_are_named_for_new_runs_but_a_stored_config_still_validates() -> None:
+    """train refuses an option that would do nothing; a run file written with one (before
+    that check) must still evaluate and resume, so validate() itself does not judge it."""
+    stored = small(agents=2, copy_replay=True, differentiation=0.01)
+    stored.validate()
+    assert stored.idle_options() == "copy_replay acts on PBT's steps: give --replicate-every too"
+    assert small(agents=2, replicate_every=40, copy_replay=True, share_every=40, differentiation=0.01).idle_options() \
+        is None
+    assert dataclasses.replace(small(), agents=1, hp="", window=4).idle_options() == \
+        "window acts on a population: give --agents 2 or more"
+    assert dataclasses.replace(small(), agents=1, hp="", phase_steps=7).idle_options() is None
+    assert PPOParams(agents=2, replicate_every=40, copy_replay=True).idle_options().startswith(
+        "copy_replay: these members keep no replay memory")

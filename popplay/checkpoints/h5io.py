@@ -25,8 +25,7 @@ import numpy as np
 
 from popplay.core.limits import format_bytes
 
-# Kinds of file a command may replace without --overwrite (see :func:`file_kind`).
-# What a file of each kind is called in a refusal, article included.
+# What a file of each kind (see :func:`file_kind`) is called in a refusal, article included.
 KIND_NAMES = {"run": "a popplay run file", "figure": "a popplay figure file", "png": "a PNG image",
               "text": "a text file", "hdf5": "an HDF5 file", "binary": "a binary file"}
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

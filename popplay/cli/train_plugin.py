@@ -195,6 +195,10 @@ def build_command(domain: str) -> Callable[..., None]:
             if check_environment is not None:  # cheap, before validation imports the agents (torch)
                 check_environment()
             params.validate()
+            idle = getattr(params, "idle_options", None)  # options that would do nothing: refused, not ignored
+            problem = idle() if idle is not None and resume is None else None  # (a stored run is not re-judged)
+            if problem is not None:
+                raise ValueError(problem)
         except ValueError as error:
             raise UsageError(user_message(params_type, str(error))) from None
         if spec.runner is not None:

@@ -48,6 +48,7 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
     linearly to 0 over an --env-steps budget). The other --workflow choices run EXARL's
     multi-process workflows: data-parallel --learners fed whole episodes by --actors."""
 
+    members_keep_replay: ClassVar[bool] = False  # they learn from their own rollouts or episodes
     domain: ClassVar[str] = "ppo"
 
     env: str = option("CartPole-v1", "A gymnasium id with discrete actions (CartPole-v1, Acrobot-v1, "
@@ -89,7 +90,7 @@ class PPOParams(EnvChecked, PopulationLayout, WorkflowParams):
                       "eval_episodes")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1] (got {self.gae_lambda})")
-        self._check_population(HYPER_BOUNDS, self.workflow, "--workflow", replay=False)
+        self._check_population(HYPER_BOUNDS, self.workflow, "--workflow")
 
     def schedules_stretched_by(self, resumed: "PPOParams") -> list[str]:
         """What anneals over this run's --env-steps budget and would anneal over another

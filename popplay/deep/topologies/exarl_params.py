@@ -170,6 +170,7 @@ class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
     from fixed-length rollouts of their --copies environments, one update each per
     --n-steps (synchronous A2C; :mod:`popplay.deep.agents.a2c_members`)."""
 
+    members_keep_replay: ClassVar[bool] = False  # they learn from their own rollouts or episodes
     env: str = option("CartPole-v1", ENV_HELP)
     copies: int = option(8, "Environment copies; one episode each per phase (a population: each member's copies, "
                             "stepped in lockstep).", min=1)
@@ -199,7 +200,7 @@ class A2CParams(PopulationLayout, WorkflowParams, DeepParams):
         check_evaluation_and_timeout(self.eval_episodes)
         check_budget(self.episodes, self.env_steps)
         self.agent_config().validate()
-        self._check_population(A2C_HYPER_BOUNDS, self.workflow, "--workflow", replay=False)
+        self._check_population(A2C_HYPER_BOUNDS, self.workflow, "--workflow")
 
     def new_learner(self, info: Any) -> Any:
         from popplay.deep.agents.a2c import A2C  # defers torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from popplay.core.options import option
 from popplay.operators import hyper
@@ -95,32 +95,40 @@ class PopulationLayout:
             for name, every, what in (("replicate_every", self.replicate_every, "replication"),
                                       ("share_every", self.share_every, "sharing")) if every > per_member]
 
-    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology", *,
-                          replay: bool = True) -> None:
-        """Population options that only make sense together (ValueError, one line): an
-        option that would do nothing is refused rather than silently ignored.
-        ``replay``: whether this agent's members keep a replay memory."""
+    #: Whether this agent's members keep a replay memory (what --copy-replay copies).
+    members_keep_replay: ClassVar[bool] = True
+
+    def idle_options(self) -> str | None:
+        """The first option set that would do nothing with the others (its default
+        changed where no operator reads it), or None. ``train`` refuses it for a new run
+        rather than ignore it; a stored run's settings are not re-judged by it, so files
+        written before this check still evaluate and resume."""
+        defaults = {field.name: field.default for field in fields(PopulationLayout)}
+        changed = [name for name, default in defaults.items() if getattr(self, name) != default]
+        if self.agents == 1:
+            needs = {name: "acts on a population: give --agents 2 or more" for name in changed
+                     if name not in ("agents", "phase_steps")}
+        else:
+            needs = {name: "acts on PBT's steps: give --replicate-every too" for name in changed
+                     if name in ("replicate_when", "replicate_after", "copy_replay") and not self.replicate_every}
+            needs.update({name: "acts on sharing: give --share-every too" for name in changed
+                          if name in ("share_group", "differentiation", "bias_decay") and not self.share_every})
+            if self.copy_replay and not self.members_keep_replay:
+                needs["copy_replay"] = "these members keep no replay memory (they learn from their own rollouts)"
+        return next((f"{name}: {why}" if "replay memory" in why else f"{name} {why}"
+                     for name, why in needs.items()), None)
+
+    def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology") -> None:
+        """Population options that only make sense together (ValueError, one line)."""
         if self.agents < 1:
             raise ValueError(f"agents must be at least 1 (got {self.agents})")
         self.hyper_specs(allowed)
-        defaults = {field.name: field.default for field in fields(PopulationLayout)}
         if self.agents == 1:
-            for name in ("hp", "replicate_every", "share_every", "rank_by", "window", "replicate_when",
-                         "replicate_after", "copy_replay", "share_group", "differentiation", "bias_decay"):
-                if getattr(self, name) != defaults[name]:
+            for name, value in (("hp", self.hp), ("replicate_every", self.replicate_every),
+                                ("share_every", self.share_every), ("rank_by", self.rank_by != "return")):
+                if value:
                     raise ValueError(f"{name} acts on a population: give --agents 2 or more")
             return
-        if not self.replicate_every:
-            for name in ("replicate_when", "replicate_after", "copy_replay"):
-                if getattr(self, name) != defaults[name]:
-                    raise ValueError(f"{name} acts on PBT's steps: give --replicate-every too")
-        if not self.share_every:
-            for name in ("share_group", "differentiation", "bias_decay"):
-                if getattr(self, name) != defaults[name]:
-                    raise ValueError(f"{name} acts on sharing: give --share-every too")
-        if self.copy_replay and not replay:
-            raise ValueError("copy_replay: these members keep no replay memory (they learn from their own "
-                             "rollouts or episodes)")
         if topology != "sequential":
             raise ValueError(f"agents: a population is a layout of its own (its members in one process, or over "
                              f"--nproc ranks); give {layout} sequential (got {topology!r})")

@@ -51,6 +51,7 @@ class ReinforceParams(PopulationLayout, ExarlLayout, DeepParams):
     at once in one process (or over --nproc ranks), each from its own episodes, one Adam
     step at the end of each (:mod:`popplay.deep.agents.reinforce_members`)."""
 
+    members_keep_replay: ClassVar[bool] = False  # they learn from their own rollouts or episodes
     domain: ClassVar[str] = "reinforce"
 
     env: str = option("CartPole-v1", ENV_HELP)
@@ -100,8 +101,7 @@ class ReinforceParams(PopulationLayout, ExarlLayout, DeepParams):
         self.agent_config().validate()
         # a population is its own layout: the server's and the local workers' topologies do not apply to it
         alone = self.agents > 1 and self.topology in ("server", "local")
-        self._check_population(REINFORCE_HYPER_BOUNDS, "sequential" if alone else self.topology, "--topology",
-                               replay=False)
+        self._check_population(REINFORCE_HYPER_BOUNDS, "sequential" if alone else self.topology, "--topology")
         if self.agents > 1 and self.workers != 1:
             raise ValueError(f"workers: each member of a population plays its own environment; give --workers 1 "
                              f"(got {self.workers})")
