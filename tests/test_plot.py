@@ -133,6 +133,7 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys, bandit_run, case, fragm
 
 @pytest.mark.parametrize("out, fragment", [
     ("SELF", "overwrite"),
+    ("figure.jpg", "ending in .png"),
 ])
 def test_bad_out_is_a_one_line_error(bandit_run, tmp_path, capsys, out, fragment):
     target = bandit_run if out == "SELF" else tmp_path / out

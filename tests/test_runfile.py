@@ -48,6 +48,12 @@ def test_wrong_domain_and_schema_versions_are_explained(tmp_path):
     _write(path)
     with pytest.raises(RunFileError, match="a bandit run, not a knights run"):
         load_run(path, expected_domain="knights")
+    intact = path.read_bytes()
+    with h5py.File(path, "a") as f:  # an edited domain is damage, not another kind of run
+        f.attrs["domain"] = "zzz"
+    with pytest.raises(RunFileError, match="damaged run file"):
+        load_run(path, expected_domain="knights")
+    path.write_bytes(intact)
     for version, word in ((runfile.SCHEMA_VERSION + 1, "newer"), (0, "older")):
         with h5py.File(path, "a") as f:
             f.attrs["schema_version"] = version

@@ -392,6 +392,11 @@ def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
     attrs = read_header(f, path, RunFileError, "run", FORMAT, SCHEMA_VERSION, advice=True)
     domain = attrs.get("domain")
     if expected_domain is not None and domain != expected_domain:
+        # A damaged file's domain is not to be trusted: its kind is named only once the
+        # whole file is known to be as written (the rare path pays the digest).
+        _check_tree(f, path)
+        if attrs.get(DIGEST) != content_digest(f):
+            raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
         raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")
     return attrs
 
