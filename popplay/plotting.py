@@ -285,11 +285,12 @@ def output_png(path: Path, out: Path | None = None) -> Path:
         raise PlotInputError(f"--out {png}: is a directory")
     if png.resolve() == path.resolve():
         raise PlotInputError(f"--out {png}: would overwrite the file being plotted")
-    if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
-        raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
     directory = png.parent if str(png.parent) else Path(".")
     if directory.exists() and not directory.is_dir():
         raise PlotInputError(f"--out {png}: {directory} is not a directory")
+    check_replaceable(png, PlotInputError, kind="png")  # an existing file's own refusal first (a run file...)
+    if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
+        raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
     return png
 
 
