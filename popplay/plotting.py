@@ -288,9 +288,6 @@ def output_png(path: Path, out: Path | None = None) -> Path:
     directory = png.parent if str(png.parent) else Path(".")
     if directory.exists() and not directory.is_dir():
         raise PlotInputError(f"--out {png}: {directory} is not a directory")
-    check_replaceable(png, PlotInputError, kind="png")  # an existing file's own refusal first (a run file...)
-    if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
-        raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
     return png
 
 
@@ -307,9 +304,11 @@ def plot_run_file(path: Path, png: Path) -> PlotResult:
 
 
 def check_writable(png: Path) -> None:
-    """Create a missing --out directory (as ``reproduce`` does), then probe it."""
+    """Refuse an --out that is not a PNG's to replace or name; create a missing --out
+    directory (as ``reproduce`` does), then probe it."""
     check_replaceable(png, PlotInputError, kind="png")  # never a run file, a device or a directory
-
+    if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
+        raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
     directory = png.parent if str(png.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)

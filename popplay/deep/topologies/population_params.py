@@ -106,17 +106,15 @@ class PopulationLayout:
         defaults = {field.name: field.default for field in fields(PopulationLayout)}
         changed = [name for name, default in defaults.items() if getattr(self, name) != default]
         if self.agents == 1:
-            needs = {name: "acts on a population: give --agents 2 or more" for name in changed
-                     if name not in ("agents", "phase_steps")}
-        else:
-            needs = {name: "acts on PBT's steps: give --replicate-every too" for name in changed
-                     if name in ("replicate_when", "replicate_after", "copy_replay") and not self.replicate_every}
-            needs.update({name: "acts on sharing: give --share-every too" for name in changed
-                          if name in ("share_group", "differentiation", "bias_decay") and not self.share_every})
-            if self.copy_replay and not self.members_keep_replay:
-                needs["copy_replay"] = "these members keep no replay memory (they learn from their own rollouts)"
-        return next((f"{name}: {why}" if "replay memory" in why else f"{name} {why}"
-                     for name, why in needs.items()), None)
+            return next((f"{name} acts on a population: give --agents 2 or more" for name in changed
+                         if name not in ("agents", "phase_steps")), None)
+        problems = [f"{name} acts on PBT's steps: give --replicate-every too" for name in changed
+                    if name in ("replicate_when", "replicate_after", "copy_replay") and not self.replicate_every]
+        problems += [f"{name} acts on sharing: give --share-every too" for name in changed
+                     if name in ("share_group", "differentiation", "bias_decay") and not self.share_every]
+        if self.copy_replay and not self.members_keep_replay:
+            problems.append("copy_replay: these members keep no replay memory (they learn from their own rollouts)")
+        return problems[0] if problems else None
 
     def _check_population(self, allowed: dict[str, hyper.Bounds], topology: str, layout: str = "--topology") -> None:
         """Population options that only make sense together (ValueError, one line)."""
