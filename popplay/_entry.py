@@ -5,8 +5,9 @@ import sys
 
 def entry_point() -> None:
     try:
-        from popplay.cli.main import main  # defers numpy: Ctrl-C while it loads must end in one line
-    except KeyboardInterrupt:
+        from popplay.cli.main import main, show_warnings_plainly  # defers numpy: Ctrl-C while it loads
+    except KeyboardInterrupt:  # must end in one line
         print("Error: interrupted", file=sys.stderr)
         sys.exit(130)
+    show_warnings_plainly()
     sys.exit(main())

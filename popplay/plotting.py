@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from popplay.checkpoints.h5io import atomic_output, check_replaceable, probe_directory
+from popplay.checkpoints.h5io import atomic_output, check_replaceable, make_parent, probe_directory
 from popplay.checkpoints.runfile import RunFileError, display_name
 from popplay.checkpoints.validation import load_run
 from popplay.core import registry
@@ -309,11 +309,8 @@ def check_writable(png: Path) -> None:
     check_replaceable(png, PlotInputError, kind="png")  # never a run file, a device or a directory
     if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
         raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
+    make_parent(png, PlotInputError)
     directory = png.parent if str(png.parent) else Path(".")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise PlotInputError(f"--out {png}: cannot create {directory} ({error.strerror or error})") from None
     problem = probe_directory(directory)
     if problem:
         raise PlotInputError(f"--out {png}: cannot write in {directory} ({problem})")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from popplay.cli.main import app, main
 from popplay.checkpoints.validation import load_run
+from popplay.cli.main import app, main
+from tests._dist_helpers import popplay
 
 TINY = ["--hidden", "16", "--learning-starts", "16", "--update-ratio", "1", "--batch-size", "8",
         "--target-every", "5", "--epsilon-updates", "50"]
@@ -383,3 +384,15 @@ def test_error_lines_spell_out_terminal_escapes(tmp_path, cli):
     code, _, err = cli(["train", "dqn", "--env", "\x1b[31mRed\x1b[2J", "--episodes", "2", "--out",
                         str(tmp_path / "e.h5")])
     assert code == 2 and "\x1b" not in err and "\\x1b[31mRed\\x1b[2J" in err, err
+
+
+def test_library_warnings_are_plain_one_line_warnings(tmp_path):
+    """gymnasium's deprecation of CartPole-v0 is said as popplay says its own warnings:
+    one line, no terminal colour codes, no library source line (a real process: the
+    executable sets this up, not main(), which leaves a host program's warnings alone)."""
+    done = popplay("train", "dqn", "--env", "CartPole-v0", "--episodes", "2", "--eval-episodes", "1", "--quiet",
+                   "--out", str(tmp_path / "v0.h5"), *TINY)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 0 and lines and all(line.startswith("Warning: ") for line in lines), done.stderr
+    assert any("CartPole-v0 is out of date" in line for line in lines)
+    assert "\x1b" not in done.stderr and "WARN:" not in done.stderr

@@ -571,6 +571,7 @@ def test_hyper_samples_depend_on_the_member_not_the_population() -> None:
     ("gamma=uniform:0.9:1.5", "gamma must be"), ("lr=normal:1:2", "kind must be"),
     ("target_every=uniform:1:5", "whole number"), ("lr", "NAME=KIND"), ("lr=uniform:2:1", "LOW < HIGH"),
     ("lr=choice:1e-3;lr=choice:1e-2", "twice"), ("target_every=choice:2.5,3", "whole number"),
+    ("", "--hp '': expected a value such as NAME=KIND:ARGS"),  # an empty shell variable: not "no spec"
 ])
 def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> None:
     code, out, err = cli(["train", "dqn", "--agents", "2", "--env-steps", "100", "--hp", spec])
@@ -814,6 +815,14 @@ def test_exports_never_replace_a_file_unasked_and_evaluate_refuses_knights_optio
         assert victim.read_bytes() == kept
         code, _, err = cli([*command, "--overwrite"])
         assert code == 0 and victim.read_bytes() != kept, (command, err)
+    fresh = tmp_path / "new" / "deeper"  # written on request: missing directories are made, as plot's
+    for command, made in ((["export", run, "--member", "1", "--out", str(fresh / "m.pt")], fresh / "m.pt"),
+                          (["export", run, "--out", str(fresh / "c.csv")], fresh / "c.csv"),
+                          (["lineage", run, "--out", str(fresh / "l.txt")], fresh / "l.txt")):
+        code, _, err = cli(command)
+        assert code == 0 and made.is_file(), (command, err)
+    code, _, err = cli(["export", run, "--member", "0", "--out", str(notes / "m.pt")])  # under a file
+    assert code == 2 and str(notes / "m.pt") in err and len(err.strip().splitlines()) == 1, err
     kept = Path(run).read_bytes()
     for command in (["export", run, "--out", run, "--overwrite"],
                     ["export", str(tmp_path / "copy.h5"), "--member", "0", "--out", run, "--overwrite"],

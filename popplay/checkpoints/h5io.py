@@ -163,11 +163,26 @@ def check_new_output(path: Path, error: type[Exception], *, kind: str, overwrite
     """:func:`check_replaceable` for a file a command writes on request (an export, a
     lineage): an existing file is refused unless ``overwrite``, as ``train`` refuses an
     existing run file, because a file of the same kind (a CSV, a torch file) may be the
-    user's own; with ``overwrite`` still only one of ``kind``, never a run file."""
+    user's own; with ``overwrite`` still only one of ``kind``, never a run file. Missing
+    directories above it are then created (:func:`make_parent`)."""
     if not overwrite and os.path.lexists(path):
         check_replaceable(path, error, kind=kind, option=option)  # its more specific refusals first
         raise error(f"{option} {path}: exists; refused (pass --overwrite to replace it)")
-    return check_replaceable(path, error, kind=kind, option=option)
+    target = check_replaceable(path, error, kind=kind, option=option)
+    make_parent(path, error, option=option)
+    return target
+
+
+def make_parent(path: Path, error: type[Exception], *, option: str = "--out") -> None:
+    """Create the missing directories above an output a command writes on request (an
+    export, a lineage, a plot), as ``reproduce`` creates its folder. ``train`` refuses a
+    missing directory instead: there a mistyped path would hide the run file from the
+    ``--resume`` that looks for it."""
+    directory = Path(path).parent if str(Path(path).parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise error(f"{option} {path}: cannot create {directory} ({problem.strerror or problem})") from None
 
 
 @contextmanager

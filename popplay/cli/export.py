@@ -65,11 +65,6 @@ def export(
     target = out if out is not None else Path(run).with_suffix(".csv")
     if target.resolve() == Path(run).resolve():
         raise UsageError(f"--out {target}: would overwrite the run file")
-    if not target.parent.is_dir():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"--out {target}: cannot create {target.parent} ({error.strerror})") from None
     try:
         check_new_output(target, LogError, kind="text", overwrite=overwrite)
         write_csv(target, steps, seconds, metrics)
@@ -79,7 +74,8 @@ def export(
         print_json({"source": str(run), "csv": str(target), "points": len(steps), "columns":
                     ["agent_steps", "seconds", *metrics]})
     else:
-        print(f"{run}: wrote {len(steps)} curve points ({', '.join(metrics)}) to {target}")
+        points = f"{len(steps)} curve point{'' if len(steps) == 1 else 's'}"
+        print(f"{run}: wrote {points} ({', '.join(metrics)}) to {target}")
 
 
 def export_member(run: Path, member: int, out: Optional[Path], json_output: bool, overwrite: bool = False) -> None:

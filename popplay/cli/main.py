@@ -3,10 +3,13 @@ itself on :mod:`popplay.cli.app`'s apps when it is imported, here."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
+import warnings
 from importlib import import_module
+from typing import Any
 
 import typer
 
@@ -72,6 +75,24 @@ class _Interrupted(BaseException):
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise _Interrupted()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
+    text = " ".join(_ANSI.sub("", str(message)).split()).removeprefix("WARN: ")
+    print(f"Warning: {text}", file=file if file is not None else sys.stderr)
+
+
+def show_warnings_plainly() -> None:
+    """Library warnings (gymnasium's deprecations) as one plain ``Warning: …`` line, as
+    popplay's own: Python's form is two lines naming a library's source line, and
+    gymnasium colours its text with terminal codes even into a file. For the
+    executable's process only: in a host program (or pytest) the host's warning
+    handling stays as it is."""
+    warnings.showwarning = _plain_warning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,4 +168,5 @@ def print_error(message: str) -> None:
 
 
 def entry_point() -> None:
+    show_warnings_plainly()
     sys.exit(main())

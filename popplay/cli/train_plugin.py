@@ -120,7 +120,12 @@ def build_command(domain: str) -> Callable[..., None]:
         per trial) divided by it."""
         value = values[f.key]
         if f.form.repeat:  # a list from the command line (or TOML), or already one text
-            return value if isinstance(value, str) else ";".join(value or ())
+            if isinstance(value, str):
+                return value
+            # an empty item (a shell variable that expanded to nothing) would join as "no spec"
+            if any(not str(item).strip() for item in value or ()):
+                raise UsageError(f"{f.flag} '': expected a value such as {f.form.metavar or 'TEXT'}")
+            return ";".join(value or ())
         if f.form.per is None:
             return value
         divisor = per if per is not None else values[by_field[f.form.per].key]
