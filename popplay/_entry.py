@@ -5,8 +5,8 @@ import sys
 
 def entry_point() -> None:
     try:
-        from popplay.cli.main import main, show_warnings_plainly  # defers numpy: Ctrl-C while it loads
-    except KeyboardInterrupt:  # must end in one line
+        from popplay.cli.main import main, show_warnings_plainly  # defers numpy (Ctrl-C there: one line)
+    except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         sys.exit(130)
     show_warnings_plainly()

@@ -310,10 +310,9 @@ def check_writable(png: Path) -> None:
     if png.suffix.lower() != ".png":  # the figure is always a PNG: another name would mislabel it
         raise PlotInputError(f"--out {png}: plot writes a PNG image; give a name ending in .png")
     make_parent(png, PlotInputError)
-    directory = png.parent if str(png.parent) else Path(".")
-    problem = probe_directory(directory)
+    problem = probe_directory(png.parent)
     if problem:
-        raise PlotInputError(f"--out {png}: cannot write in {directory} ({problem})")
+        raise PlotInputError(f"--out {png}: cannot write in {png.parent} ({problem})")
 
 
 __all__ = ["INSTALL_HINT", "PlotInputError", "PlotResult", "PlotUnavailable", "draw_figure", "missing_matplotlib",

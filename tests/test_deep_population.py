@@ -822,7 +822,14 @@ def test_exports_never_replace_a_file_unasked_and_evaluate_refuses_knights_optio
         code, _, err = cli(command)
         assert code == 0 and made.is_file(), (command, err)
     code, _, err = cli(["export", run, "--member", "0", "--out", str(notes / "m.pt")])  # under a file
-    assert code == 2 and str(notes / "m.pt") in err and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and f"{notes} is not a directory" in err and len(err.strip().splitlines()) == 1, err
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")  # a folder that cannot be made: one line, nothing made
+    for command in (["export", run, "--member", "0", "--out", str(tmp_path / "gone" / "m.pt")],
+                    ["lineage", run, "--out", str(tmp_path / "gone" / "x" / "l.txt")]):
+        code, _, err = cli(command)
+        assert code == 2 and "cannot create" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = cli(["export", run, "--member", "5", "--out", str(tmp_path / "unmade" / "m.pt")])
+    assert code == 2 and not (tmp_path / "unmade").exists(), err  # refused: no folder left behind
     kept = Path(run).read_bytes()
     for command in (["export", run, "--out", run, "--overwrite"],
                     ["export", str(tmp_path / "copy.h5"), "--member", "0", "--out", run, "--overwrite"],

@@ -133,6 +133,9 @@ def check_replaceable(path: Path, error: type[Exception], *, kind: str | None, o
         if Path(path).is_symlink():
             raise error(f"{shown}: a symbolic link to a missing file; refused") from None
         return target
+    except NotADirectoryError:
+        blocking = next((p for p in reversed(Path(path).parents) if p.exists() and not p.is_dir()), Path(path).parent)
+        raise error(f"{shown}: {blocking} is not a directory") from None
     except OSError as problem:
         raise error(f"{shown}: cannot check the existing file ({problem.strerror})") from None
     if stat.S_ISDIR(info.st_mode):
@@ -163,22 +166,20 @@ def check_new_output(path: Path, error: type[Exception], *, kind: str, overwrite
     """:func:`check_replaceable` for a file a command writes on request (an export, a
     lineage): an existing file is refused unless ``overwrite``, as ``train`` refuses an
     existing run file, because a file of the same kind (a CSV, a torch file) may be the
-    user's own; with ``overwrite`` still only one of ``kind``, never a run file. Missing
-    directories above it are then created (:func:`make_parent`)."""
+    user's own; with ``overwrite`` still only one of ``kind``, never a run file."""
     if not overwrite and os.path.lexists(path):
         check_replaceable(path, error, kind=kind, option=option)  # its more specific refusals first
         raise error(f"{option} {path}: exists; refused (pass --overwrite to replace it)")
-    target = check_replaceable(path, error, kind=kind, option=option)
-    make_parent(path, error, option=option)
-    return target
+    return check_replaceable(path, error, kind=kind, option=option)
 
 
 def make_parent(path: Path, error: type[Exception], *, option: str = "--out") -> None:
     """Create the missing directories above an output a command writes on request (an
-    export, a lineage, a plot), as ``reproduce`` creates its folder. ``train`` refuses a
-    missing directory instead: there a mistyped path would hide the run file from the
-    ``--resume`` that looks for it."""
-    directory = Path(path).parent if str(Path(path).parent) else Path(".")
+    export, a lineage, a plot), as ``reproduce`` creates its folder. Called once every
+    check has passed, just before writing, so that a refused command leaves none behind.
+    ``train`` refuses a missing directory instead: there a mistyped path would hide the
+    run file from the ``--resume`` that looks for it."""
+    directory = Path(path).parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as problem:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from popplay.checkpoints.h5io import NoSpace, check_new_output, write_file_atomically
+from popplay.checkpoints.h5io import NoSpace, check_new_output, make_parent, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.scalars import LogError, write_csv
 from popplay.checkpoints.validation import load_run
@@ -67,6 +67,7 @@ def export(
         raise UsageError(f"--out {target}: would overwrite the run file")
     try:
         check_new_output(target, LogError, kind="text", overwrite=overwrite)
+        make_parent(target, LogError)
         write_csv(target, steps, seconds, metrics)
     except LogError as error:
         raise UsageError(str(error)) from None
@@ -102,6 +103,7 @@ def export_member(run: Path, member: int, out: Optional[Path], json_output: bool
                          "network to export")
     network = experiment.member_network(state, member)
     shape = " ".join(str(network).split())
+    make_parent(target, UsageError)
     try:
         write_file_atomically(target, lambda handle: torch.save(network.state_dict(), handle))
     except NoSpace:

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.tree import Tree
 
-from popplay.checkpoints.h5io import NoSpace, check_new_output, write_file_atomically
+from popplay.checkpoints.h5io import NoSpace, check_new_output, make_parent, write_file_atomically
 from popplay.checkpoints.runfile import RunFileError
 from popplay.checkpoints.validation import load_run
 from popplay.cli.app import app
@@ -85,6 +85,7 @@ def lineage(
         return
 
     check_new_output(out, UsageError, kind="text", overwrite=overwrite)  # never a run file
+    make_parent(out, UsageError)
     try:
         write_file_atomically(out, lambda handle: handle.write(text.encode()))
     except NoSpace:

@@ -3,13 +3,10 @@ itself on :mod:`popplay.cli.app`'s apps when it is imported, here."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
-import warnings
 from importlib import import_module
-from typing import Any
 
 import typer
 
@@ -27,7 +24,8 @@ from popplay.cli import (  # noqa: F401  (registration)
 )
 from popplay.cli.app import app, set_invocation
 from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line
-from popplay.distributed.launch import torchrun_rank
+from popplay.core.errors import show_warnings_plainly as plain_warnings
+from popplay.distributed.launch import in_rank, torchrun_rank
 
 
 def _short_helps() -> None:
@@ -77,22 +75,11 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise _Interrupted()
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _plain_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                   file: Any = None, line: str | None = None) -> None:
-    text = " ".join(_ANSI.sub("", str(message)).split()).removeprefix("WARN: ")
-    print(f"Warning: {text}", file=file if file is not None else sys.stderr)
-
-
 def show_warnings_plainly() -> None:
-    """Library warnings (gymnasium's deprecations) as one plain ``Warning: …`` line, as
-    popplay's own: Python's form is two lines naming a library's source line, and
-    gymnasium colours its text with terminal codes even into a file. For the
-    executable's process only: in a host program (or pytest) the host's warning
-    handling stays as it is."""
-    warnings.showwarning = _plain_warning
+    """Library warnings as one plain line (:func:`popplay.core.errors.show_warnings_plainly`);
+    in a rank other than 0 of a job whose ranks all run this command line, none: rank 0
+    says the same."""
+    plain_warnings(None if os.environ.get("RANK", "0") != "0" and in_rank() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,5 +155,4 @@ def print_error(message: str) -> None:
 
 
 def entry_point() -> None:
-    show_warnings_plainly()
     sys.exit(main())

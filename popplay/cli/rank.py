@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args or not args[0].startswith("popplay rank "):
         print("Error: usage: python -m popplay.cli.rank 'popplay rank R/N' ARGV...", file=sys.stderr)
         return 2
-    from popplay.cli.main import main as cli_main  # defers numpy: a killed launcher must not leave a loading rank
+    from popplay.cli import main as cli  # defers numpy: a killed launcher must not leave a loading rank
 
-    return cli_main(args[1:])
+    cli.show_warnings_plainly()
+    return cli.main(args[1:])
 
 
 def _leave(code: int) -> None:

@@ -123,8 +123,9 @@ def build_command(domain: str) -> Callable[..., None]:
             if isinstance(value, str):
                 return value
             # an empty item (a shell variable that expanded to nothing) would join as "no spec"
-            if any(not str(item).strip() for item in value or ()):
-                raise UsageError(f"{f.flag} '': expected a value such as {f.form.metavar or 'TEXT'}")
+            blank = next((item for item in value or () if not str(item).strip()), None)
+            if blank is not None:
+                raise UsageError(f"{f.flag} {blank!r}: expected a value such as {f.form.metavar or 'TEXT'}")
             return ";".join(value or ())
         if f.form.per is None:
             return value

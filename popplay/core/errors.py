@@ -6,6 +6,9 @@ Lower layers raise these and never import the command line; the command line
 from __future__ import annotations
 
 import re
+import sys
+import warnings
+from typing import Any
 
 #: Exit codes every command shares.
 EXIT_FAILURE = 1
@@ -46,3 +49,32 @@ def error_line(message: object) -> str:
     """The one line a failure shows users: ``Error: <message>`` on a single line, its
     control characters spelled out."""
     return "Error: " + spelled_out(" ".join(str(message).split()))
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def show_warnings_plainly(prefix: str | None = "") -> None:
+    """Show library warnings (gymnasium's deprecations) as popplay shows its own: one
+    ``Warning: <prefix><text>`` line, colour codes dropped and other control characters
+    spelled out. Python's form is two lines naming a library's source line, and
+    gymnasium colours its text even into a file. ``prefix=None`` drops them: a rank
+    whose rank 0 runs the same command line, and so says the same. For a program's
+    own process only (the executable, a rank): a host program keeps its handling."""
+
+    shown: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if prefix is None:
+            return
+        text = spelled_out(" ".join(_COLOUR.sub("", str(message)).split())).removeprefix("WARN: ")
+        if text in shown:  # Python tells a warning once per place that raised it: the same text from two, once
+            return
+        shown.add(text)
+        try:
+            print(f"Warning: {prefix}{text}", file=file if file is not None else sys.stderr)
+        except (OSError, ValueError):  # a closed or broken stderr: as Python's own, never fail the run
+            pass
+
+    warnings.showwarning = show

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from popplay.core.errors import EXIT_CANNOT_SAVE
+from popplay.core.errors import EXIT_CANNOT_SAVE, show_warnings_plainly
 from popplay.core.hooks import hook
 from popplay.deep import envs
 from popplay.deep.agents import networks
@@ -662,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     die_with_parent()
+    # each rank plays its own part (shard, learner, actor): its warnings are its own, named as its errors are
+    show_warnings_plainly(f"gorila {args[0].removeprefix(G.ROLE_PREFIX + ' ')}: ")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the job through the store
     torch.set_num_threads(1)
     config_path = Path(args[1])
