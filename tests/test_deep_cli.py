@@ -113,6 +113,15 @@ def test_bad_env_id_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_a_bad_choice_is_one_plain_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """typer's own wording of a choice outside the list, less its "Value error," prefix."""
+    code = main(["train", "dqn", "--topology", "foo", "--episodes", "1", "--out", str(tmp_path / "x.h5")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Value error" not in err, err
+    assert err.startswith("Error: Invalid value for '--topology': 'foo' is not one of 'sequential'"), err
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_device_cuda_is_one_line_where_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from popplay.core.backend import cuda_available
 

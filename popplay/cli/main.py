@@ -110,7 +110,8 @@ def _main(argv: list[str] | None) -> int:
             if message.strip():  # plain (non-rich) help comes back as the message
                 print(message)
             return EXIT_USAGE
-        _say_for_the_job(error.format_message())
+        # typer 0.29 words a bad choice "Invalid value for '--x': Value error, 'y' is not one of ..."
+        _say_for_the_job(error.format_message().replace(": Value error, ", ": "))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print_error("interrupted")
