@@ -5,9 +5,9 @@ import sys
 
 def entry_point() -> None:
     try:
-        from popplay.cli.main import main, show_warnings_plainly  # defers numpy (Ctrl-C there: one line)
+        from popplay.cli.main import main, plain_warnings_for_job  # defers numpy (Ctrl-C there: one line)
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)
         sys.exit(130)
-    show_warnings_plainly()
+    plain_warnings_for_job()
     sys.exit(main())

@@ -405,8 +405,16 @@ def test_library_warnings_are_plain_one_line_warnings(tmp_path):
     assert done.returncode == 0 and lines and all(line.startswith("Warning: ") for line in lines), done.stderr
     assert any("CartPole-v0 is out of date" in line for line in lines)
     assert "\x1b" not in done.stderr and "WARN:" not in done.stderr
-    # over ranks: rank 0 says it once for the job (it met it twice, at two places)
+
+
+@pytest.mark.procs
+def test_a_jobs_ranks_say_a_deprecation_once(tmp_path):
+    """Every rank meets gymnasium's CartPole-v0 deprecation; the job says it once: rank 0
+    (which meets it at two places) for --nproc, the launcher for gorila."""
     done = popplay("train", "dqn", "--env", "CartPole-v0", "--agents", "2", "--nproc", "2", "--env-steps", "200",
                    "--hidden", "8", "--learning-starts", "50", "--phase-steps", "50", "--eval-episodes", "1",
                    "--quiet", "--out", str(tmp_path / "v0-ranks.h5"))
     assert done.returncode == 0 and done.stderr.count("Warning: The environment CartPole-v0") == 1, done.stderr
+    done = popplay("train", "gorila", "--env", "CartPole-v0", "--actors", "2", "--learners", "1", "--shards", "1",
+                   "--env-steps", "400", "--quiet", "--out", str(tmp_path / "v0-gorila.h5"))
+    assert done.returncode == 0 and done.stderr.count("CartPole-v0 is out of date") == 1, done.stderr

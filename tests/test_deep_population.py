@@ -572,6 +572,7 @@ def test_hyper_samples_depend_on_the_member_not_the_population() -> None:
     ("target_every=uniform:1:5", "whole number"), ("lr", "NAME=KIND"), ("lr=uniform:2:1", "LOW < HIGH"),
     ("lr=choice:1e-3;lr=choice:1e-2", "twice"), ("target_every=choice:2.5,3", "whole number"),
     ("", "--hp '': expected a value such as NAME=KIND:ARGS"),  # an empty shell variable: not "no spec"
+    (";", "--hp ';': expected a value such as NAME=KIND:ARGS"),  # "$A;$B" with both empty
 ])
 def test_bad_hp_specs_are_one_line_with_exit_2(cli, spec: str, message: str) -> None:
     code, out, err = cli(["train", "dqn", "--agents", "2", "--env-steps", "100", "--hp", spec])

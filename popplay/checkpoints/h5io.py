@@ -134,7 +134,7 @@ def check_replaceable(path: Path, error: type[Exception], *, kind: str | None, o
             raise error(f"{shown}: a symbolic link to a missing file; refused") from None
         return target
     except NotADirectoryError:
-        blocking = next((p for p in reversed(Path(path).parents) if p.exists() and not p.is_dir()), Path(path).parent)
+        blocking = next((p for p in reversed(target.parents) if p.exists() and not p.is_dir()), target.parent)
         raise error(f"{shown}: {blocking} is not a directory") from None
     except OSError as problem:
         raise error(f"{shown}: cannot check the existing file ({problem.strerror})") from None
@@ -175,15 +175,16 @@ def check_new_output(path: Path, error: type[Exception], *, kind: str, overwrite
 
 def make_parent(path: Path, error: type[Exception], *, option: str = "--out") -> None:
     """Create the missing directories above an output a command writes on request (an
-    export, a lineage, a plot), as ``reproduce`` creates its folder. Called once every
-    check has passed, just before writing, so that a refused command leaves none behind.
+    export, a lineage, a plot), as ``reproduce`` creates its folder. Called once the
+    checks on the output itself have passed, so that a refused output leaves none behind.
     ``train`` refuses a missing directory instead: there a mistyped path would hide the
     run file from the ``--resume`` that looks for it."""
     directory = Path(path).parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as problem:
-        raise error(f"{option} {path}: cannot create {directory} ({problem.strerror or problem})") from None
+        raise error(f"{option} {path}: cannot create {problem.filename or directory} "
+                    f"({problem.strerror or problem})") from None
 
 
 @contextmanager

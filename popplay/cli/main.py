@@ -23,8 +23,7 @@ from popplay.cli import (  # noqa: F401  (registration)
     train_plugin,  # noqa: F401  (after the hand-written train commands: it fills the gaps)
 )
 from popplay.cli.app import app, set_invocation
-from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line
-from popplay.core.errors import show_warnings_plainly as plain_warnings
+from popplay.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, PopplayError, error_line, show_warnings_plainly
 from popplay.distributed.launch import in_rank, torchrun_rank
 
 
@@ -75,11 +74,12 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise _Interrupted()
 
 
-def show_warnings_plainly() -> None:
-    """Library warnings as one plain line (:func:`popplay.core.errors.show_warnings_plainly`);
-    in a rank other than 0 of a job whose ranks all run this command line, none: rank 0
-    says the same."""
-    plain_warnings(None if os.environ.get("RANK", "0") != "0" and in_rank() else "")
+def plain_warnings_for_job() -> None:
+    """Library warnings as one plain line (:func:`popplay.core.errors.show_warnings_plainly`).
+    A rank other than 0 of a job whose ranks all run this command line names itself and
+    leaves deprecations to rank 0, which meets the same ones."""
+    rank = os.environ.get("RANK", "0") if in_rank() else "0"
+    show_warnings_plainly(f"rank {rank}: " if rank != "0" else "", deprecations=rank == "0")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from popplay.cli import main as cli  # defers numpy: a killed launcher must not leave a loading rank
 
-    cli.show_warnings_plainly()
+    cli.plain_warnings_for_job()
     return cli.main(args[1:])
 
 

@@ -123,7 +123,7 @@ def build_command(domain: str) -> Callable[..., None]:
             if isinstance(value, str):
                 return value
             # an empty item (a shell variable that expanded to nothing) would join as "no spec"
-            blank = next((item for item in value or () if not str(item).strip()), None)
+            blank = next((item for item in value or () if not str(item).replace(";", "").strip()), None)
             if blank is not None:
                 raise UsageError(f"{f.flag} {blank!r}: expected a value such as {f.form.metavar or 'TEXT'}")
             return ";".join(value or ())

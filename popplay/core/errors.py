@@ -54,19 +54,19 @@ def error_line(message: object) -> str:
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def show_warnings_plainly(prefix: str | None = "") -> None:
+def show_warnings_plainly(prefix: str = "", *, deprecations: bool = True) -> None:
     """Show library warnings (gymnasium's deprecations) as popplay shows its own: one
-    ``Warning: <prefix><text>`` line, colour codes dropped and other control characters
-    spelled out. Python's form is two lines naming a library's source line, and
-    gymnasium colours its text even into a file. ``prefix=None`` drops them: a rank
-    whose rank 0 runs the same command line, and so says the same. For a program's
-    own process only (the executable, a rank): a host program keeps its handling."""
-
+    ``Warning: <prefix><text>`` line, colour codes dropped, other control characters
+    spelled out, each text once. Python's form is two lines naming a library's source
+    line, and gymnasium colours its text even into a file. ``deprecations=False`` drops
+    deprecations: in a rank, they concern the command line (an old environment id),
+    which the launcher or rank 0 has met and said already. For a program's own process
+    only (the executable, a rank): a host program keeps its own handling."""
     shown: set[str] = set()
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
-        if prefix is None:
+        if not deprecations and issubclass(category, DeprecationWarning):
             return
         text = spelled_out(" ".join(_COLOUR.sub("", str(message)).split())).removeprefix("WARN: ")
         if text in shown:  # Python tells a warning once per place that raised it: the same text from two, once

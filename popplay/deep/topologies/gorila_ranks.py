@@ -662,8 +662,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     die_with_parent()
-    # each rank plays its own part (shard, learner, actor): its warnings are its own, named as its errors are
-    show_warnings_plainly(f"gorila {args[0].removeprefix(G.ROLE_PREFIX + ' ')}: ")
+    # each rank plays its own part (shard, learner, actor): its warnings are its own, named as its errors
+    # are; deprecations (an old environment id) the launcher met when it measured the environment
+    show_warnings_plainly(f"gorila {args[0].removeprefix(G.ROLE_PREFIX + ' ')}: ", deprecations=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the job through the store
     torch.set_num_threads(1)
     config_path = Path(args[1])
