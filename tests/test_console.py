@@ -171,5 +171,7 @@ def test_compilation_inside_a_phase_is_not_learning_time():
     wall = time.perf_counter() - started
     assert "compiling kernels (first run only)" in stream.getvalue().splitlines()[0]
     # The phases themselves take microseconds; the compilation (tens of milliseconds, less
-    # on a fast machine) is most of the wall time, so counting it would break this.
-    assert result.learning_seconds < min(0.02, wall / 4)
+    # on a fast machine) is most of the wall time, so counting it would break this. A
+    # bound relative to the wall time only: under CI's load the first phase once took
+    # 28 ms outside numba's compile events, of a 168 ms run.
+    assert result.learning_seconds < wall / 4
