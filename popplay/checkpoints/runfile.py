@@ -314,8 +314,7 @@ def summarize_run(path: Path, *, check: RunCheck) -> dict[str, Any]:
             config = _config(f, path)
             # Streamed: as cheap in memory as the attributes; the run file is checked
             # exactly as the commands that load it will check it.
-            if attrs.get(DIGEST) != content_digest(f):
-                raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
+            _check_digest(f, path, attrs)
             state = f["state"]
             curves = f["curves"] if "curves" in f else {}
             last = {name: float(curves[name][-1]) for name in curves
@@ -395,8 +394,7 @@ def _header(f: Any, path: Path, expected_domain: str | None) -> dict[str, Any]:
         # A damaged file's domain is not to be trusted: its kind is named only once the
         # whole file is known to be as written (the rare path pays the digest).
         _check_tree(f, path)
-        if attrs.get(DIGEST) != content_digest(f):
-            raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
+        _check_digest(f, path, attrs)
         raise RunFileError(f"{path}: a {domain} run, not a {expected_domain} run")
     return attrs
 
@@ -477,8 +475,7 @@ def _read(f: Any, path: Path, expected_domain: str | None, check: RunCheck) -> R
     config = _config(f, path)
     _check_settings(check, path, domain, config, _counters(f["state"], path), attrs)
     _provenance(attrs, path)  # a command that loads the file refuses what inspect refuses
-    if attrs.get(DIGEST) != content_digest(f):
-        raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
+    _check_digest(f, path, attrs)
     state_group = f["state"]
     results_group = f["results"] if "results" in f else None
     static = {}
@@ -517,6 +514,12 @@ def _config(f: Any, path: Path) -> dict[str, Any]:
 
 
 _MAX_ARRAY_BYTES = 64 * 2**30
+
+
+def _check_digest(f: Any, path: Path, attrs: dict[str, Any]) -> None:
+    """Refuse a file whose content no longer matches the checksum written with it."""
+    if attrs.get(DIGEST) != content_digest(f):
+        raise RunFileError(f"{path}: damaged run file (content checksum mismatch)")
 
 
 def _check_tree(f: Any, path: Path) -> None:

@@ -45,10 +45,14 @@ def spelled_out(text: str) -> str:
     return _CONTROL.sub(lambda match: "\\x%02x" % ord(match.group()), text)
 
 
+def one_line(message: object) -> str:
+    """``message`` on a single line, its control characters spelled out."""
+    return spelled_out(" ".join(str(message).split()))
+
+
 def error_line(message: object) -> str:
-    """The one line a failure shows users: ``Error: <message>`` on a single line, its
-    control characters spelled out."""
-    return "Error: " + spelled_out(" ".join(str(message).split()))
+    """The one line a failure shows users: ``Error: <message>`` (:func:`one_line`)."""
+    return "Error: " + one_line(message)
 
 
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
@@ -68,7 +72,7 @@ def show_warnings_plainly(prefix: str = "", *, deprecations: bool = True) -> Non
              file: Any = None, line: str | None = None) -> None:
         if not deprecations and issubclass(category, DeprecationWarning):
             return
-        text = spelled_out(" ".join(_COLOUR.sub("", str(message)).split())).removeprefix("WARN: ")
+        text = one_line(_COLOUR.sub("", str(message))).removeprefix("WARN: ")
         if text in shown:  # Python tells a warning once per place that raised it: the same text from two, once
             return
         shown.add(text)
